@@ -1,0 +1,111 @@
+# microvm.sandbox: two set-up commands on a fresh Debian machine: `make demo`, `make test`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PYTHON ?= python3
+VENV := .venv
+PY := $(CURDIR)/$(VENV)/bin/python
+BIN := $(CURDIR)/$(VENV)/bin
+COLLECTIONS := $(CURDIR)/.local/collections
+COLL_LINK := $(COLLECTIONS)/ansible_collections/microvm/sandbox
+export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
+export PYTHONPATH := $(COLLECTIONS):$(CURDIR)/localplane
+export PATH := $(BIN):$(PATH)
+# Debian packages: bubblewrap (isolated guests of the local control plane),
+# umoci and skopeo (unpacking OCI templates), buildah (template_image role),
+# docker-registry (a real local OCI registry), debootstrap (a base image with
+# no registry pull), openssh-server (the SSH peer in bench/).
+DEB_PACKAGES := bubblewrap umoci skopeo buildah docker-registry debootstrap openssh-server rsync
+PYTEST_ARGS ?=
+
+.PHONY: help venv system-deps collection proto proto-check lint sanity ansible-lint docs-lint docs \
+        unit localplane-test integration test test-live demo local-up local-down build clean bench
+
+help:
+	@echo "make demo   - set up everything and run the demo end to end on the local control plane"
+	@echo "make test   - set up and run the whole suite (lint, sanity, unit, integration, e2e)"
+	@echo "make docs   - build the HTML docsite into docs/build/html"
+	@echo "make local-up / local-down - start / stop the local control plane (.local/env)"
+	@echo "make proto  - regenerate the guest agent stubs from protos/"
+	@echo "make bench  - run the benchmarks in bench/"
+
+$(VENV)/.stamp: requirements-dev.txt requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	touch $@
+
+venv: $(VENV)/.stamp
+
+system-deps:
+	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then echo "installing Debian packages:$$missing"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null || \
+	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; }; \
+	  else echo "Missing Debian packages:$$missing"; \
+	    echo "  bubblewrap: isolated guests of the local control plane; umoci/skopeo: OCI templates;"; \
+	    echo "  buildah/docker-registry/debootstrap: template_image role; openssh-server: bench only."; \
+	    echo "  Install them as root: apt-get install -y$$missing"; exit 1; fi; fi
+
+# The collection must resolve as ansible_collections/microvm/sandbox.
+collection:
+	@mkdir -p $(dir $(COLL_LINK))
+	@[ -L $(COLL_LINK) ] || ln -sfn $(CURDIR) $(COLL_LINK)
+
+setup: venv system-deps collection
+
+proto: venv
+	$(PY) hack/gen_proto.py
+
+proto-check: venv
+	$(PY) hack/gen_proto.py --check
+
+lint: venv
+	$(BIN)/ruff check .
+
+sanity: setup
+	bash hack/sanity.sh
+
+ansible-lint: setup
+	cd $(CURDIR) && $(BIN)/ansible-lint --profile production --offline
+
+docs-lint: setup
+	$(BIN)/antsibull-docs lint-collection-docs --plugin-docs --skip-rstcheck .
+
+docs: setup
+	bash hack/docs.sh
+
+unit: setup
+	bash hack/pytest-count.sh unit tests/unit
+
+localplane-test: setup
+	bash hack/pytest-count.sh localplane localplane/tests
+
+integration: setup
+	bash hack/pytest-count.sh integration tests/integration
+
+test: setup proto-check lint sanity ansible-lint docs-lint unit localplane-test integration
+	@bash hack/summary.sh
+
+test-live: setup
+	@if [ -z "$$DO_AGENTS_API_URL" ] || [ -z "$$DO_AGENTS_API_TOKEN" ]; then \
+	  echo "test-live skipped: set DO_AGENTS_API_URL and DO_AGENTS_API_TOKEN to run the contract tests against the real platform"; \
+	else MICROVM_LIVE=1 bash hack/pytest-count.sh live localplane/tests/contract; fi
+
+local-up: setup
+	$(PY) -m microvm_localplane up --state-dir $(CURDIR)/.local/plane --env-file $(CURDIR)/.local/env
+
+local-down: venv
+	$(PY) -m microvm_localplane down --state-dir $(CURDIR)/.local/plane
+
+demo: setup
+	bash hack/demo.sh
+
+build: setup
+	$(BIN)/ansible-galaxy collection build --force --output-path .local/dist .
+
+bench: setup
+	bash bench/run.sh
+
+clean:
+	rm -rf .local tests/output docs/build

@@ -1,0 +1,80 @@
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The platform profile: where the guest lets files move, and our decisions.
+
+Every path rule of the platform lives here, so a change in the platform's
+contract is a change in one file.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import posixpath
+
+TRANSFER_ROOT = "/workspace"
+SCRATCH_DIR = "/workspace/.scratch"
+HOME_DIR = "/workspace/home"
+DEFAULT_WORKDIR = "/workspace"
+AGENT_PORT = 8443
+DEFAULT_API_URL = "https://api.digitalocean.com"
+DEFAULT_PREFIX = "/v2/agents"
+API_URL_ENV = "DO_AGENTS_API_URL"
+API_TOKEN_ENV = "DO_AGENTS_API_TOKEN"
+CREDENTIALS_SWEEP_MINUTES = 120
+
+STATUS_PREFIX = "SESSION_STATUS_"
+USABLE = frozenset(["READY", "DETACHED"])
+GONE = frozenset(["DESTROYING", "DESTROYED", "FAILED"])
+KNOWN_STATUSES = frozenset(["PROVISIONING", "READY", "DETACHED", "PAUSED", "DESTROYING", "DESTROYED", "FAILED"])
+
+
+class TransferPathError(ValueError):
+    """A transfer path the platform would refuse; raised before any network call."""
+
+
+def short_status(status):
+    """'SESSION_STATUS_READY' -> 'READY'; unknown strings -> 'UNSPECIFIED'."""
+    s = (status or "").upper()
+    if s.startswith(STATUS_PREFIX):
+        s = s[len(STATUS_PREFIX):]
+    return s if s in KNOWN_STATUSES else "UNSPECIFIED"
+
+
+def is_within(path, root=TRANSFER_ROOT):
+    """True when the normalized absolute path lies at or under root."""
+    norm = posixpath.normpath(path)
+    return norm == root or norm.startswith(root.rstrip("/") + "/")
+
+
+def check_transfer_path(path, scratch_dir=SCRATCH_DIR, what="transfer path"):
+    """Refuse locally what the guest agent refuses remotely.
+
+    Returns the normalized path. Symlinks are resolved by the guest, which
+    refuses them the same way; this guard catches the textual cases early.
+    """
+    if not isinstance(path, str) or not path:
+        raise TransferPathError("%s is empty: give an absolute path under %s" % (what, TRANSFER_ROOT))
+    if "\x00" in path:
+        raise TransferPathError("%s %r contains a NUL byte" % (what, path))
+    if not path.startswith("/"):
+        raise TransferPathError("%s %r is relative: the platform's agent only accepts absolute paths under %s"
+                                % (what, path, TRANSFER_ROOT))
+    if not is_within(path):
+        raise TransferPathError(
+            "%s %r is outside %s: the platform's agent only transfers files under %s "
+            "(it answers PERMISSION_DENIED 'path outside workspace'). Stage the file under the scratch dir %s instead."
+            % (what, path, TRANSFER_ROOT, TRANSFER_ROOT, scratch_dir))
+    return posixpath.normpath(path)
+
+
+def check_scratch_dir(scratch_dir, what="scratch dir"):
+    """A scratch dir (or remote_tmp) must live under the transfer root."""
+    if not isinstance(scratch_dir, str) or not scratch_dir.startswith("/") or not is_within(scratch_dir) \
+            or posixpath.normpath(scratch_dir) == TRANSFER_ROOT:
+        raise TransferPathError(
+            "%s %r must be an absolute directory inside %s: the platform's agent only transfers files under %s, "
+            "so scratch files elsewhere (for example /tmp) cannot be copied in or out. Use %s."
+            % (what, scratch_dir, TRANSFER_ROOT, TRANSFER_ROOT, SCRATCH_DIR))
+    return posixpath.normpath(scratch_dir)
