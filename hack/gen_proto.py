@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Generate the guest agent's Python stubs from protos/ (used by `make proto`
 and by the drift test). Imports are made package-relative so the stubs work
 from inside ansible_collections.microvm.sandbox."""

@@ -4,7 +4,8 @@
 # pip bootstrap script is replaced by a stand-in that uses ensurepip.
 set -euo pipefail
 root=$(pwd)
-dest=$root/.local/sanity/ansible_collections/microvm/sandbox
+work=${TMPDIR:-/tmp}/microvm-sandbox-sanity  # ansible-test skips trees under hidden dirs such as .local
+dest=$work/ansible_collections/microvm/sandbox
 rm -rf "$dest"; mkdir -p "$dest"
 git ls-files -z --cached --others --exclude-standard | rsync -a --from0 --files-from=- ./ "$dest/"
 pyver=$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
