@@ -12,6 +12,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import posixpath
+import re
 
 TRANSFER_ROOT = "/workspace"
 SCRATCH_DIR = "/workspace/.scratch"
@@ -78,3 +79,22 @@ def check_scratch_dir(scratch_dir, what="scratch dir"):
             "so scratch files elsewhere (for example /tmp) cannot be copied in or out. Use %s."
             % (what, scratch_dir, TRANSFER_ROOT, TRANSFER_ROOT, SCRATCH_DIR))
     return posixpath.normpath(scratch_dir)
+
+
+# Session names: 1-64 chars of [A-Za-z0-9._-], alphanumeric at both ends, never UUID-shaped.
+SESSION_NAME_RE = r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62}[A-Za-z0-9])?$"
+UUID_RE = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+
+
+def looks_like_uuid(value):
+    return bool(re.match(UUID_RE, value or ""))
+
+
+def session_name_problem(name):
+    """Why `name` cannot name a session (None when it can)."""
+    if not re.match(SESSION_NAME_RE, name or ""):
+        return ("a session name is 1-64 characters of letters, digits, '.', '_' and '-', "
+                "starting and ending with a letter or digit")
+    if looks_like_uuid(name):
+        return "a session name must not look like a UUID (that shape is reserved for session ids)"
+    return None

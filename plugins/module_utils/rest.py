@@ -36,12 +36,17 @@ IDEMPOTENT = frozenset(["GET", "PUT", "DELETE", "HEAD"])
 class ApiError(Exception):
     """An API call failed. `status` is the HTTP status (0 for a connection error)."""
 
-    def __init__(self, method, path, status, message, hint=None):
+    def __init__(self, method, path, status, message, hint=None, what=None, ident=None, attempts=1):
         self.method = method
         self.path = path
         self.status = status
         self.server_message = message
         self.hint = hint
+        # What the call was about ("session", "template" ...) and the id or name
+        # it named, so callers can say which object was missing or busy.
+        self.what = what
+        self.ident = ident
+        self.attempts = attempts
         text = "%s %s failed" % (method, path)
         text += (" with HTTP %d" % status) if status else " (no response)"
         if message:
@@ -55,12 +60,28 @@ class ApiError(Exception):
         return self.status in (404, 410)
 
 
-class WaitTimeout(Exception):
-    """A wait ran out; `last` holds the last object seen."""
+class NotFound(ApiError):
+    """A lookup by id or name found nothing (raised by the require_* helpers)."""
 
-    def __init__(self, message, last=None):
+    def __init__(self, what, ident, detail=None):
+        message = "no %s with id or name %r%s" % (what, ident, (" " + detail) if detail else "")
+        super(NotFound, self).__init__("GET", "-", 404, message, None, what=what, ident=ident)
+
+
+class WaitTimeout(Exception):
+    """A wait ran out or ended in a failed state.
+
+    `last` holds the last object seen, `status` its short status, `wanted` the
+    statuses waited for and `timeout` the budget in seconds.
+    """
+
+    def __init__(self, message, last=None, status=None, wanted=None, timeout=None, what=None):
         super(WaitTimeout, self).__init__(message)
         self.last = last
+        self.status = status
+        self.wanted = wanted
+        self.timeout = timeout
+        self.what = what
 
 
 def error_message(body):
@@ -76,19 +97,23 @@ def error_message(body):
     return str(body or "").strip()[:500]
 
 
-def hint_for(status, what):
+def hint_for(status, what, ident=None, attempts=1):
+    """What to do about a failed call, in one sentence."""
+    retried = (" (gave up after %d attempts)" % attempts) if attempts > 1 else ""
     if status == 401:
         return "Check the API token (option api_token or env %s)" % profile.API_TOKEN_ENV
     if status == 403:
         return "The token is not entitled to this call; check its scopes"
     if status in (404, 410):
+        if what and ident:
+            return "No %s %r: check the id or name; it may have been deleted" % (what, ident)
         return "No such %s: check the id or name" % what if what else "Not found"
     if status == 409:
         return "The %s is in a state that does not allow this call" % (what or "object")
     if status == 429:
-        return "Rate limited; gave up after retries"
+        return "Rate limited by the platform%s; retry later or run fewer tasks in parallel" % retried
     if status >= 500:
-        return "The platform had an error; gave up after retries"
+        return "The platform had an error%s; retry later" % retried
     return None
 
 
@@ -133,7 +158,7 @@ class ApiClient(object):
         return base / 2 + random.uniform(0, base / 2)
 
     def request(self, method, path, body=None, query=None, content_type="application/json",
-                raw=None, what=None, retry=None, expect_json=True):
+                raw=None, what=None, retry=None, expect_json=True, ident=None):
         """Perform a call, returning the decoded JSON body (or {} when empty)."""
         if retry is None:
             retry = method in IDEMPOTENT
@@ -167,7 +192,8 @@ class ApiClient(object):
                     attempt += 1
                     continue
                 raise ApiError(method, path, 0, "cannot reach %s: %s" % (self.api_url, reason),
-                               "Check the API URL (option api_url or env %s)" % profile.API_URL_ENV)
+                               "Check the API URL (option api_url or env %s)" % profile.API_URL_ENV,
+                               what=what, ident=ident, attempts=attempt + 1)
             if 200 <= status < 300:
                 if not expect_json:
                     return payload
@@ -186,7 +212,8 @@ class ApiClient(object):
                 decoded = json.loads(payload.decode("utf-8")) if payload else {}
             except ValueError:
                 decoded = payload
-            raise ApiError(method, path, status, error_message(decoded), hint_for(status, what))
+            raise ApiError(method, path, status, error_message(decoded), hint_for(status, what, ident, attempt + 1),
+                           what=what, ident=ident, attempts=attempt + 1)
 
     # -- sessions ----------------------------------------------------------
     def create_session(self, spec):
@@ -194,46 +221,66 @@ class ApiClient(object):
         body = dict(spec)
         body.setdefault("agent", "none")
         return self.request("POST", "/sessions", body=body, content_type="application/yaml",
-                            what="session")["session"]
+                            what="session", ident=body.get("name"))["session"]
 
     def get_session(self, session_id):
-        return self.request("GET", "/sessions/%s" % quote(session_id, safe=""), what="session")["session"]
+        return self.request("GET", _path("sessions", session_id), what="session", ident=session_id)["session"]
 
     def list_sessions(self, status=None, name=None, page_size=50):
         return self._paginate("/sessions", "sessions", {"status": status, "name": name, "page_size": page_size})
 
     def delete_session(self, session_id):
-        return self.request("DELETE", "/sessions/%s" % quote(session_id, safe=""), what="session")
+        return self.request("DELETE", _path("sessions", session_id), what="session", ident=session_id)
 
     def pause_session(self, session_id):
-        return self.request("POST", "/sessions/%s/pause" % quote(session_id, safe=""), body={}, what="session")
+        return self.request("POST", _path("sessions", session_id, "pause"), body={}, what="session", ident=session_id)
 
     def resume_session(self, session_id):
-        return self.request("POST", "/sessions/%s/resume" % quote(session_id, safe=""), body={}, what="session")
+        return self.request("POST", _path("sessions", session_id, "resume"), body={}, what="session", ident=session_id)
 
     def fork_session(self, session_id, count=1, from_checkpoint_id=None):
         body = {"count": count}
         if from_checkpoint_id:
             body["from_checkpoint_id"] = from_checkpoint_id
-        return self.request("POST", "/sessions/%s/fork" % quote(session_id, safe=""), body=body,
-                            what="session")["sessions"]
+        return self.request("POST", _path("sessions", session_id, "fork"), body=body,
+                            what="session", ident=session_id)["sessions"]
 
     def find_session(self, name_or_id):
-        """Resolve a live session by id or by name; None when there is none."""
+        """Resolve a session by id (any status) or by live name; None when there is none.
+
+        Names can never look like a UUID, so a UUID-shaped value is only tried
+        as an id; anything else is tried as a live name first, then as an id.
+        """
+        if not profile.looks_like_uuid(name_or_id):
+            found = [s for s in self.list_sessions(name=name_or_id)
+                     if profile.short_status(s.get("status")) not in profile.GONE
+                     and (s.get("name") or "").lower() == name_or_id.lower()]
+            if found:
+                return found[0]
         try:
             return self.get_session(name_or_id)
         except ApiError as e:
             if not e.gone and e.status != 400:
                 raise
-        found = [s for s in self.list_sessions(name=name_or_id)
-                 if profile.short_status(s.get("status")) not in profile.GONE]
-        return found[0] if found else None
+            return None
+
+    def require_session(self, name_or_id):
+        """Like find_session, but a missing session is a NotFound error."""
+        session = self.find_session(name_or_id)
+        if session is None:
+            raise NotFound("session", name_or_id, "(looked for a live session with that name, then for that session id)")
+        return session
 
     def wait_session(self, session_id, until=profile.USABLE, timeout=300.0, gone_ok=False):
-        """Poll until the session's status is in `until` (fast at first, then slower)."""
+        """Poll until the session's status is in `until` (fast at first, then slower).
+
+        With `gone_ok`, a 404 ends the wait (returning None) and gone statuses
+        are waited through; otherwise reaching a gone status raises WaitTimeout.
+        """
         deadline = time.time() + timeout
         delay = 0.05
         last = None
+        wanted = "/".join(sorted(until))
         while True:
             try:
                 last = self.get_session(session_id)
@@ -246,43 +293,59 @@ class ApiClient(object):
                 return last
             if status in profile.GONE and not gone_ok:
                 raise WaitTimeout("session %s became %s while waiting for %s%s" % (
-                    session_id, status, "/".join(sorted(until)),
-                    (": " + last["error_message"]) if last.get("error_message") else ""), last)
+                    session_id, status, wanted,
+                    (": " + last["error_message"]) if last.get("error_message") else ""), last,
+                    status=status, wanted=wanted, timeout=timeout, what="session")
             if time.time() >= deadline:
                 raise WaitTimeout("timed out after %ss waiting for session %s to be %s; it is %s" % (
-                    timeout, session_id, "/".join(sorted(until)), status), last)
+                    timeout, session_id, wanted, status), last,
+                    status=status, wanted=wanted, timeout=timeout, what="session")
             self._sleep(delay)
             delay = min(delay * 1.5, 2.0)
 
     # -- checkpoints -------------------------------------------------------
     def create_checkpoint(self, session_id, label=None):
         body = {"label": label} if label else {}
-        return self.request("POST", "/sessions/%s/checkpoints" % quote(session_id, safe=""), body=body,
-                            what="session")["checkpoint"]
+        return self.request("POST", _path("sessions", session_id, "checkpoints"), body=body,
+                            what="session", ident=session_id)["checkpoint"]
 
     def list_checkpoints(self, session_id):
-        return self._paginate("/sessions/%s/checkpoints" % quote(session_id, safe=""), "checkpoints", {})
+        return self._paginate(_path("sessions", session_id, "checkpoints"), "checkpoints", {},
+                              what="session", ident=session_id)
 
     def get_checkpoint(self, session_id, checkpoint_id):
-        return self.request("GET", "/sessions/%s/checkpoints/%s" % (quote(session_id, safe=""),
-                                                                   quote(checkpoint_id, safe="")),
-                            what="checkpoint")["checkpoint"]
+        return self.request("GET", _path("sessions", session_id, "checkpoints", checkpoint_id),
+                            what="checkpoint", ident=checkpoint_id)["checkpoint"]
 
     def delete_checkpoint(self, session_id, checkpoint_id):
-        return self.request("DELETE", "/sessions/%s/checkpoints/%s" % (quote(session_id, safe=""),
-                                                                      quote(checkpoint_id, safe="")),
-                            what="checkpoint")
+        return self.request("DELETE", _path("sessions", session_id, "checkpoints", checkpoint_id),
+                            what="checkpoint", ident=checkpoint_id)
 
     def rollback(self, session_id, checkpoint_id):
-        return self.request("POST", "/sessions/%s/checkpoints/%s/rollback" % (
-            quote(session_id, safe=""), quote(checkpoint_id, safe="")), body={}, what="checkpoint")["session"]
+        return self.request("POST", _path("sessions", session_id, "checkpoints", checkpoint_id, "rollback"),
+                            body={}, what="checkpoint", ident=checkpoint_id)["session"]
+
+    def find_checkpoint(self, session_id, checkpoint_id=None, label=None):
+        """A checkpoint by id, or the newest one with `label`; None when there is none."""
+        if checkpoint_id:
+            try:
+                return self.get_checkpoint(session_id, checkpoint_id)
+            except ApiError as e:
+                if e.gone:
+                    return None
+                raise
+        # The list is newest first, so the first match is the newest one.
+        for cp in self.list_checkpoints(session_id):
+            if cp.get("label") == label:
+                return cp
+        return None
 
     # -- templates ---------------------------------------------------------
     def create_template(self, name, source_oci_ref, base_template=None):
         body = {"name": name, "source_oci_ref": source_oci_ref}
         if base_template:
             body["base_template"] = base_template
-        return self.request("POST", "/templates", body=body, what="template")["template"]
+        return self.request("POST", "/templates", body=body, what="template", ident=name)["template"]
 
     def update_template(self, template_id, source_oci_ref=None, base_template=None):
         body = {}
@@ -290,24 +353,24 @@ class ApiClient(object):
             body["source_oci_ref"] = source_oci_ref
         if base_template:
             body["base_template"] = base_template
-        return self.request("PUT", "/templates/%s" % quote(template_id, safe=""), body=body,
-                            what="template")["template"]
+        return self.request("PUT", _path("templates", template_id), body=body,
+                            what="template", ident=template_id)["template"]
 
     def get_template(self, template_id):
-        return self.request("GET", "/templates/%s" % quote(template_id, safe=""), what="template")["template"]
+        return self.request("GET", _path("templates", template_id), what="template", ident=template_id)["template"]
 
     def list_templates(self):
         return self._paginate("/templates", "templates", {})
 
     def delete_template(self, template_id):
-        return self.request("DELETE", "/templates/%s" % quote(template_id, safe=""), what="template")
+        return self.request("DELETE", _path("templates", template_id), what="template", ident=template_id)
 
     def list_builds(self, template_id):
-        return self._paginate("/templates/%s/builds" % quote(template_id, safe=""), "builds", {})
+        return self._paginate(_path("templates", template_id, "builds"), "builds", {},
+                              what="template", ident=template_id)
 
     def get_build(self, template_id, build_id):
-        return self.request("GET", "/templates/%s/builds/%s" % (quote(template_id, safe=""),
-                                                               quote(build_id, safe="")), what="build")
+        return self.request("GET", _path("templates", template_id, "builds", build_id), what="build", ident=build_id)
 
     def find_template(self, name_or_id):
         for t in self.list_templates():
@@ -315,15 +378,59 @@ class ApiClient(object):
                 return t
         return None
 
+    def wait_template(self, template_id, timeout=600.0):
+        """Poll until the template's build settles; READY returns it, FAILED raises WaitTimeout."""
+        deadline = time.time() + timeout
+        delay = 0.1
+        while True:
+            last = self.get_template(template_id)
+            status = template_status(last)
+            if status == "READY":
+                return last
+            if status == "FAILED":
+                raise WaitTimeout("the build of template %s failed: %s" % (
+                    last.get("name") or template_id, self.build_error(template_id) or "no error given"),
+                    last, status=status, wanted="READY", timeout=timeout, what="template")
+            if time.time() >= deadline:
+                raise WaitTimeout("timed out after %ss waiting for template %s to be READY; it is %s" % (
+                    timeout, last.get("name") or template_id, status), last,
+                    status=status, wanted="READY", timeout=timeout, what="template")
+            self._sleep(delay)
+            delay = min(delay * 1.5, 3.0)
+
+    def build_error(self, template_id):
+        """The error of the most recent failed build, best effort (None when unknown)."""
+        try:
+            builds = self.list_builds(template_id)
+        except ApiError:
+            return None
+        failed = [b for b in builds if "FAILED" in str(b.get("status") or "").upper()]
+        if not failed:
+            return None
+        # Newest first when the server says so; otherwise pick by timestamp when there is one.
+        failed.sort(key=lambda b: str(b.get("created_at") or b.get("finished_at") or ""), reverse=True)
+        return failed[0].get("error") or failed[0].get("error_message")
+
     # -- helpers -----------------------------------------------------------
-    def _paginate(self, path, key, query):
+    def _paginate(self, path, key, query, what=None, ident=None):
         items, token = [], None
         while True:
             q = dict(query)
             if token:
                 q["page_token"] = token
-            page = self.request("GET", path, query=q)
+            page = self.request("GET", path, query=q, what=what, ident=ident)
             items.extend(page.get(key) or [])
             token = page.get("next_page_token")
             if not token:
                 return items
+
+
+def _path(*parts):
+    """'/sessions/<id>/pause' with every id quoted, so a name can never change the route."""
+    return "/" + "/".join(quote(str(p), safe="") for p in parts)
+
+
+def template_status(template):
+    """'TEMPLATE_STATUS_READY' -> 'READY' (and unknown values pass through upper-cased)."""
+    s = str((template or {}).get("status") or "").upper()
+    return s[len("TEMPLATE_STATUS_"):] if s.startswith("TEMPLATE_STATUS_") else s

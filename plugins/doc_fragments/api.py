@@ -1,0 +1,127 @@
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The options every module (and the inventory plugin) uses to reach the control plane."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+
+class ModuleDocFragment(object):
+
+    # The API options of every module. Modules read the environment variables
+    # through argument_spec fallbacks (module docs cannot carry env entries).
+    DOCUMENTATION = r"""
+options:
+  api_url:
+    description:
+      - Base URL of the control plane, for example V(https://api.digitalocean.com) or the URL of the local control plane.
+      - A path in the URL is kept, and O(route_prefix) is appended to it.
+      - If not set, the environment variable E(DO_AGENTS_API_URL) is used, then the default.
+    type: str
+    default: https://api.digitalocean.com
+  api_token:
+    description:
+      - Bearer token for the control plane.
+      - If not set, the environment variable E(DO_AGENTS_API_TOKEN) is used.
+      - The token is never printed, logged or returned.
+    type: str
+  route_prefix:
+    description:
+      - Path prefix of the API routes under O(api_url).
+      - Newer platform docs also show V(/v2/harness-runtime).
+    type: str
+    default: /v2/agents
+  request_timeout:
+    description:
+      - Timeout in seconds of one HTTP request.
+      - Idempotent calls (GET, PUT, DELETE) are retried with backoff on connection errors, HTTP 429 and 5xx;
+        calls that start work (POST) are retried only on HTTP 429.
+    type: float
+    default: 30
+  wait_timeout:
+    description:
+      - How many seconds to wait for an object to reach the wanted state when the module waits
+        (a session to become usable, paused or gone, a template build to finish).
+      - Accepted by every module so that it can be set once in C(module_defaults); modules that do not wait ignore it.
+    type: int
+    default: 600
+  validate_certs:
+    description:
+      - Whether to verify the TLS certificate of O(api_url).
+      - Only set to V(false) for a local control plane with a self-signed certificate.
+    type: bool
+    default: true
+notes:
+  - All API options can be set once for every module of this collection with
+    C(module_defaults) and the action group C(group/microvm.sandbox.api).
+  - The modules run on the controller (or wherever they are delegated); they only need network access to O(api_url).
+seealso:
+  - name: Platform contract
+    description: What the control plane exposes, and what the collection assumes.
+    link: https://github.com/microvm/sandbox/tree/main/docs
+"""
+
+    # The same options for controller plugins (inventory), where the
+    # environment variables are read by Ansible's configuration system.
+    PLUGIN = r"""
+options:
+  api_url:
+    description:
+      - Base URL of the control plane, for example V(https://api.digitalocean.com) or the URL of the local control plane.
+    type: str
+    default: https://api.digitalocean.com
+    env:
+      - name: DO_AGENTS_API_URL
+  api_token:
+    description:
+      - Bearer token for the control plane. It is never put into host variables.
+    type: str
+    env:
+      - name: DO_AGENTS_API_TOKEN
+  route_prefix:
+    description:
+      - Path prefix of the API routes under O(api_url).
+    type: str
+    default: /v2/agents
+  request_timeout:
+    description:
+      - Timeout in seconds of one HTTP request; idempotent calls are retried with backoff.
+    type: float
+    default: 30
+  validate_certs:
+    description:
+      - Whether to verify the TLS certificate of O(api_url).
+    type: bool
+    default: true
+"""
+
+    # Attribute descriptions shared by the modules (community.docker style).
+    ATTRIBUTES = r"""
+options: {}
+attributes:
+  check_mode:
+    description: Can run in C(check_mode) and return changed status prediction without modifying the platform.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in C(check_mode)), when in diff mode.
+  action_group:
+    description: Use C(group/microvm.sandbox.api) in C(module_defaults) to set defaults for this module.
+    support: full
+    membership:
+      - microvm.sandbox.api
+"""
+
+    # For modules that only read.
+    INFO_MODULE = r"""
+options: {}
+attributes:
+  check_mode:
+    support: full
+    details:
+      - This action does not modify state.
+  diff_mode:
+    support: N/A
+    details:
+      - This action does not modify state.
+"""

@@ -1,0 +1,160 @@
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""What every module of the collection shares: the API options, the client, and error reporting.
+
+`describe_error` is the one place that turns an ApiError or a WaitTimeout into
+a message saying what happened and what to do; modules reach it through
+`fail_from_error`, the inventory plugin calls it directly.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import re
+
+from ansible.module_utils.basic import env_fallback
+
+from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, NotFound, WaitTimeout
+
+DEFAULT_REQUEST_TIMEOUT = 30.0
+DEFAULT_WAIT_TIMEOUT = 600
+
+_SESSION_PATH = re.compile(r"^/sessions/([^/?]+)")
+
+
+def api_argument_spec(**module_options):
+    """The shared API options (doc fragment microvm.sandbox.api) plus the module's own."""
+    spec = dict(
+        api_url=dict(type="str", default=profile.DEFAULT_API_URL, fallback=(env_fallback, [profile.API_URL_ENV])),
+        api_token=dict(type="str", no_log=True, fallback=(env_fallback, [profile.API_TOKEN_ENV])),
+        route_prefix=dict(type="str", default=profile.DEFAULT_PREFIX),
+        request_timeout=dict(type="float", default=DEFAULT_REQUEST_TIMEOUT),
+        wait_timeout=dict(type="int", default=DEFAULT_WAIT_TIMEOUT),
+        validate_certs=dict(type="bool", default=True),
+    )
+    spec.update(module_options)
+    return spec
+
+
+def client_from_module(module):
+    """An ApiClient built from the module's API options; fails the module when it cannot be built."""
+    p = module.params
+    try:
+        return ApiClient(api_url=p["api_url"], api_token=p["api_token"], prefix=p["route_prefix"],
+                         timeout=p["request_timeout"], validate_certs=p["validate_certs"])
+    except ApiError as e:
+        fail_from_error(module, e)
+
+
+def run_api_module(module, work):
+    """Build the client, run `work(client)` -> result dict, exit; every API error becomes fail_json."""
+    client = client_from_module(module)
+    try:
+        result = work(client)
+    except (ApiError, WaitTimeout) as e:
+        fail_from_error(module, e, client)
+    module.exit_json(**result)
+
+
+def fail_from_error(module, error, client=None, **result):
+    msg, details = describe_error(error, client)
+    details.update(result)
+    module.fail_json(msg=msg, **details)
+
+
+def describe_error(error, client=None):
+    """(message, details) for an ApiError or WaitTimeout: what happened, the server's words, what to do."""
+    if isinstance(error, WaitTimeout):
+        return _describe_wait(error)
+    details = {"http_status": error.status, "server_message": error.server_message or ""}
+    call = "%s %s" % (error.method, error.path)
+    if error.path != "-":
+        details["api_call"] = call
+    said = (": %s" % error.server_message) if error.server_message else ""
+    what = error.what or "object"
+    status = error.status
+    if isinstance(error, NotFound):
+        msg = "%s. Check the id or name (names are matched among live sessions only; it may have been deleted)." % (
+            _capitalize(error.server_message))
+    elif status == 0 and error.path == "-":
+        msg = "No API token: set the option api_token or the environment variable %s." % profile.API_TOKEN_ENV
+    elif status == 0:
+        msg = "%s failed: %s (after %d attempt%s). Check the option api_url or the environment variable %s." % (
+            call, error.server_message, error.attempts, "" if error.attempts == 1 else "s", profile.API_URL_ENV)
+    elif status == 401:
+        msg = ("The platform refused the API token (HTTP 401 on %s%s). Check the option api_token or the "
+               "environment variable %s: it may be wrong, expired or revoked." % (call, said, profile.API_TOKEN_ENV))
+    elif status == 403:
+        msg = ("The API token is not allowed to do %s (HTTP 403%s). Use a token with access to Managed Agents "
+               "sessions, checkpoints and templates." % (call, said))
+    elif status in (404, 410):
+        ident = (" %r" % error.ident) if error.ident else ""
+        msg = "No %s%s (HTTP %d on %s%s). Check the id or name; it may have been deleted." % (what, ident, status, call, said)
+    elif status == 409:
+        state = _current_state(error, client)
+        msg = "%s was refused with HTTP 409 (conflict)%s.%s" % (call, said, state)
+    elif status == 429:
+        msg = ("The platform rate-limited %s (HTTP 429%s) and still did after %d attempts with backoff. "
+               "Retry later, or run fewer tasks against the API in parallel." % (call, said, error.attempts))
+    elif status >= 500:
+        msg = ("The platform failed %s with HTTP %d%s%s. This is a platform-side error; retry later." % (
+            call, status, said, (" (after %d attempts with backoff)" % error.attempts) if error.attempts > 1 else ""))
+    else:
+        msg = "%s was rejected with HTTP %d%s.%s" % (call, status, said, (" " + error.hint + ".") if error.hint else "")
+    return msg, details
+
+
+def _describe_wait(error):
+    details = {"reached_status": error.status or ""}
+    if error.what and error.last is not None:
+        details[error.what] = error.last
+    msg = str(error)
+    if error.what == "template" and error.status == "FAILED":
+        msg += ". Fix the source image or base template and run again, or retry the same source with force_rebuild: true."
+    elif error.status in profile.GONE:
+        msg += ". A session in that state does not come back; create a new one."
+    else:
+        msg += (". The last status reached was %s. Raise wait_timeout (it was %ss), or set wait: false and check later "
+                "with the matching _info module." % (error.status, error.timeout))
+    return msg, details
+
+
+def _current_state(error, client):
+    """' The session was SESSION_STATUS_X.' for a 409 on a session route, best effort."""
+    m = _SESSION_PATH.match(error.path or "")
+    if not m or client is None:
+        return ""
+    try:
+        from ansible.module_utils.six.moves.urllib.parse import unquote
+        session = client.get_session(unquote(m.group(1)))
+    except Exception:  # the report must not fail because the extra lookup did
+        return ""
+    status = profile.short_status(session.get("status"))
+    hint = {
+        "PROVISIONING": " Wait until it is READY (the session module waits by default).",
+        "PAUSED": " Resume it first (state: running).",
+    }.get(status, "")
+    return " The session %r was in state %s.%s" % (session.get("name") or session.get("session_id"), status, hint)
+
+
+def _capitalize(text):
+    return text[:1].upper() + text[1:] if text else text
+
+
+def parse_duration(value):
+    """Seconds from 600, '600', '600s', '10m', '1h30m' or '1d'; ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError("not a duration: %r" % (value,))
+    if isinstance(value, (int, float)):
+        return int(value)
+    text = str(value).strip().lower()
+    if re.match(r"^\d+$", text):
+        return int(text)
+    parts = re.findall(r"(\d+)\s*([dhms])", text)
+    if not parts or re.sub(r"\d+\s*[dhms]", "", text).strip():
+        raise ValueError("not a duration: %r (use seconds, or a string such as 600s, 10m, 1h30m)" % (value,))
+    unit = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    return sum(int(n) * unit[u] for n, u in parts)

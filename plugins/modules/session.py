@@ -1,0 +1,409 @@
+#!/usr/bin/python
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: session
+short_description: Create, pause, resume and delete microVM sandbox sessions
+version_added: 0.1.0
+description:
+  - Manages a sandbox session of the managed microVM platform (DigitalOcean Managed Agents / Harness Runtime)
+    or of the local control plane, addressed by its name.
+  - A session is always created as a bare sandbox (C(agent=none)).
+  - A session's template, size and idle timeout cannot be changed in place. When an existing session differs
+    from the task in one of them, the module B(fails) and lists the differing fields, because running work in a
+    sandbox that is not the one asked for is worse than stopping. Set O(recreate=true) to delete and create it again
+    instead (its files are lost).
+  - O(env), O(secret_env) and O(egress) are only used when the session is created. The platform does not report
+    them back, so they are not compared on an existing session.
+author:
+  - microvm.sandbox contributors
+extends_documentation_fragment:
+  - microvm.sandbox.api
+  - microvm.sandbox.api.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+    details:
+      - The diff shows the session object before and after (status, template, size, idle timeout, ids).
+options:
+  name:
+    description:
+      - Name of the session, unique among live sessions (case-insensitive).
+      - 1-64 characters of letters, digits, V(.), V(_) and V(-), starting and ending with a letter or digit.
+      - A session id is accepted too, to address an existing session (for example one returned by
+        M(microvm.sandbox.session_info)); a session cannot be created under an id.
+    type: str
+    required: true
+  state:
+    description:
+      - V(present) creates the session if no live session has this name and waits until it is usable.
+        A paused session stays paused.
+      - V(running) is V(present), and resumes the session if it is paused.
+      - V(paused) is V(present), then pauses the session if it is running.
+      - V(absent) deletes the session and waits until it is gone.
+    type: str
+    choices: [present, running, paused, absent]
+    default: present
+  template:
+    description:
+      - Template (by name) the sandbox boots from. The platform's default when not set.
+      - Compared with an existing session when set.
+    type: str
+  size:
+    description:
+      - Size slug of the sandbox. The platform's default when not set.
+      - Compared with the existing session's C(size_slug) when set.
+    type: str
+  idle_timeout:
+    description:
+      - Idle time after which the platform pauses the session, in seconds or as a duration such as V(600s),
+        V(10m) or V(1h30m).
+      - Compared with the existing session's C(idle_timeout_seconds) when set.
+    type: str
+  env:
+    description:
+      - Environment variables of the sandbox, used when it is created.
+      - The values are shown in the task's invocation (C(-vvv)) like any other option. Put secrets into
+        O(secret_env) instead; the module warns when a key here looks like a secret.
+    type: dict
+  secret_env:
+    description:
+      - Environment variables of the sandbox whose values are secrets, used when it is created and merged over O(env).
+      - Ansible hides these values everywhere in the module's output. Because it does so by replacing every
+        occurrence of the value in any returned string, keep short, non-secret values (such as V(1) or V(true))
+        in O(env).
+    type: dict
+  egress:
+    description:
+      - Hosts the sandbox may reach; everything else is denied.
+      - Not set, or V([unrestricted]), leaves egress open.
+    type: list
+    elements: str
+  recreate:
+    description:
+      - When the existing session differs in O(template), O(size) or O(idle_timeout), delete it and create a new one
+        with the same name instead of failing. Its sandbox and files are lost.
+    type: bool
+    default: false
+  wait:
+    description:
+      - Wait until the session reaches the state asked for (usable, paused or gone), up to O(wait_timeout) seconds.
+      - With V(false), the module returns as soon as the platform accepted the call. V(paused) and V(running) still
+        wait for a new session to become usable before they pause it, since the platform refuses that earlier.
+    type: bool
+    default: true
+seealso:
+  - module: microvm.sandbox.session_info
+  - module: microvm.sandbox.checkpoint
+  - plugin: microvm.sandbox.sessions
+    plugin_type: inventory
+"""
+
+EXAMPLES = r"""
+- name: A sandbox for the CI job, created once and reused by later runs
+  microvm.sandbox.session:
+    name: ci-job-42
+    template: python-3-12
+    size: small
+    idle_timeout: 15m
+    env:
+      LOG_LEVEL: debug
+    secret_env:
+      PYPI_TOKEN: "{{ pypi_token }}"
+    egress:
+      - pypi.org
+      - files.pythonhosted.org
+  register: sandbox
+
+- name: Pause it while nothing runs
+  microvm.sandbox.session:
+    name: ci-job-42
+    state: paused
+
+- name: Resume it
+  microvm.sandbox.session:
+    name: ci-job-42
+    state: running
+
+- name: Recreate it when the template changed
+  microvm.sandbox.session:
+    name: ci-job-42
+    template: python-3-13
+    recreate: true
+
+- name: Delete it
+  microvm.sandbox.session:
+    name: ci-job-42
+    state: absent
+
+- name: Set the API options once for every module of the collection
+  module_defaults:
+    group/microvm.sandbox.api:
+      api_url: "{{ lookup('ansible.builtin.env', 'DO_AGENTS_API_URL') }}"
+      wait_timeout: 120
+  block:
+    - name: Create
+      microvm.sandbox.session:
+        name: scratch
+"""
+
+RETURN = r"""
+session:
+  description:
+    - The session as the platform reports it after the task (in check mode, the expected result).
+    - For O(state=absent), the session as last seen, or empty when there was none.
+  returned: always
+  type: dict
+  contains:
+    session_id:
+      description: Id of the session.
+      type: str
+      sample: 2f0c8f9e-8d1e-4a57-9d0c-0c4bbf3cb2a1
+    name:
+      description: Name of the session.
+      type: str
+      sample: ci-job-42
+    status:
+      description: Status, one of C(SESSION_STATUS_PROVISIONING), C(SESSION_STATUS_READY), C(SESSION_STATUS_DETACHED),
+        C(SESSION_STATUS_PAUSED), C(SESSION_STATUS_DESTROYING), C(SESSION_STATUS_DESTROYED), C(SESSION_STATUS_FAILED).
+      type: str
+      sample: SESSION_STATUS_READY
+    sandbox_id:
+      description: Id of the sandbox (absent until allocated; changes on rollback).
+      type: str
+    template:
+      description: Template the sandbox booted from.
+      type: str
+    size_slug:
+      description: Size of the sandbox.
+      type: str
+    idle_timeout_seconds:
+      description: Idle timeout in seconds.
+      type: int
+    pause_reason:
+      description: Why the session is paused (C(manual), C(idle), C(low_balance), or a newer value), only while paused.
+      type: str
+    created_at:
+      description: Creation time.
+      type: str
+    last_event_at:
+      description: Time of the last event.
+      type: str
+    error_message:
+      description: Why the session failed, when it did.
+      type: str
+  sample:
+    session_id: 2f0c8f9e-8d1e-4a57-9d0c-0c4bbf3cb2a1
+    name: ci-job-42
+    status: SESSION_STATUS_READY
+    template: python-3-12
+    size_slug: small
+    idle_timeout_seconds: 900
+"""
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, parse_duration, run_api_module  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.views import session_view, status_of  # noqa: E402
+
+SECRET_LOOKING_KEY = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "APIKEY", "PRIVATE_KEY", "CREDENTIAL")
+DELETED = "SESSION_STATUS_DESTROYED"
+
+
+class SessionManager(object):
+    """Brings one session to the state a task asks for."""
+
+    def __init__(self, module, client):
+        self.module = module
+        self.client = client
+        self.p = module.params
+        self.check = module.check_mode
+        self.changed = False
+        self.timeout = self.p["wait_timeout"]
+        self.last_seen = None
+
+    # -- the task ----------------------------------------------------------
+    def run(self):
+        existing = self.find()
+        before = session_view(existing)
+        if self.p["state"] == "absent":
+            session = self.absent(existing)
+        else:
+            session = self.present(existing)
+            session = self.to_state(session)
+        result = dict(changed=self.changed, session=session or {})
+        if self.module._diff:
+            result["diff"] = dict(before=before, after=session_view(session) if self.p["state"] != "absent" else {})
+        return result
+
+    def find(self):
+        session = self.client.find_session(self.p["name"])
+        if session is not None and status_of(session) in profile.GONE:
+            if self.p["state"] == "absent":
+                return None
+            self.module.fail_json(
+                msg="Session %s (%r) is %s: it cannot be used again. Give a name to create a new session."
+                % (session.get("session_id"), session.get("name"), status_of(session)), session=session)
+        return session
+
+    # -- present -----------------------------------------------------------
+    def present(self, existing):
+        if existing is not None:
+            differing = self.differences(existing)
+            if not differing:
+                return self.settle(existing)
+            if not self.p["recreate"]:
+                self.module.fail_json(
+                    msg="Session %r exists with settings that cannot be changed in place: %s. Set recreate: true to "
+                        "delete it and create it again (its files are lost), or change the task to match."
+                        % (existing.get("name"), "; ".join(differing)),
+                    differing_fields=differing, session=existing)
+            self.delete(existing)
+        return self.create()
+
+    def differences(self, existing):
+        """'field: is X, wanted Y' for every requested setting the session does not have."""
+        wanted = self.wanted_settings()
+        out = []
+        for field, want in sorted(wanted.items()):
+            have = existing.get(field)
+            if want is not None and have != want:
+                out.append("%s: is %r, wanted %r" % (field, have, want))
+        return out
+
+    def wanted_settings(self):
+        return {
+            "template": self.p["template"],
+            "size_slug": self.p["size"],
+            "idle_timeout_seconds": self.idle_timeout(),
+        }
+
+    def idle_timeout(self):
+        if self.p["idle_timeout"] is None:
+            return None
+        try:
+            return parse_duration(self.p["idle_timeout"])
+        except ValueError as e:
+            self.module.fail_json(msg="idle_timeout: %s" % e)
+
+    def create(self):
+        problem = profile.session_name_problem(self.p["name"])
+        if problem:
+            self.module.fail_json(msg="Cannot create a session named %r: %s. No live session has that name or id."
+                                  % (self.p["name"], problem))
+        self.warn_about_secret_looking_env()
+        spec = self.create_spec()
+        self.changed = True
+        if self.check:
+            predicted = dict((k, v) for k, v in self.wanted_settings().items() if v is not None)
+            predicted.update(name=self.p["name"], status="SESSION_STATUS_READY")
+            return predicted
+        session = self.client.create_session(spec)
+        for warning in session.get("warnings") or []:
+            self.module.warn("platform: %s" % warning)
+        return self.settle(session)
+
+    def create_spec(self):
+        spec = {"name": self.p["name"]}
+        for option, field in (("template", "template"), ("size", "size")):
+            if self.p[option] is not None:
+                spec[field] = self.p[option]
+        if self.p["idle_timeout"] is not None:
+            spec["idle_timeout"] = "%ds" % self.idle_timeout()
+        env = dict(self.p["env"] or {})
+        env.update(self.p["secret_env"] or {})
+        if env:
+            spec["env"] = dict((str(k), str(v)) for k, v in env.items())
+        egress = self.p["egress"]
+        if egress:
+            spec["egress"] = "unrestricted" if egress == ["unrestricted"] else list(egress)
+        return spec
+
+    def warn_about_secret_looking_env(self):
+        for key in sorted(self.p["env"] or {}):
+            if any(word in str(key).upper() for word in SECRET_LOOKING_KEY):
+                self.module.warn("env key %r looks like a secret: pass it in secret_env so its value is hidden" % key)
+
+    def settle(self, session, need_usable=False):
+        """Wait for a provisioning session to become usable when the task waits (or must)."""
+        if status_of(session) == "PROVISIONING" and (self.p["wait"] or need_usable) and not self.check:
+            return self.client.wait_session(session["session_id"], until=profile.USABLE, timeout=self.timeout)
+        return session
+
+    # -- running / paused --------------------------------------------------
+    def to_state(self, session):
+        state = self.p["state"]
+        status = status_of(session)
+        if state == "running" and status == "PAUSED":
+            return self.transition(session, self.client.resume_session, profile.USABLE, "SESSION_STATUS_READY")
+        if state == "paused" and status != "PAUSED":
+            session = self.settle(session, need_usable=True)
+            return self.transition(session, self.client.pause_session, frozenset(["PAUSED"]), "SESSION_STATUS_PAUSED")
+        return session
+
+    def transition(self, session, call, until, predicted_status):
+        self.changed = True
+        if self.check:
+            return dict(session, status=predicted_status)
+        call(session["session_id"])
+        if not self.p["wait"]:
+            return self.client.get_session(session["session_id"])
+        return self.client.wait_session(session["session_id"], until=until, timeout=self.timeout)
+
+    # -- absent ------------------------------------------------------------
+    def absent(self, existing):
+        if existing is None:
+            return None
+        self.delete(existing)
+        return self.last_seen
+
+    def delete(self, session):
+        self.changed = True
+        self.last_seen = dict(session, status=DELETED)
+        if self.check:
+            return
+        try:
+            self.client.delete_session(session["session_id"])
+        except ApiError as e:
+            if not e.gone:
+                raise
+            return  # someone else deleted it in between: the goal is reached
+        if self.p["wait"] or self.p["state"] != "absent":
+            # A recreate must wait: the name stays taken until the old session is gone.
+            gone = self.client.wait_session(session["session_id"], until=frozenset(["DESTROYED"]),
+                                            timeout=self.timeout, gone_ok=True)
+            if gone is not None:
+                self.last_seen = gone
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=api_argument_spec(
+            name=dict(type="str", required=True),
+            state=dict(type="str", default="present", choices=["present", "running", "paused", "absent"]),
+            template=dict(type="str"),
+            size=dict(type="str"),
+            idle_timeout=dict(type="str"),
+            env=dict(type="dict"),
+            secret_env=dict(type="dict", no_log=True),
+            egress=dict(type="list", elements="str"),
+            recreate=dict(type="bool", default=False),
+            wait=dict(type="bool", default=True),
+        ),
+        supports_check_mode=True,
+    )
+    run_api_module(module, lambda client: SessionManager(module, client).run())
+
+
+if __name__ == "__main__":
+    main()
