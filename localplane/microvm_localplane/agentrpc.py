@@ -1,0 +1,255 @@
+"""REST exec and workspace transfer, done the platform's way: gRPC to the guest's agent on 8443.
+
+grpc.aio needs an address, so each call opens a private unix socket whose
+connections are piped to Guest.dial(8443). The agent, inside the guest,
+decides what a path means (symlinks, `..`), so the REST layer never sees
+the host filesystem.
+"""
+import asyncio
+import base64
+import binascii
+import contextlib
+import hashlib
+import json
+import os
+import posixpath
+import shutil
+import tempfile
+import uuid
+
+import grpc
+
+from . import contract
+from .httputil import ApiFailure
+from .pb import pb2, pb2_grpc
+
+GRPC_TO_HTTP = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.DATA_LOSS: 400,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.UNAVAILABLE: 502,
+}
+SOCKET_DIR = None
+
+
+def _socket_dir():
+    # Unix socket paths are limited to 107 bytes: keep them short, outside the state dir.
+    global SOCKET_DIR
+    if SOCKET_DIR is None or not os.path.isdir(SOCKET_DIR):
+        SOCKET_DIR = tempfile.mkdtemp(prefix="mvlp-agent-")
+    return SOCKET_DIR
+
+
+def cleanup_sockets():
+    if SOCKET_DIR:
+        shutil.rmtree(SOCKET_DIR, ignore_errors=True)
+
+
+async def _pipe(reader, writer):
+    try:
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                break
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            writer.close()
+
+
+@contextlib.asynccontextmanager
+async def agent_stub(guest):
+    """A SandboxAgentService stub whose connections go through guest.dial(8443)."""
+    path = os.path.join(_socket_dir(), uuid.uuid4().hex[:16] + ".sock")
+    pipes = set()
+
+    async def on_connect(reader, writer):
+        try:
+            g_reader, g_writer = await guest.dial(contract.AGENT_PORT)
+        except Exception:
+            writer.close()
+            return
+        tasks = [asyncio.ensure_future(_pipe(reader, g_writer)), asyncio.ensure_future(_pipe(g_reader, writer))]
+        pipes.update(tasks)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    server = await asyncio.start_unix_server(on_connect, path)
+    channel = grpc.aio.insecure_channel("unix:" + path)
+    try:
+        yield pb2_grpc.SandboxAgentServiceStub(channel)
+    finally:
+        await channel.close()
+        server.close()
+        for task in pipes:
+            task.cancel()
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def rpc_failure(e, what):
+    status = GRPC_TO_HTTP.get(e.code(), 502)
+    return ApiFailure(status, "%s failed: %s" % (what, e.details() or e.code().name))
+
+
+# -- REST exec ------------------------------------------------------------------
+def parse_exec(doc):
+    argv = doc.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise ApiFailure(400, "argv must be a non-empty list of strings (there is no implicit shell)")
+    workdir = doc.get("workdir") or contract.DEFAULT_WORKDIR
+    if not isinstance(workdir, str) or not workdir.startswith("/"):
+        raise ApiFailure(400, "workdir must be an absolute path, got %r" % (workdir,))
+    timeout = doc.get("timeout_seconds")
+    if timeout is None or timeout == 0:
+        timeout = contract.EXEC_DEFAULT_TIMEOUT
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
+        raise ApiFailure(400, "timeout_seconds must be a positive whole number, got %r" % (timeout,))
+    timeout = min(timeout, contract.EXEC_MAX_TIMEOUT)
+    stdin = doc.get("stdin")
+    data = b""
+    if stdin is not None:
+        if not isinstance(stdin, str):
+            raise ApiFailure(400, "stdin must be base64 text")
+        try:
+            data = base64.b64decode(stdin, validate=True)
+        except (binascii.Error, ValueError):
+            raise ApiFailure(400, "stdin is not valid base64")
+    return argv, workdir, timeout, data
+
+
+async def rest_exec(guest, doc):
+    argv, workdir, timeout, stdin = parse_exec(doc)
+
+    async def requests():
+        yield pb2.ExecRequest(start=pb2.ExecStart(argv=argv, workdir=workdir, timeout_seconds=timeout))
+        for i in range(0, len(stdin), contract.TRANSFER_CHUNK):
+            yield pb2.ExecRequest(stdin=stdin[i:i + contract.TRANSFER_CHUNK])
+
+    out, err, exit_frame = bytearray(), bytearray(), None
+    async with agent_stub(guest) as stub:
+        try:
+            call = stub.Exec(requests(), timeout=timeout + 30)
+            async for frame in call:
+                kind = frame.WhichOneof("output")
+                if kind == "stdout":
+                    out += frame.stdout[:contract.EXEC_STREAM_CAP - len(out)]
+                elif kind == "stderr":
+                    err += frame.stderr[:contract.EXEC_STREAM_CAP - len(err)]
+                elif kind == "exit":
+                    exit_frame = frame.exit
+        except grpc.aio.AioRpcError as e:
+            raise rpc_failure(e, "exec")
+    if exit_frame is None:
+        raise ApiFailure(502, "exec: the command was lost (the agent's stream ended without an exit status)")
+    return {"exit_code": exit_frame.exit_code, "stdout": out.decode("utf-8", "replace"),
+            "stderr": err.decode("utf-8", "replace")}
+
+
+# -- workspace transfer -----------------------------------------------------------
+def _flag(request, name):
+    value = request.query.get(name, "false").lower()
+    if value not in ("true", "false", "1", "0", ""):
+        raise ApiFailure(400, "%s must be true or false, got %r" % (name, value))
+    return value in ("true", "1")
+
+
+def _transfer_path(request):
+    path = request.query.get("path", "")
+    if not path:
+        raise ApiFailure(400, "path is required: an absolute path under %s" % contract.TRANSFER_ROOT)
+    if not path.startswith("/"):
+        raise ApiFailure(400, "path %r is relative: give an absolute path under %s" % (path, contract.TRANSFER_ROOT))
+    norm = posixpath.normpath(path)
+    if norm != contract.TRANSFER_ROOT and not norm.startswith(contract.TRANSFER_ROOT + "/"):
+        raise ApiFailure(403, "path outside workspace: %s" % json.dumps(path))
+    return path
+
+
+async def upload(guest, request):
+    path = _transfer_path(request)
+    is_archive = _flag(request, "is_archive")
+    expected = (request.headers.get("X-Content-Sha256") or "").strip().lower()
+    if expected and (len(expected) != 64 or any(c not in "0123456789abcdef" for c in expected)):
+        raise ApiFailure(400, "X-Content-Sha256 must be 64 hex characters")
+    if request.content_length is not None and request.content_length > contract.MAX_UPLOAD_BYTES:
+        raise ApiFailure(413, "upload is %d bytes; at most %d bytes are accepted" % (
+            request.content_length, contract.MAX_UPLOAD_BYTES))
+    digest = hashlib.sha256()
+    state = {"size": 0, "too_big": False}
+
+    async def requests():
+        yield pb2.UploadRequest(header=pb2.UploadHeader(path=path, is_archive=is_archive))
+        while True:
+            chunk = await request.content.read(contract.TRANSFER_CHUNK)
+            if not chunk:
+                break
+            state["size"] += len(chunk)
+            if state["size"] > contract.MAX_UPLOAD_BYTES:
+                state["too_big"] = True
+                # A wrong checksum makes the agent discard the partial file.
+                yield pb2.UploadRequest(end=pb2.UploadEnd(sha256="0" * 64))
+                return
+            digest.update(chunk)
+            yield pb2.UploadRequest(chunk=chunk)
+        # Our own checksum when none is given, so a torn body never lands.
+        yield pb2.UploadRequest(end=pb2.UploadEnd(sha256=expected or digest.hexdigest()))
+
+    async with agent_stub(guest) as stub:
+        try:
+            resp = await stub.Upload(requests(), timeout=3600)
+        except grpc.aio.AioRpcError as e:
+            if state["too_big"]:
+                raise ApiFailure(413, "upload is larger than %d bytes" % contract.MAX_UPLOAD_BYTES)
+            if expected and expected != digest.hexdigest():
+                raise ApiFailure(400, "X-Content-Sha256 %s does not match the body (sha256 %s); nothing was written"
+                                 % (expected, digest.hexdigest()))
+            raise rpc_failure(e, "upload")
+    if expected and expected != digest.hexdigest():
+        raise ApiFailure(400, "X-Content-Sha256 %s does not match the body (sha256 %s)" % (expected, digest.hexdigest()))
+    return {"path": resp.path, "bytes_written": resp.bytes_written}
+
+
+async def download(guest, request, start_response):
+    """Stream a file (or a tar of a directory) from the guest, then the 73-byte DOWSSHA1 footer.
+
+    The first frame is read before any header goes out, so a refusal is still
+    a proper HTTP status.
+    """
+    path = _transfer_path(request)
+    as_archive = _flag(request, "as_archive")
+    digest = hashlib.sha256()
+    async with agent_stub(guest) as stub:
+        call = stub.Download(pb2.DownloadRequest(path=path, as_archive=as_archive), timeout=3600)
+        frames = call.__aiter__()
+        try:
+            first = await frames.__anext__()
+        except StopAsyncIteration:
+            raise ApiFailure(502, "download: the agent sent nothing")
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.INTERNAL and "404" in (e.details() or ""):
+                raise ApiFailure(404, "download failed: %s" % e.details())
+            raise rpc_failure(e, "download")
+        response = await start_response()
+        try:
+            frame = first
+            while True:
+                if frame.WhichOneof("output") == "chunk":
+                    digest.update(frame.chunk)
+                    await response.write(frame.chunk)
+                try:
+                    frame = await frames.__anext__()
+                except StopAsyncIteration:
+                    break
+        except grpc.aio.AioRpcError:
+            # Headers are out; a torn stream without a footer is how the client learns of it.
+            return response
+        await response.write(contract.DOWNLOAD_FOOTER_MAGIC + digest.hexdigest().encode() + b"\n")
+        await response.write_eof()
+        return response

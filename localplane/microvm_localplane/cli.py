@@ -1,0 +1,318 @@
+"""`python -m microvm_localplane serve | up | down`: run, start in the background, stop.
+
+The running server writes DIR/plane.json (url and pid, no token) once it
+answers; `up` and `down` and the pytest fixture find it there. The token lives
+in DIR/token, mode 0600.
+"""
+import argparse
+import asyncio
+import contextlib
+import fcntl
+import ipaddress
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from . import contract
+from .store import write_json_atomic
+
+DEFAULT_LISTEN = "127.0.0.1:8787"
+START_TIMEOUT = 60
+STOP_TIMEOUT = 60
+
+
+def info_path(state_dir):
+    return os.path.join(state_dir, "plane.json")
+
+
+def token_path(state_dir):
+    return os.path.join(state_dir, "token")
+
+
+def load_or_make_token(state_dir, given=None):
+    path = token_path(state_dir)
+    if given:
+        token = given
+    elif os.path.exists(path):
+        with open(path) as f:
+            token = f.read().strip()
+    else:
+        token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.chmod(path, 0o600)
+    return token
+
+
+def parse_listen(text):
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        raise SystemExit("--listen must be HOST:PORT, got %r" % text)
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise SystemExit("--listen %s: the local control plane only listens on loopback (127.0.0.1 or ::1)" % text)
+    try:
+        return host, int(port)
+    except ValueError:
+        raise SystemExit("--listen port must be a number, got %r" % port)
+
+
+def read_info(state_dir):
+    try:
+        with open(info_path(state_dir)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child is not alive.
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def answers(url, token, timeout=2.0):
+    req = urllib.request.Request(url + contract.PREFIXES[0] + "/sessions?page_size=1",
+                                 headers={"Authorization": "Bearer " + token})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+# -- serve --------------------------------------------------------------------------
+async def serve_forever(args):
+    from aiohttp import web
+
+    from .server import Plane, make_app
+
+    state_dir = os.path.abspath(args.state_dir)
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    lock = open(os.path.join(state_dir, "plane.lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit("another local control plane is already serving %s (see %s)" % (state_dir, info_path(state_dir)))
+    host, port = parse_listen(args.listen)
+    token = load_or_make_token(state_dir, args.token)
+    plane = Plane(state_dir, token)
+    app = make_app(plane)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    bound = runner.addresses[0][1]
+    url = "http://%s:%d" % ("[%s]" % host if ":" in host else host, bound)
+    write_json_atomic(info_path(state_dir), {"url": url, "pid": os.getpid(), "state_dir": state_dir})
+    print("microvm local control plane listening on %s (state %s)" % (url, state_dir), flush=True)
+    if args.print_token:
+        print("%s=%s\n%s=%s" % (contract.API_URL_ENV, url, contract.API_TOKEN_ENV, token), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    logging.getLogger("microvm_localplane").info("stopping: closing connections and stopping guests")
+    with contextlib.suppress(OSError):
+        os.unlink(info_path(state_dir))
+    await runner.shutdown()
+    await plane.stop(stop_guests=True)
+    await runner.cleanup()
+    lock.close()
+
+
+def cmd_serve(args):
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    asyncio.run(serve_forever(args))
+    return 0
+
+
+# -- up -------------------------------------------------------------------------------
+def port_free(host, port):
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def write_env_file(path, url, token):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("export %s=%s\nexport %s=%s\n" % (contract.API_URL_ENV, url, contract.API_TOKEN_ENV, token))
+    os.chmod(path, 0o600)
+
+
+def running_plane(state_dir):
+    """(url, token) of a plane already serving this state dir, or None."""
+    info = read_info(state_dir)
+    if not info or not pid_alive(info.get("pid", -1)):
+        return None
+    try:
+        with open(token_path(state_dir)) as f:
+            token = f.read().strip()
+    except OSError:
+        return None
+    return (info["url"], token) if answers(info["url"], token) else None
+
+
+def cmd_up(args):
+    state_dir = os.path.abspath(args.state_dir)
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    found = running_plane(state_dir)
+    if found:
+        url, token = found
+        print("reusing the local control plane already running at %s" % url)
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(info_path(state_dir))
+        token = load_or_make_token(state_dir, args.token)
+        host, port = parse_listen(args.listen)
+        if port and not port_free(host, port):
+            print("port %d is busy; using a free port instead" % port)
+            port = 0
+        listen = "%s:%d" % (host, port)
+        log_path = os.path.join(state_dir, "plane.log")
+        env = dict(os.environ)
+        pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "microvm_localplane", "serve", "--listen", listen, "--state-dir", state_dir,
+                 "--no-print-token"],
+                stdin=devnull, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, close_fds=True)
+        deadline = time.time() + START_TIMEOUT
+        url = None
+        while time.time() < deadline:
+            if child.poll() is not None:
+                print("the local control plane exited with code %s; last lines of %s:" % (child.returncode, log_path))
+                with open(log_path, "rb") as f:
+                    sys.stdout.write(f.read()[-3000:].decode("utf-8", "replace"))
+                return 1
+            info = read_info(state_dir)
+            if info and info.get("pid") == child.pid and answers(info["url"], token):
+                url = info["url"]
+                break
+            time.sleep(0.1)
+        if url is None:
+            print("the local control plane did not answer within %ds; see %s" % (START_TIMEOUT, log_path))
+            return 1
+        print("started the local control plane at %s (pid %d, log %s)" % (url, child.pid, log_path))
+    if args.env_file:
+        write_env_file(args.env_file, url, token)
+        print("wrote %s: source it to point the collection at the local plane" % args.env_file)
+    return 0
+
+
+# -- down -----------------------------------------------------------------------------
+def wait_gone(pid, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.1)
+    return not pid_alive(pid)
+
+
+def stop_plane_process(pid, timeout=STOP_TIMEOUT):
+    """SIGTERM (the server stops every guest), then SIGKILL its process group if it hangs.
+
+    Returns "stopped", "killed" or "stuck".
+    """
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    if wait_gone(pid, timeout):
+        return "stopped"
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return "killed" if wait_gone(pid, 5) else "stuck"
+
+
+def stop_orphan_guests(state_dir):
+    """After a hard kill, stop the guests the state still knows, from their persistent state."""
+    from .guests import GuestManager
+    from .sessions import guest_state_dir
+    from .store import Store
+
+    async def run():
+        guests = GuestManager(guest_state_dir(state_dir))
+        for sid in list(Store(state_dir).sessions):
+            with contextlib.suppress(Exception):
+                await guests.stop(sid)
+        await guests.shutdown(True)
+
+    asyncio.run(run())
+
+
+def cmd_down(args):
+    state_dir = os.path.abspath(args.state_dir)
+    info = read_info(state_dir)
+    if not info or not pid_alive(info.get("pid", -1)):
+        print("no local control plane is running for %s" % state_dir)
+        with contextlib.suppress(OSError):
+            os.unlink(info_path(state_dir))
+        return 0
+    pid = info["pid"]
+    outcome = stop_plane_process(pid)
+    if outcome == "stuck":
+        print("the local control plane (pid %d) did not stop" % pid)
+        return 1
+    if outcome == "killed":
+        print("the local control plane (pid %d) hung and was killed; stopping its guests" % pid)
+        stop_orphan_guests(state_dir)
+    with contextlib.suppress(OSError):
+        os.unlink(info_path(state_dir))
+    print("stopped the local control plane (pid %d) and its guests" % pid)
+    return 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m microvm_localplane",
+                                     description="The local control plane of the microvm.sandbox collection.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("serve", help="run in the foreground")
+    p.add_argument("--listen", default=DEFAULT_LISTEN, help="HOST:PORT on loopback (port 0 = any free port)")
+    p.add_argument("--state-dir", required=True)
+    p.add_argument("--token", default=os.environ.get("MICROVM_LOCALPLANE_TOKEN"),
+                   help="bearer token (default: the one in STATE_DIR/token, else a new random one)")
+    p.add_argument("--no-print-token", dest="print_token", action="store_false",
+                   help="do not print the token (used by `up`, whose output goes to a log)")
+    p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("up", help="start in the background (or reuse the running one) and write an env file")
+    p.add_argument("--listen", default=DEFAULT_LISTEN)
+    p.add_argument("--state-dir", required=True)
+    p.add_argument("--env-file")
+    p.add_argument("--token", default=None)
+    p.set_defaults(func=cmd_up)
+    p = sub.add_parser("down", help="stop the background plane and every guest")
+    p.add_argument("--state-dir", required=True)
+    p.set_defaults(func=cmd_down)
+    args = parser.parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,150 @@
+"""The platform's decisions, in one place: statuses, limits, clamps, codes and texts.
+
+Everything here comes from docs/platform-contract.md. Lines marked "Decision"
+are our choices where the public record is silent; change them here when the
+platform publishes more.
+"""
+import re
+
+PREFIXES = ("/v2/agents", "/v2/harness-runtime")
+API_URL_ENV = "DO_AGENTS_API_URL"
+API_TOKEN_ENV = "DO_AGENTS_API_TOKEN"
+
+# -- sessions ---------------------------------------------------------------
+STATUS_PREFIX = "SESSION_STATUS_"
+PROVISIONING = "PROVISIONING"
+READY = "READY"
+DETACHED = "DETACHED"
+PAUSED = "PAUSED"
+DESTROYING = "DESTROYING"
+DESTROYED = "DESTROYED"
+FAILED = "FAILED"
+STATUSES = (PROVISIONING, READY, DETACHED, PAUSED, DESTROYING, DESTROYED, FAILED)
+USABLE = frozenset([READY, DETACHED])
+GONE = frozenset([DESTROYING, DESTROYED, FAILED])
+PAUSABLE = USABLE
+PAUSE_MANUAL = "manual"
+PAUSE_IDLE = "idle"
+
+CREATE_KEYS = frozenset(["name", "agent", "template", "size", "idle_timeout", "env", "egress"])
+CREATE_CONTENT_TYPES = frozenset(["application/yaml", "application/x-yaml", "text/yaml", "application/json"])
+MAX_BODY_BYTES = 1024 * 1024
+AGENT_NONE = "none"
+EGRESS_UNRESTRICTED = "unrestricted"
+
+NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62}[A-Za-z0-9])?$")
+UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+HOST_RE = re.compile(r"^(?=.{1,253}$)(\*\.)?%s(?:\.%s)*$" % (_LABEL, _LABEL))
+SIZE_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$")
+# Decision: sizes are opaque slugs to the local plane; omitted = this one.
+DEFAULT_SIZE = "standard"
+# Decision: idle timeout when none is given, and the accepted range.
+DEFAULT_IDLE_TIMEOUT_SECONDS = 600
+MIN_IDLE_TIMEOUT_SECONDS = 1
+MAX_IDLE_TIMEOUT_SECONDS = 7 * 24 * 3600
+# Decision: DESTROYED records stay queryable this long, then are purged.
+DESTROYED_RETENTION_SECONDS = 3600
+MAX_ENV_ENTRIES = 256
+MAX_EGRESS_HOSTS = 256
+
+# -- listing ----------------------------------------------------------------
+DEFAULT_PAGE_SIZE = 50
+# Decision: larger page sizes are clamped, not refused.
+MAX_PAGE_SIZE = 200
+
+# -- checkpoints and fork ---------------------------------------------------
+CHECKPOINT_PENDING = "PENDING"
+CHECKPOINT_READY = "READY"
+CHECKPOINT_FAILED = "FAILED"
+CHECKPOINT_KEYS = frozenset(["label"])
+MAX_LABEL_CHARS = 256
+FORK_KEYS = frozenset(["from_checkpoint_id", "count"])
+FORK_MIN, FORK_MAX = 1, 4
+
+# -- templates --------------------------------------------------------------
+TEMPLATE_STATUS_PREFIX = "TEMPLATE_STATUS_"
+TEMPLATE_PENDING = "PENDING"
+TEMPLATE_BUILDING = "BUILDING"
+TEMPLATE_READY = "READY"
+TEMPLATE_FAILED = "FAILED"
+BUILD_PENDING = "PENDING"
+BUILD_BUILDING = "BUILDING"
+BUILD_SUCCEEDED = "SUCCEEDED"
+BUILD_FAILED = "FAILED"
+TEMPLATE_CREATE_KEYS = frozenset(["name", "base_template", "source_oci_ref"])
+TEMPLATE_UPDATE_KEYS = frozenset(["source_oci_ref", "base_template"])
+# The built-in template: the host userland read-only, nothing to download.
+BUILTIN_TEMPLATE = "base"
+BUILTIN_TEMPLATE_ID = "00000000-0000-4000-8000-000000000000"
+DEFAULT_TEMPLATE = BUILTIN_TEMPLATE
+
+# -- REST exec and workspace transfer ---------------------------------------
+EXEC_KEYS = frozenset(["argv", "workdir", "timeout_seconds", "stdin"])
+EXEC_STREAM_CAP = 1024 * 1024
+EXEC_DEFAULT_TIMEOUT = 60
+EXEC_MAX_TIMEOUT = 240
+MAX_UPLOAD_BYTES = 500 * 1024 * 1024
+TRANSFER_ROOT = "/workspace"
+DEFAULT_WORKDIR = "/workspace"
+DOWNLOAD_FOOTER_MAGIC = b"DOWSSHA1"
+DOWNLOAD_FOOTER_BYTES = 73
+TRANSFER_CHUNK = 256 * 1024
+
+# -- port-forward -----------------------------------------------------------
+AGENT_PORT = 8443
+MIN_FORWARD_PORT, MAX_FORWARD_PORT = 1024, 65535
+CLOSE_GUEST_HUNG_UP = 1000
+CLOSE_SESSION_UNAVAILABLE = 4001
+CLOSE_DIAL_FAILED = 4002
+CLOSE_UPSTREAM_ERROR = 4011
+WS_MAX_FRAME = 4 * 1024 * 1024
+
+
+def status_string(short):
+    return STATUS_PREFIX + short
+
+
+def template_status_string(short):
+    return TEMPLATE_STATUS_PREFIX + short
+
+
+def parse_status_filter(value):
+    """'READY' or 'SESSION_STATUS_READY' -> 'READY'; None when unknown."""
+    s = (value or "").strip().upper()
+    if s.startswith(STATUS_PREFIX):
+        s = s[len(STATUS_PREFIX):]
+    return s if s in STATUSES else None
+
+
+def name_problem(name, what="session"):
+    """Why a name breaks the platform's rules, or None when it is fine."""
+    if not isinstance(name, str) or not name:
+        return "%s name is required: 1-64 characters of [A-Za-z0-9._-]" % what
+    if len(name) > 64:
+        return "%s name %r is too long (%d characters, at most 64)" % (what, name[:80], len(name))
+    if not NAME_RE.match(name):
+        return ("%s name %r is invalid: use 1-64 characters of [A-Za-z0-9._-], "
+                "starting and ending with a letter or digit" % (what, name))
+    if UUID_RE.match(name):
+        return "%s name %r is invalid: a name must not look like a UUID" % (what, name)
+    return None
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text):
+    """A Go-style duration string ('600s', '10m', '1h30m') -> seconds; None when malformed."""
+    if not isinstance(text, str) or not text:
+        return None
+    pos, total = 0, 0.0
+    while pos < len(text):
+        m = _DURATION_PART.match(text, pos)
+        if not m:
+            return None
+        total += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+        pos = m.end()
+    return total

@@ -1,0 +1,304 @@
+"""The local control plane's HTTP server: the platform's REST API and port-forward under both prefixes."""
+import asyncio
+import hmac
+import logging
+import os
+
+from aiohttp import web
+
+from . import agentrpc, contract, portforward
+from .checkpoints import Checkpoints
+from .checkpoints import public_view as checkpoint_view
+from .createspec import parse_create
+from .httputil import ApiFailure, check_id, error_response, paginate, read_document
+from .sessions import Sessions, guest_state_dir, public_view
+from .store import Store
+from .templates import Templates
+
+log = logging.getLogger("microvm_localplane.server")
+
+
+class Plane:
+    """Everything one state dir holds: sessions, checkpoints, templates and their guests."""
+
+    def __init__(self, state_dir, token, guests=None):
+        self.state_dir = os.path.abspath(state_dir)
+        self.token = token
+        self.store = Store(self.state_dir)
+        if guests is None:
+            from .guests import GuestManager
+            guests = GuestManager(guest_state_dir(self.state_dir))
+        self.templates = Templates(self.store, self._live_sessions_using)
+        self.sessions = Sessions(self.store, guests, self.templates)
+        self.checkpoints = Checkpoints(self.store, self.sessions)
+        self.idle_task = None
+
+    def _live_sessions_using(self, template_name):
+        low = template_name.lower()
+        return sum(1 for r in self.store.sessions.values()
+                   if r["status"] not in (contract.DESTROYED,) and r["template"].lower() == low)
+
+    async def start(self):
+        self.sessions.adopt_all()
+        self.templates.resume_interrupted()
+        self.idle_task = asyncio.get_running_loop().create_task(self.sessions.idle_loop())
+
+    async def stop(self, stop_guests=True):
+        if self.idle_task:
+            self.idle_task.cancel()
+        for task in list(self.templates.tasks):
+            task.cancel()
+        await self.sessions.shutdown(stop_guests)
+        agentrpc.cleanup_sockets()
+
+
+# -- middlewares ------------------------------------------------------------------
+def auth_middleware(plane):
+    expected = ("Bearer " + plane.token).encode()
+
+    @web.middleware
+    async def check_token(request, handler):
+        given = request.headers.get("Authorization", "").encode("utf-8", "replace")
+        # Constant-time comparison; the token is never logged.
+        if not given or not hmac.compare_digest(given, expected):
+            return error_response(401, "missing or invalid bearer token: send Authorization: Bearer <token>")
+        return await handler(request)
+
+    return check_token
+
+
+@web.middleware
+async def error_middleware(request, handler):
+    try:
+        return await handler(request)
+    except ApiFailure as e:
+        return error_response(e.status, e.message)
+    except web.HTTPException as e:
+        if e.status >= 400:
+            reason = {404: "no such route: %s %s" % (request.method, request.path),
+                      405: "method %s is not allowed on %s" % (request.method, request.path)}.get(e.status, e.reason)
+            return error_response(e.status, reason)
+        raise
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:
+        log.exception("internal error on %s %s", request.method, request.path)
+        return error_response(500, "internal error: %s" % type(e).__name__)
+
+
+# -- handlers ---------------------------------------------------------------------
+class Routes:
+    def __init__(self, plane):
+        self.plane = plane
+        self.sessions = plane.sessions
+
+    def session(self, request):
+        return self.sessions.get(check_id(request.match_info["sid"], "session"))
+
+    # sessions
+    async def create_session(self, request):
+        ctype = (request.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+        if ctype not in contract.CREATE_CONTENT_TYPES:
+            raise ApiFailure(415, "unsupported content type %r: send the create body as application/yaml "
+                                  "(or application/json)" % ctype)
+        doc = await read_document(request, contract.CREATE_KEYS, "session create")
+        rec, warnings = self.sessions.create(parse_create(doc))
+        return web.json_response({"session": public_view(rec, warnings)}, status=201)
+
+    async def list_sessions(self, request):
+        status = request.query.get("status", "")
+        short = None
+        if status:
+            short = contract.parse_status_filter(status)
+            if short is None:
+                raise ApiFailure(400, "unknown status filter %r: use one of %s" % (
+                    status, ", ".join(contract.status_string(s) for s in contract.STATUSES)))
+        name = request.query.get("name", "")
+        recs = self.sessions.listing(short, name)
+        scope = "sessions|%s|%s" % (short or "", name.lower())
+        page = paginate(request, recs, "sessions", scope)
+        page["sessions"] = [public_view(r) for r in page["sessions"]]
+        return web.json_response(page)
+
+    async def get_session(self, request):
+        return web.json_response({"session": public_view(self.session(request))})
+
+    async def delete_session(self, request):
+        self.sessions.delete(self.session(request))
+        return web.Response(status=204)
+
+    async def pause(self, request):
+        rec = self.session(request)
+        await read_document(request, frozenset(), "pause", required_type=False)
+        await self.sessions.pause(rec)
+        return web.Response(status=204)
+
+    async def resume(self, request):
+        rec = self.session(request)
+        await read_document(request, frozenset(), "resume", required_type=False)
+        await self.sessions.resume(rec)
+        return web.Response(status=204)
+
+    async def fork(self, request):
+        rec = self.session(request)
+        doc = await read_document(request, contract.FORK_KEYS, "fork")
+        children = await self.plane.checkpoints.fork(rec, doc)
+        return web.json_response({"sessions": [public_view(c) for c in children]})
+
+    # checkpoints
+    async def create_checkpoint(self, request):
+        rec = self.session(request)
+        doc = await read_document(request, contract.CHECKPOINT_KEYS, "checkpoint")
+        cp = await self.plane.checkpoints.create(rec, doc)
+        return web.json_response({"checkpoint": checkpoint_view(cp)})
+
+    async def list_checkpoints(self, request):
+        rec = self.session(request)
+        page = paginate(request, self.plane.checkpoints.listing(rec["session_id"]), "checkpoints",
+                        "checkpoints|" + rec["session_id"])
+        page["checkpoints"] = [checkpoint_view(c) for c in page["checkpoints"]]
+        return web.json_response(page)
+
+    async def get_checkpoint(self, request):
+        rec = self.session(request)
+        cid = check_id(request.match_info["cid"], "checkpoint")
+        return web.json_response({"checkpoint": checkpoint_view(self.plane.checkpoints.get(rec["session_id"], cid))})
+
+    async def delete_checkpoint(self, request):
+        rec = self.session(request)
+        cid = request.match_info["cid"]
+        if contract.UUID_RE.match(cid):
+            self.plane.checkpoints.delete(rec["session_id"], cid)
+        return web.Response(status=204)
+
+    async def rollback(self, request):
+        rec = self.session(request)
+        cid = check_id(request.match_info["cid"], "checkpoint")
+        await read_document(request, frozenset(), "rollback", required_type=False)
+        rec = await self.plane.checkpoints.rollback(rec, cid)
+        return web.json_response({"session": public_view(rec)})
+
+    # sandbox I/O through the agent
+    async def exec_(self, request):
+        rec = self.session(request)
+        doc = await read_document(request, contract.EXEC_KEYS, "exec")
+        agentrpc.parse_exec(doc)  # refuse a bad body before waking anything
+        return await self._with_guest(rec, "exec", lambda guest: agentrpc.rest_exec(guest, doc), json_result=True)
+
+    async def upload(self, request):
+        rec = self.session(request)
+        return await self._with_guest(rec, "upload", lambda guest: agentrpc.upload(guest, request), json_result=True)
+
+    async def download(self, request):
+        rec = self.session(request)
+
+        async def start_response():
+            resp = web.StreamResponse(status=200, headers={"Content-Type": "application/octet-stream"})
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            return resp
+
+        return await self._with_guest(rec, "download", lambda guest: agentrpc.download(guest, request, start_response))
+
+    async def _with_guest(self, rec, what, call, json_result=False):
+        sid = rec["session_id"]
+        guest = await self.sessions.usable_guest(rec, what)
+        self.sessions.in_flight[sid] = self.sessions.in_flight.get(sid, 0) + 1
+        try:
+            result = await call(guest)
+        finally:
+            self.sessions.in_flight[sid] -= 1
+            self.sessions.activity.touch(sid)
+        return web.json_response(result) if json_result else result
+
+    async def port_forward(self, request):
+        sid = check_id(request.match_info["sid"], "session")
+        return await portforward.handle(request, self.sessions, sid, request.match_info["port"])
+
+    # templates
+    def template(self, request):
+        return self.plane.templates.get(check_id(request.match_info["tid"], "template"))
+
+    async def create_template(self, request):
+        doc = await read_document(request, contract.TEMPLATE_CREATE_KEYS, "template create")
+        rec = self.plane.templates.create(doc)
+        return web.json_response({"template": self.plane.templates.public_view(rec)}, status=201)
+
+    async def update_template(self, request):
+        rec = self.template(request)
+        doc = await read_document(request, contract.TEMPLATE_UPDATE_KEYS, "template update")
+        rec = self.plane.templates.update(rec, doc)
+        return web.json_response({"template": self.plane.templates.public_view(rec)})
+
+    async def list_templates(self, request):
+        page = paginate(request, self.plane.templates.listing(), "templates", "templates")
+        page["templates"] = [self.plane.templates.public_view(t) for t in page["templates"]]
+        return web.json_response(page)
+
+    async def get_template(self, request):
+        return web.json_response({"template": self.plane.templates.public_view(self.template(request))})
+
+    async def delete_template(self, request):
+        rec = self.template(request)
+        self.plane.templates.delete(rec)
+        return web.json_response({"template_id": rec["template_id"], "deleted": True})
+
+    async def list_builds(self, request):
+        rec = self.template(request)
+        builds = list(reversed(rec.get("builds", [])))
+        page = paginate(request, builds, "builds", "builds|" + rec["template_id"])
+        page["builds"] = [self.plane.templates.build_view(b) for b in page["builds"]]
+        return web.json_response(page)
+
+    async def get_build(self, request):
+        rec = self.template(request)
+        bid = check_id(request.match_info["bid"], "build")
+        for build in rec.get("builds", []):
+            if build["build_id"] == bid:
+                return web.json_response(self.plane.templates.build_view(build))
+        raise ApiFailure(404, "build %r of template %s not found" % (bid, rec["template_id"]))
+
+
+def add_routes(app, routes):
+    s = "/sessions/{sid}"
+    table = [
+        ("POST", "/sessions", routes.create_session),
+        ("GET", "/sessions", routes.list_sessions),
+        ("GET", s, routes.get_session),
+        ("DELETE", s, routes.delete_session),
+        ("POST", s + "/pause", routes.pause),
+        ("POST", s + "/resume", routes.resume),
+        ("POST", s + "/fork", routes.fork),
+        ("POST", s + "/checkpoints", routes.create_checkpoint),
+        ("GET", s + "/checkpoints", routes.list_checkpoints),
+        ("GET", s + "/checkpoints/{cid}", routes.get_checkpoint),
+        ("DELETE", s + "/checkpoints/{cid}", routes.delete_checkpoint),
+        ("POST", s + "/checkpoints/{cid}/rollback", routes.rollback),
+        ("POST", s + "/sandbox/exec", routes.exec_),
+        ("POST", s + "/workspace/upload", routes.upload),
+        ("GET", s + "/workspace/download", routes.download),
+        ("GET", s + "/port-forward/{port}", routes.port_forward),
+        ("POST", "/templates", routes.create_template),
+        ("GET", "/templates", routes.list_templates),
+        ("GET", "/templates/{tid}", routes.get_template),
+        ("PUT", "/templates/{tid}", routes.update_template),
+        ("DELETE", "/templates/{tid}", routes.delete_template),
+        ("GET", "/templates/{tid}/builds", routes.list_builds),
+        ("GET", "/templates/{tid}/builds/{bid}", routes.get_build),
+    ]
+    for prefix in contract.PREFIXES:
+        for method, path, handler in table:
+            app.router.add_route(method, prefix + path, handler)
+
+
+def make_app(plane):
+    # Uploads stream up to 500 MiB; every other body is capped at 1 MiB by read_limited.
+    app = web.Application(middlewares=[error_middleware, auth_middleware(plane)],
+                          client_max_size=contract.MAX_UPLOAD_BYTES + 1)
+    add_routes(app, Routes(plane))
+
+    async def on_startup(_app):
+        await plane.start()
+
+    app.on_startup.append(on_startup)
+    return app

@@ -1,0 +1,311 @@
+"""The session lifecycle: create, boot, pause, resume, delete, idle pause and adoption after a restart.
+
+Transitions of one session are serialized by a per-session lock, so a delete
+racing a boot or a pause racing a port-forward dial never sees half a change.
+"""
+import asyncio
+import logging
+import os
+import time
+import uuid
+
+from . import contract
+from .httputil import ApiFailure, now_rfc3339
+
+log = logging.getLogger("microvm_localplane.sessions")
+
+PUBLIC_FIELDS = ("session_id", "name", "status", "sandbox_id", "created_at", "last_event_at", "pause_reason",
+                 "idle_timeout_seconds", "parent_session_id", "template", "size_slug", "error_message")
+
+
+def hostname_for(name):
+    h = "".join(c if c.isalnum() or c == "-" else "-" for c in name.lower()).strip("-")
+    return (h or "sandbox")[:63]
+
+
+def public_view(rec, warnings=None):
+    """The session object exactly as the platform lists its fields."""
+    out = {}
+    for key in PUBLIC_FIELDS:
+        value = rec.get(key)
+        if key == "status":
+            value = contract.status_string(value)
+        elif key == "pause_reason" and rec.get("status") != contract.PAUSED:
+            continue
+        if value is None and key in ("sandbox_id", "pause_reason"):
+            continue
+        out[key] = value if value is not None else ("" if key not in ("idle_timeout_seconds",) else 0)
+    if warnings is not None:
+        out["warnings"] = list(warnings)
+    return out
+
+
+class Activity:
+    """Open port-forward connections and the time of the last traffic, per session (for the idle timeout)."""
+
+    def __init__(self):
+        self.connections = {}  # session_id -> set of connection objects with .kill(code, reason)
+        self.last = {}
+
+    def touch(self, session_id):
+        self.last[session_id] = time.monotonic()
+
+    def idle_for(self, session_id):
+        if self.connections.get(session_id):
+            return 0.0
+        return time.monotonic() - self.last.get(session_id, time.monotonic())
+
+    def add(self, session_id, conn):
+        self.connections.setdefault(session_id, set()).add(conn)
+        self.touch(session_id)
+
+    def remove(self, session_id, conn):
+        self.connections.get(session_id, set()).discard(conn)
+        self.touch(session_id)
+
+    def kill_all(self, session_id, reason):
+        for conn in list(self.connections.get(session_id, ())):
+            conn.kill(contract.CLOSE_SESSION_UNAVAILABLE, reason)
+
+
+class Sessions:
+    def __init__(self, store, guests, templates):
+        self.store = store
+        self.guests = guests
+        self.templates = templates
+        self.activity = Activity()
+        self.locks = {}
+        self.boots = {}       # session_id -> task booting/adopting its guest
+        self.in_flight = {}   # session_id -> REST exec calls running (a "command turn")
+        self.tasks = set()
+
+    # -- helpers ----------------------------------------------------------
+    def lock(self, session_id):
+        return self.locks.setdefault(session_id, asyncio.Lock())
+
+    def spawn(self, coro):
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    def get(self, session_id):
+        rec = self.store.sessions.get((session_id or "").lower())
+        if rec is None:
+            raise ApiFailure(404, "session %r not found" % (session_id or "")[:100])
+        return rec
+
+    def set_status(self, rec, status, **fields):
+        rec["status"] = status
+        if status != contract.PAUSED:
+            rec["pause_reason"] = None
+        rec.update(fields)
+        rec["last_event_at"] = now_rfc3339()
+        if status == contract.DESTROYED:
+            rec["destroyed_at"] = time.time()
+        self.store.save_session(rec)
+
+    def live_with_name(self, name):
+        low = name.lower()
+        return [r for r in self.store.sessions.values() if r["status"] not in contract.GONE and r["name"].lower() == low]
+
+    def listing(self, status=None, name=None):
+        recs = sorted(self.store.sessions.values(), key=lambda r: (r["created_at"], r["session_id"]))
+        if status:
+            recs = [r for r in recs if r["status"] == status]
+        if name:
+            recs = [r for r in recs if r["name"].lower() == name.lower() and r["status"] not in contract.GONE]
+        return recs
+
+    def rootfs_spec(self, rec):
+        from .guests import RootfsSpec
+        fs = rec["rootfs"]
+        return RootfsSpec(kind=fs["kind"], path=fs.get("path"))
+
+    # -- create and boot --------------------------------------------------
+    def new_record(self, spec, parent_session_id=""):
+        rootfs, warnings = self.templates.rootfs_for_session(spec["template"])
+        if self.live_with_name(spec["name"]):
+            raise ApiFailure(409, "a live session named %r already exists (names are unique, case-insensitively, "
+                                  "among live sessions)" % spec["name"])
+        now = now_rfc3339()
+        rec = {
+            "session_id": str(uuid.uuid4()), "name": spec["name"], "status": contract.PROVISIONING,
+            "sandbox_id": None, "created_at": now, "last_event_at": now, "pause_reason": None,
+            "idle_timeout_seconds": spec["idle_timeout_seconds"], "parent_session_id": parent_session_id,
+            "template": spec["template"], "size_slug": spec["size_slug"], "error_message": "",
+            "env": spec["env"], "egress": spec["egress"], "rootfs": rootfs,
+        }
+        return rec, warnings
+
+    def create(self, spec):
+        rec, warnings = self.new_record(spec)
+        self.store.save_session(rec)
+        self.boots[rec["session_id"]] = self.spawn(self._boot(rec))
+        return rec, warnings
+
+    async def _boot(self, rec, adopt=False, clone_from=None):
+        sid = rec["session_id"]
+        sandbox_id = rec.get("sandbox_id") if adopt and rec.get("sandbox_id") else str(uuid.uuid4())
+        try:
+            if clone_from is not None:
+                await self.guests.clone_state(clone_from[0], sid, clone_from[1])
+            starter = self.guests.adopt if adopt else self.guests.boot
+            await starter(sid, sandbox_id, self.rootfs_spec(rec), dict(rec["env"]), rec["egress"],
+                          hostname_for(rec["name"]))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.warning("session %s failed to boot: %s", sid, e)
+            if rec["status"] not in (contract.DESTROYING, contract.DESTROYED):
+                self.set_status(rec, contract.FAILED, error_message="the sandbox failed to boot: %s" % e)
+                await self._quiet_destroy(sid)
+            return False
+        if rec["status"] in (contract.DESTROYING, contract.DESTROYED):
+            return False
+        self.activity.touch(sid)
+        if adopt and rec["status"] == contract.PAUSED:
+            guest = self.guests.get(sid)
+            if guest is not None and not guest.frozen:
+                guest.freeze()
+            rec["sandbox_id"] = sandbox_id
+            self.store.save_session(rec)
+            return True
+        self.set_status(rec, contract.READY, sandbox_id=sandbox_id, error_message="")
+        return True
+
+    async def wait_booted(self, session_id):
+        task = self.boots.get(session_id)
+        if task is not None and not task.done():
+            try:
+                await asyncio.shield(task)
+            except Exception:
+                pass
+
+    async def _quiet_destroy(self, session_id):
+        try:
+            await self.guests.destroy(session_id)
+        except Exception as e:
+            log.warning("destroying the guest of %s failed: %s", session_id, e)
+
+    # -- delete -----------------------------------------------------------
+    def delete(self, rec):
+        if rec["status"] in (contract.DESTROYING, contract.DESTROYED):
+            raise ApiFailure(404, "session %s is already %s" % (rec["session_id"], rec["status"].lower()))
+        self.set_status(rec, contract.DESTROYING)
+        self.activity.kill_all(rec["session_id"], "session deleted")
+        self.spawn(self._destroy(rec))
+
+    async def _destroy(self, rec):
+        sid = rec["session_id"]
+        task = self.boots.get(sid)
+        if task is not None and not task.done():
+            task.cancel()
+            try:
+                await task
+            except BaseException:
+                pass
+        async with self.lock(sid):
+            await self._quiet_destroy(sid)
+            for cid in list(self.store.checkpoints.get(sid, {})):
+                self.store.forget_checkpoint(sid, cid)
+            self.set_status(rec, contract.DESTROYED)
+        self.boots.pop(sid, None)
+
+    # -- pause and resume ---------------------------------------------------
+    async def pause(self, rec, reason=contract.PAUSE_MANUAL):
+        async with self.lock(rec["session_id"]):
+            if rec["status"] not in contract.PAUSABLE:
+                raise ApiFailure(409, "session %s is %s; only a READY or DETACHED session can be paused" % (
+                    rec["session_id"], contract.status_string(rec["status"])))
+            if reason == contract.PAUSE_IDLE and self.in_flight.get(rec["session_id"]):
+                return
+            guest = self.guests.get(rec["session_id"])
+            self.activity.kill_all(rec["session_id"], "session paused")
+            if guest is not None:
+                guest.freeze()
+            self.set_status(rec, contract.PAUSED, pause_reason=reason)
+
+    async def resume(self, rec):
+        async with self.lock(rec["session_id"]):
+            if rec["status"] != contract.PAUSED:
+                raise ApiFailure(409, "session %s is %s; only a PAUSED session can be resumed" % (
+                    rec["session_id"], contract.status_string(rec["status"])))
+            self._thaw(rec)
+
+    def _thaw(self, rec):
+        guest = self.guests.get(rec["session_id"])
+        if guest is None:
+            raise ApiFailure(502, "the sandbox of session %s is not running" % rec["session_id"])
+        guest.thaw()
+        self.activity.touch(rec["session_id"])
+        self.set_status(rec, contract.READY)
+
+    async def usable_guest(self, rec, what="connect"):
+        """The guest of a usable session, waking a PAUSED one (a dial or input resumes it)."""
+        sid = rec["session_id"]
+        if rec["status"] in contract.GONE:
+            raise ApiFailure(410, "session %s is %s" % (sid, contract.status_string(rec["status"])))
+        if rec["status"] == contract.PROVISIONING:
+            await self.wait_booted(sid)
+        async with self.lock(sid):
+            if rec["status"] == contract.PAUSED:
+                self._thaw(rec)
+            if rec["status"] in contract.GONE:
+                raise ApiFailure(410, "session %s is %s" % (sid, contract.status_string(rec["status"])))
+            if rec["status"] not in contract.USABLE:
+                raise ApiFailure(409, "session %s is %s; cannot %s" % (sid, contract.status_string(rec["status"]), what))
+            guest = self.guests.get(sid)
+            if guest is None or not guest.alive():
+                raise ApiFailure(502, "the sandbox of session %s is not running" % sid)
+            self.activity.touch(sid)
+            return guest
+
+    # -- background duties --------------------------------------------------
+    async def idle_loop(self, interval=0.5):
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.idle_pass()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("idle pass failed")
+
+    async def idle_pass(self):
+        now = time.time()
+        for rec in list(self.store.sessions.values()):
+            sid = rec["session_id"]
+            if rec["status"] == contract.DESTROYED and now - rec.get("destroyed_at", now) > contract.DESTROYED_RETENTION_SECONDS:
+                self.store.forget_session(sid)
+                self.locks.pop(sid, None)
+                continue
+            if rec["status"] in contract.USABLE and not self.in_flight.get(sid):
+                if self.activity.idle_for(sid) >= rec["idle_timeout_seconds"]:
+                    try:
+                        await self.pause(rec, contract.PAUSE_IDLE)
+                    except ApiFailure:
+                        pass
+
+    def adopt_all(self):
+        """After a restart: reattach (or reboot from persistent state) every guest the state knows."""
+        for rec in list(self.store.sessions.values()):
+            sid = rec["session_id"]
+            if rec["status"] == contract.DESTROYING:
+                self.spawn(self._destroy(rec))
+            elif rec["status"] in (contract.PROVISIONING, contract.READY, contract.DETACHED, contract.PAUSED):
+                self.boots[sid] = self.spawn(self._boot(rec, adopt=rec["status"] != contract.PROVISIONING))
+
+    async def shutdown(self, stop_guests):
+        for task in list(self.tasks):
+            task.cancel()
+        for task in list(self.tasks):
+            try:
+                await task
+            except BaseException:
+                pass
+        await self.guests.shutdown(stop_guests)
+
+
+def guest_state_dir(state_dir):
+    return os.path.join(state_dir, "guests")

@@ -1,0 +1,143 @@
+"""pytest plugin: a real local control plane (or the real platform) for the suites that need one.
+
+Fixtures:
+- `plane` (session scope): a `serve` subprocess on a free loopback port with a
+  temporary state dir, torn down with every guest at the end. With
+  MICROVM_LIVE=1 and DO_AGENTS_API_URL / DO_AGENTS_API_TOKEN set, it points at
+  the real platform instead and starts nothing.
+- `sandbox` (function scope): a READY session with a unique name, deleted after.
+"""
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import pytest
+
+from . import contract
+
+START_TIMEOUT = 60
+
+
+class PlaneHandle:
+    """Where a control plane answers: .url, .token, .state_dir (None when live), .env, .client()."""
+
+    def __init__(self, url, token, state_dir=None, process=None, live=False):
+        self.url = url
+        self.token = token
+        self.state_dir = state_dir
+        self.process = process
+        self.live = live
+        self.env = {contract.API_URL_ENV: url, contract.API_TOKEN_ENV: token}
+
+    def __repr__(self):
+        return "PlaneHandle(%r, live=%r, token=<hidden>)" % (self.url, self.live)
+
+    def client(self, **kwargs):
+        from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient
+        return ApiClient(self.url, self.token, **kwargs)
+
+    def ws_url(self, session_id, port, prefix=contract.PREFIXES[0]):
+        base = self.url.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
+        return "%s%s/sessions/%s/port-forward/%d" % (base.rstrip("/"), prefix, session_id, port)
+
+    @property
+    def auth_headers(self):
+        return {"Authorization": "Bearer " + self.token}
+
+
+def live_requested():
+    return os.environ.get("MICROVM_LIVE") == "1"
+
+
+def start_local_plane(state_dir, token=None, extra_env=None):
+    """Start `serve` on a free port; returns a PlaneHandle once it answers."""
+    from .cli import answers, read_info
+
+    token = token or uuid.uuid4().hex + uuid.uuid4().hex
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in sys.path if p and os.path.isdir(p)])
+    env["MICROVM_LOCALPLANE_TOKEN"] = token  # via env, so the token is not in the process list
+    env.update(extra_env or {})
+    log = open(os.path.join(state_dir, "plane.log"), "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "microvm_localplane", "serve", "--listen", "127.0.0.1:0",
+                             "--state-dir", state_dir, "--no-print-token"],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    log.close()
+    deadline = time.time() + START_TIMEOUT
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("the local control plane exited with %s:\n%s" % (proc.returncode, tail(state_dir)))
+        info = read_info(state_dir)
+        if info and info.get("pid") == proc.pid and answers(info["url"], token):
+            return PlaneHandle(info["url"], token, state_dir, proc)
+        time.sleep(0.05)
+    stop_local_plane(PlaneHandle("", token, state_dir, proc))
+    raise RuntimeError("the local control plane did not answer within %ds:\n%s" % (START_TIMEOUT, tail(state_dir)))
+
+
+def tail(state_dir, size=4000):
+    with contextlib.suppress(OSError), open(os.path.join(state_dir, "plane.log"), "rb") as f:
+        return f.read()[-size:].decode("utf-8", "replace")
+    return ""
+
+
+def stop_local_plane(handle, timeout=60):
+    """SIGTERM (the plane stops its guests), then SIGKILL the whole process group: nothing is left behind."""
+    proc = handle.process
+    if proc is None:
+        return
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+
+
+@pytest.fixture(scope="session")
+def plane():
+    if live_requested():
+        url, token = os.environ.get(contract.API_URL_ENV), os.environ.get(contract.API_TOKEN_ENV)
+        if not url or not token:
+            pytest.skip("MICROVM_LIVE=1 needs %s and %s" % (contract.API_URL_ENV, contract.API_TOKEN_ENV))
+        yield PlaneHandle(url, token, live=True)
+        return
+    state_dir = tempfile.mkdtemp(prefix="mvlp-test-")
+    handle = start_local_plane(state_dir)
+    try:
+        yield handle
+    finally:
+        stop_local_plane(handle)
+        if os.environ.get("MICROVM_KEEP_STATE") != "1":
+            shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def unique_name(prefix="t"):
+    return "%s-%s" % (prefix, uuid.uuid4().hex[:10])
+
+
+@pytest.fixture
+def sandbox(plane):
+    """A READY session (REST object as a dict), deleted after the test."""
+    client = plane.client()
+    session = client.create_session({"name": unique_name("sbx"), "agent": "none"})
+    try:
+        yield client.wait_session(session["session_id"], timeout=120)
+    finally:
+        from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError
+        with contextlib.suppress(ApiError):
+            client.delete_session(session["session_id"])
+
+
