@@ -264,11 +264,14 @@ class ApiClient(object):
                 raise
             return None
 
-    def require_session(self, name_or_id):
-        """Like find_session, but a missing session is a NotFound error."""
+    def require_session(self, name_or_id, live=False):
+        """Like find_session, but a missing session (or, with `live`, a gone one) is a NotFound error."""
         session = self.find_session(name_or_id)
         if session is None:
             raise NotFound("session", name_or_id, "(looked for a live session with that name, then for that session id)")
+        status = profile.short_status(session.get("status"))
+        if live and status in profile.GONE:
+            raise NotFound("live session", name_or_id, "(session %s is %s)" % (session.get("session_id"), status))
         return session
 
     def wait_session(self, session_id, until=profile.USABLE, timeout=300.0, gone_ok=False):
@@ -378,25 +381,39 @@ class ApiClient(object):
                 return t
         return None
 
-    def wait_template(self, template_id, timeout=600.0):
-        """Poll until the template's build settles; READY returns it, FAILED raises WaitTimeout."""
+    def wait_build(self, template_id, known_build_ids=(), timeout=600.0):
+        """Wait for the template's newest build (one not in `known_build_ids`) to finish.
+
+        Returns (template, build). A failed build raises WaitTimeout carrying the
+        build's own error. The template's status alone is not enough: a READY
+        template stays READY while a rebuild runs.
+        """
         deadline = time.time() + timeout
         delay = 0.1
+        known = set(known_build_ids)
         while True:
-            last = self.get_template(template_id)
-            status = template_status(last)
-            if status == "READY":
-                return last
+            build = self.newest_build(template_id, exclude=known)
+            template = self.get_template(template_id)
+            status = build_status(build) if build else template_status(template)
+            name = template.get("name") or template_id
+            if status in ("SUCCEEDED", "READY"):
+                return template, build
             if status == "FAILED":
-                raise WaitTimeout("the build of template %s failed: %s" % (
-                    last.get("name") or template_id, self.build_error(template_id) or "no error given"),
-                    last, status=status, wanted="READY", timeout=timeout, what="template")
+                error = (build or {}).get("error") or self.build_error(template_id) or "no error given"
+                raise WaitTimeout("the build of template %s failed: %s" % (name, error), template,
+                                  status="FAILED", wanted="READY", timeout=timeout, what="template")
             if time.time() >= deadline:
-                raise WaitTimeout("timed out after %ss waiting for template %s to be READY; it is %s" % (
-                    timeout, last.get("name") or template_id, status), last,
-                    status=status, wanted="READY", timeout=timeout, what="template")
+                raise WaitTimeout("timed out after %ss waiting for the build of template %s; it is %s" % (
+                    timeout, name, status), template, status=status, wanted="READY", timeout=timeout, what="template")
             self._sleep(delay)
             delay = min(delay * 1.5, 3.0)
+
+    def newest_build(self, template_id, exclude=()):
+        builds = [b for b in self.list_builds(template_id) if b.get("build_id") not in exclude]
+        if not builds:
+            return None
+        # Newest by creation time; on a tie, the later one in the list.
+        return max(enumerate(builds), key=lambda ib: (str(ib[1].get("created_at") or ""), ib[0]))[1]
 
     def build_error(self, template_id):
         """The error of the most recent failed build, best effort (None when unknown)."""
@@ -428,6 +445,11 @@ class ApiClient(object):
 def _path(*parts):
     """'/sessions/<id>/pause' with every id quoted, so a name can never change the route."""
     return "/" + "/".join(quote(str(p), safe="") for p in parts)
+
+
+def build_status(build):
+    s = str((build or {}).get("status") or "").upper()
+    return s[len("BUILD_STATUS_"):] if s.startswith("BUILD_STATUS_") else s
 
 
 def template_status(template):

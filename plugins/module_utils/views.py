@@ -26,3 +26,39 @@ def object_view(obj):
 
 
 session_view = object_view
+
+
+_STATUS_ALIASES = {"USABLE": profile.USABLE, "GONE": profile.GONE}
+
+
+def expand_statuses(statuses):
+    """{'READY', ...} from short or full names and the aliases usable/gone; None for no filter."""
+    if not statuses:
+        return None
+    out = set()
+    for raw in statuses:
+        name = str(raw).strip().upper()
+        if name in _STATUS_ALIASES:
+            out.update(_STATUS_ALIASES[name])
+            continue
+        short = profile.short_status(name)
+        if short == "UNSPECIFIED":
+            raise ValueError("unknown session status %r; use one of %s, usable or gone"
+                             % (raw, ", ".join(sorted(profile.KNOWN_STATUSES))))
+        out.add(short)
+    return frozenset(out)
+
+
+def select_sessions(sessions, statuses=None, name_prefix=None, name_regex=None):
+    """The sessions that pass every filter given (a compiled regex is searched in the name)."""
+    out = []
+    for s in sessions:
+        name = s.get("name") or ""
+        if statuses is not None and status_of(s) not in statuses:
+            continue
+        if name_prefix and not name.startswith(name_prefix):
+            continue
+        if name_regex is not None and not name_regex.search(name):
+            continue
+        out.append(s)
+    return out

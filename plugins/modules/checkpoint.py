@@ -1,0 +1,248 @@
+#!/usr/bin/python
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: checkpoint
+short_description: Checkpoint a microVM sandbox session, roll it back, delete checkpoints
+version_added: 0.1.0
+description:
+  - Creates a checkpoint of a session's sandbox, rolls the session back to a checkpoint, or deletes checkpoints.
+  - Checkpoints are identified by their O(label) (or O(checkpoint_id)); labels make creation idempotent.
+author:
+  - microvm.sandbox contributors
+extends_documentation_fragment:
+  - microvm.sandbox.api
+  - microvm.sandbox.api.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+    details:
+      - For V(present) and V(absent), the checkpoint before and after; for V(rolled_back), the session before
+        and after (its C(sandbox_id) changes).
+options:
+  session:
+    description:
+      - Id or name of the session. Names are matched among live sessions only.
+    type: str
+    required: true
+  state:
+    description:
+      - V(present) creates a checkpoint labelled O(label) unless the session already has one with that label in
+        status C(READY) or C(PENDING). Without O(label), a new checkpoint is created on every run.
+      - V(rolled_back) rolls the session back to the checkpoint given by O(checkpoint_id) or O(label) (the newest
+        with that label) and waits until the session is usable. The platform boots a new sandbox from the checkpoint
+        every time, so this B(always reports a change) (in check mode too, without doing it).
+      - V(absent) deletes the checkpoint given by O(checkpoint_id), or every checkpoint labelled O(label).
+    type: str
+    choices: [present, rolled_back, absent]
+    default: present
+  label:
+    description:
+      - Label of the checkpoint.
+    type: str
+  checkpoint_id:
+    description:
+      - Id of the checkpoint, for V(rolled_back) and V(absent).
+    type: str
+  wait:
+    description:
+      - For V(rolled_back), wait until the session is usable again, up to O(wait_timeout) seconds.
+      - Creating a checkpoint always waits; the platform answers once it is done.
+    type: bool
+    default: true
+notes:
+  - The platform refuses a checkpoint (HTTP 409) while a command is running in the session.
+seealso:
+  - module: microvm.sandbox.checkpoint_info
+  - module: microvm.sandbox.session
+"""
+
+EXAMPLES = r"""
+- name: Checkpoint the sandbox once its dependencies are installed
+  microvm.sandbox.checkpoint:
+    session: ci-job-42
+    label: deps-installed
+  register: cp
+
+- name: Roll back to it after a test run (always reports a change)
+  microvm.sandbox.checkpoint:
+    session: ci-job-42
+    label: deps-installed
+    state: rolled_back
+
+- name: Roll back by id
+  microvm.sandbox.checkpoint:
+    session: ci-job-42
+    checkpoint_id: "{{ cp.checkpoint.checkpoint_id }}"
+    state: rolled_back
+
+- name: Delete it
+  microvm.sandbox.checkpoint:
+    session: ci-job-42
+    label: deps-installed
+    state: absent
+"""
+
+RETURN = r"""
+checkpoint:
+  description:
+    - The checkpoint created, found, rolled back to, or deleted (in check mode, the expected result); empty when there
+      was none.
+  returned: always
+  type: dict
+  contains:
+    checkpoint_id:
+      description: Id of the checkpoint.
+      type: str
+    session_id:
+      description: Id of its session.
+      type: str
+    status:
+      description: C(PENDING), C(READY) or C(FAILED).
+      type: str
+    label:
+      description: Label.
+      type: str
+    size_bytes:
+      description: Size of the checkpoint.
+      type: int
+    created_at:
+      description: Creation time.
+      type: str
+    error_message:
+      description: Why it failed, when it did.
+      type: str
+  sample:
+    checkpoint_id: 7d1c2b7e-6a0f-4a3e-9b3b-1f1d0f3b9e11
+    session_id: 2f0c8f9e-8d1e-4a57-9d0c-0c4bbf3cb2a1
+    status: READY
+    label: deps-installed
+    size_bytes: 73400320
+session:
+  description: The session after a rollback (same C(session_id), new C(sandbox_id)).
+  returned: when O(state=rolled_back)
+  type: dict
+  sample:
+    session_id: 2f0c8f9e-8d1e-4a57-9d0c-0c4bbf3cb2a1
+    name: ci-job-42
+    status: SESSION_STATUS_READY
+    sandbox_id: sbx-0002
+"""
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, run_api_module  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError, NotFound  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.views import object_view  # noqa: E402
+
+# A checkpoint in one of these counts as existing for idempotency; a FAILED one does not.
+KEPT = ("READY", "PENDING")
+
+
+def checkpoint_status(cp):
+    s = str((cp or {}).get("status") or "").upper()
+    return s[len("CHECKPOINT_STATUS_"):] if s.startswith("CHECKPOINT_STATUS_") else s
+
+
+class CheckpointManager(object):
+
+    def __init__(self, module, client):
+        self.module = module
+        self.client = client
+        self.p = module.params
+        self.check = module.check_mode
+
+    def run(self):
+        self.session = self.client.require_session(self.p["session"], live=True)
+        sid = self.session["session_id"]
+        state = self.p["state"]
+        if state == "present":
+            before, after, changed = self.present(sid)
+            result = dict(changed=changed, checkpoint=after)
+        elif state == "absent":
+            before, after, changed = self.absent(sid)
+            result = dict(changed=changed, checkpoint=before if changed else {})
+        else:
+            before, after, checkpoint = self.rolled_back(sid)
+            result = dict(changed=True, checkpoint=checkpoint, session=after)
+        if self.module._diff:
+            result["diff"] = dict(before=object_view(before), after=object_view(after))
+        return result
+
+    def present(self, sid):
+        label = self.p["label"]
+        if label:
+            existing = self.client.find_checkpoint(sid, label=label)
+            if existing is not None and checkpoint_status(existing) in KEPT:
+                return existing, existing, False
+        if self.check:
+            return {}, dict(session_id=sid, label=label, status="READY"), True
+        return {}, self.client.create_checkpoint(sid, label=label), True
+
+    def absent(self, sid):
+        if self.p["checkpoint_id"]:
+            found = self.client.find_checkpoint(sid, checkpoint_id=self.p["checkpoint_id"])
+            doomed = [found] if found else []
+        else:
+            doomed = [cp for cp in self.client.list_checkpoints(sid) if cp.get("label") == self.p["label"]]
+        if not doomed:
+            return {}, {}, False
+        if not self.check:
+            for cp in doomed:
+                try:
+                    self.client.delete_checkpoint(sid, cp["checkpoint_id"])
+                except ApiError as e:
+                    if not e.gone:  # already gone is what we want
+                        raise
+        return doomed[0], {}, True
+
+    def rolled_back(self, sid):
+        checkpoint = self.client.find_checkpoint(sid, checkpoint_id=self.p["checkpoint_id"], label=self.p["label"])
+        if checkpoint is None:
+            raise NotFound("checkpoint", self.p["checkpoint_id"] or self.p["label"],
+                           "in session %r (checkpoint ids and labels are per session)" % self.session.get("name"))
+        if checkpoint_status(checkpoint) == "FAILED":
+            self.module.fail_json(msg="Checkpoint %s (%r) failed, so the session cannot be rolled back to it: %s"
+                                  % (checkpoint.get("checkpoint_id"), checkpoint.get("label"),
+                                     checkpoint.get("error_message") or "no error given"), checkpoint=checkpoint)
+        before = self.session
+        if self.check:
+            return before, dict(before, status="SESSION_STATUS_READY"), checkpoint
+        after = self.client.rollback(sid, checkpoint["checkpoint_id"])
+        if self.p["wait"] and profile.short_status(after.get("status")) not in profile.USABLE:
+            after = self.client.wait_session(sid, until=profile.USABLE, timeout=self.p["wait_timeout"])
+        return before, after, checkpoint
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=api_argument_spec(
+            session=dict(type="str", required=True),
+            state=dict(type="str", default="present", choices=["present", "rolled_back", "absent"]),
+            label=dict(type="str"),
+            checkpoint_id=dict(type="str"),
+            wait=dict(type="bool", default=True),
+        ),
+        required_if=[
+            ("state", "rolled_back", ("checkpoint_id", "label"), True),
+            ("state", "absent", ("checkpoint_id", "label"), True),
+        ],
+        mutually_exclusive=[("checkpoint_id", "label")],
+        supports_check_mode=True,
+    )
+    if module.params["state"] == "present" and module.params["checkpoint_id"]:
+        module.fail_json(msg="checkpoint_id cannot be chosen when creating a checkpoint; use label to name it")
+    run_api_module(module, lambda client: CheckpointManager(module, client).run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+#!/usr/bin/python
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: session_info
+short_description: List microVM sandbox sessions, or look one up by id or name
+version_added: 0.1.0
+description:
+  - Returns one session by id or name, or every session that matches the filters, following the API's pagination.
+author:
+  - microvm.sandbox contributors
+extends_documentation_fragment:
+  - microvm.sandbox.api
+  - microvm.sandbox.api.attributes
+  - microvm.sandbox.api.info_module
+options:
+  session:
+    description:
+      - Id or name of one session. Names are matched (case-insensitively) among live sessions only.
+      - When nothing matches, RV(sessions) is empty; the module does not fail.
+    type: str
+  name_prefix:
+    description:
+      - Only sessions whose name starts with this prefix (case-sensitive).
+    type: str
+  statuses:
+    description:
+      - Only sessions in one of these statuses, given as short names (V(READY)) or in full (V(SESSION_STATUS_READY)),
+        in any case.
+      - V(usable) stands for V(READY) and V(DETACHED); V(gone) for V(DESTROYING), V(DESTROYED) and V(FAILED).
+      - All statuses the platform lists when not set.
+    type: list
+    elements: str
+seealso:
+  - module: microvm.sandbox.session
+  - plugin: microvm.sandbox.sessions
+    plugin_type: inventory
+"""
+
+EXAMPLES = r"""
+- name: One session by name
+  microvm.sandbox.session_info:
+    session: ci-job-42
+  register: found
+
+- name: Fail when it is missing
+  ansible.builtin.assert:
+    that: found.sessions | length == 1
+
+- name: Every usable or paused CI session
+  microvm.sandbox.session_info:
+    name_prefix: ci-
+    statuses: [usable, PAUSED]
+  register: ci
+
+- name: Their ids
+  ansible.builtin.debug:
+    msg: "{{ ci.sessions | map(attribute='session_id') | list }}"
+"""
+
+RETURN = r"""
+sessions:
+  description:
+    - The matching sessions, as the platform reports them (see RV(microvm.sandbox.session#module:session) for the fields).
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - session_id: 2f0c8f9e-8d1e-4a57-9d0c-0c4bbf3cb2a1
+      name: ci-job-42
+      status: SESSION_STATUS_READY
+      template: python-3-12
+      size_slug: small
+      idle_timeout_seconds: 900
+"""
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, run_api_module  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.views import expand_statuses, select_sessions  # noqa: E402
+
+
+def list_sessions(module, client):
+    p = module.params
+    try:
+        statuses = expand_statuses(p["statuses"])
+    except ValueError as e:
+        module.fail_json(msg="statuses: %s" % e)
+    if p["session"]:
+        found = client.find_session(p["session"])
+        sessions = [found] if found else []
+    else:
+        # The API filters on one status at most; more are filtered here.
+        one = ("SESSION_STATUS_" + next(iter(statuses))) if statuses and len(statuses) == 1 else None
+        sessions = client.list_sessions(status=one)
+    return dict(changed=False, sessions=select_sessions(sessions, statuses=statuses, name_prefix=p["name_prefix"]))
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=api_argument_spec(
+            session=dict(type="str"),
+            name_prefix=dict(type="str"),
+            statuses=dict(type="list", elements="str"),
+        ),
+        supports_check_mode=True,
+    )
+    run_api_module(module, lambda client: list_sessions(module, client))
+
+
+if __name__ == "__main__":
+    main()

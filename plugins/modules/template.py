@@ -1,0 +1,281 @@
+#!/usr/bin/python
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: template
+short_description: Register, rebuild and delete microVM sandbox templates
+version_added: 0.1.0
+description:
+  - Registers a template built from an OCI image you have already pushed, rebased onto a platform base template,
+    rebuilds it when the source changes, and deletes it.
+  - The platform reports the image a template was built from (registry, repository, tag, digest). The module compares
+    O(source_oci_ref) with it; when the reference names a tag, a new image pushed under the same tag is B(not)
+    detected. Refer to the image by digest (V(repo@sha256:...)), or use O(force_rebuild=true).
+  - A template whose last build failed is rebuilt by V(present), since it does not hold a usable image.
+author:
+  - microvm.sandbox contributors
+extends_documentation_fragment:
+  - microvm.sandbox.api
+  - microvm.sandbox.api.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+    details:
+      - The diff shows the template's name, base template, source image and status before and after.
+options:
+  name:
+    description:
+      - Name of the template (sessions refer to templates by name). A template id is accepted too.
+    type: str
+    required: true
+  state:
+    description:
+      - V(present) registers the template, or rebuilds it when O(source_oci_ref) or O(base_template) differ from
+        what it was built from, and waits for the build.
+      - V(absent) deletes it. The platform refuses while live sessions use it.
+    type: str
+    choices: [present, absent]
+    default: present
+  source_oci_ref:
+    description:
+      - The image to build from, for example V(registry.example.com/team/agent:1.4), V(localhost:5000/agent@sha256:...)
+        or an OCI layout V(oci:/path/to/layout:tag).
+      - Required to register a new template; when not set on an existing one, its source is not compared.
+    type: str
+  base_template:
+    description:
+      - The platform base the image is rebased onto. The platform's default when not set.
+      - Compared with the existing template when set.
+    type: str
+  force_rebuild:
+    description:
+      - Rebuild the template even when nothing differs, for example after pushing a new image under the same tag.
+        This always reports a change.
+    type: bool
+    default: false
+  wait:
+    description:
+      - Wait until the build finishes, up to O(wait_timeout) seconds. A failed build fails the task with the
+        build's own error.
+      - With V(false), the module returns as soon as the build has started.
+    type: bool
+    default: true
+seealso:
+  - module: microvm.sandbox.template_info
+  - module: microvm.sandbox.session
+"""
+
+EXAMPLES = r"""
+- name: Register the agent template from the image CI pushed
+  microvm.sandbox.template:
+    name: agent-python
+    source_oci_ref: "registry.example.com/team/agent-python@{{ image_digest }}"
+    base_template: base
+  register: tpl
+
+- name: Rebuild after pushing a new image under the same tag
+  microvm.sandbox.template:
+    name: agent-python
+    source_oci_ref: registry.example.com/team/agent-python:stable
+    force_rebuild: true
+
+- name: Start a build and do not wait for it
+  microvm.sandbox.template:
+    name: agent-python
+    source_oci_ref: registry.example.com/team/agent-python:2.0
+    wait: false
+
+- name: Delete it
+  microvm.sandbox.template:
+    name: agent-python
+    state: absent
+"""
+
+RETURN = r"""
+template:
+  description:
+    - The template after the task (in check mode, the expected result). For O(state=absent), as last seen, or empty.
+  returned: always
+  type: dict
+  contains:
+    template_id:
+      description: Id of the template.
+      type: str
+    name:
+      description: Name.
+      type: str
+    status:
+      description: C(TEMPLATE_STATUS_PENDING), C(TEMPLATE_STATUS_BUILDING), C(TEMPLATE_STATUS_READY) or
+        C(TEMPLATE_STATUS_FAILED).
+      type: str
+    spec:
+      description: What it is built from, C(base_template) and C(image) (C(registry), C(repository), C(tag), C(digest)).
+      type: dict
+    created_at:
+      description: Creation time.
+      type: str
+    updated_at:
+      description: Time of the last change.
+      type: str
+  sample:
+    template_id: 5a3e0c56-9a62-4f4e-8d6d-3f0b5d8f3c11
+    name: agent-python
+    status: TEMPLATE_STATUS_READY
+    spec:
+      base_template: base
+      image:
+        registry: registry.example.com
+        repository: team/agent-python
+        tag: stable
+        digest: sha256:4b7c...
+build:
+  description: The build this task started (or waited for), with C(build_id), C(status) and C(error).
+  returned: when a build was started or waited for
+  type: dict
+  sample:
+    build_id: 0d8b6a7c-3f61-4c1e-a0f5-b2b1d6e0f7a9
+    status: SUCCEEDED
+    error: ""
+"""
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, run_api_module  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.oci import image_matches, parse_image_ref  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError, template_status  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.views import object_view  # noqa: E402
+
+IN_PROGRESS = ("PENDING", "BUILDING")
+
+
+class TemplateManager(object):
+
+    def __init__(self, module, client):
+        self.module = module
+        self.client = client
+        self.p = module.params
+        self.check = module.check_mode
+        self.build = None
+
+    def run(self):
+        existing = self.client.find_template(self.p["name"])
+        if self.p["state"] == "absent":
+            changed, after = self.absent(existing)
+            template = existing if changed else {}
+        else:
+            changed, after = self.present(existing)
+            template = after
+        result = dict(changed=changed, template=template or {})
+        if self.build is not None:
+            result["build"] = self.build
+        if self.module._diff:
+            result["diff"] = dict(before=object_view(existing), after=object_view(after))
+        return result
+
+    # -- present -----------------------------------------------------------
+    def present(self, existing):
+        if existing is None:
+            return True, self.create()
+        if self.p["wait"] and template_status(existing) in IN_PROGRESS and not self.check:
+            # A build started earlier (wait: false) decides what the template holds now.
+            existing, self.build = self.client.wait_build(existing["template_id"], timeout=self.p["wait_timeout"])
+        reasons = self.rebuild_reasons(existing)
+        if not reasons:
+            return False, existing
+        return True, self.rebuild(existing)
+
+    def rebuild_reasons(self, existing):
+        reasons = []
+        if self.p["force_rebuild"]:
+            reasons.append("force_rebuild")
+        if template_status(existing) == "FAILED":
+            reasons.append("its last build failed")
+        spec = existing.get("spec") or {}
+        if self.p["base_template"] is not None and spec.get("base_template") != self.p["base_template"]:
+            reasons.append("base_template")
+        if self.p["source_oci_ref"] is not None and template_status(existing) not in IN_PROGRESS \
+                and not image_matches(self.wanted_image(), spec.get("image") or {}):
+            reasons.append("source_oci_ref")
+        return reasons
+
+    def wanted_image(self):
+        try:
+            return parse_image_ref(self.p["source_oci_ref"])
+        except ValueError as e:
+            self.module.fail_json(msg="source_oci_ref: %s" % e)
+
+    def create(self):
+        if not self.p["source_oci_ref"]:
+            self.module.fail_json(msg="Template %r does not exist; source_oci_ref is required to register it."
+                                  % self.p["name"])
+        self.wanted_image()  # refuse a malformed reference before any call
+        if self.check:
+            return self.predicted({})
+        template = self.client.create_template(self.p["name"], self.p["source_oci_ref"], self.p["base_template"])
+        return self.wait_for_build(template, known=())
+
+    def rebuild(self, existing):
+        if self.check:
+            return self.predicted(existing)
+        tid = existing["template_id"]
+        known = [b.get("build_id") for b in self.client.list_builds(tid)]
+        # PUT needs a source; with force_rebuild and no source given, the platform rebuilds what it has.
+        template = self.client.update_template(tid, source_oci_ref=self.p["source_oci_ref"],
+                                               base_template=self.p["base_template"])
+        return self.wait_for_build(template, known)
+
+    def wait_for_build(self, template, known):
+        tid = template["template_id"]
+        if not self.p["wait"]:
+            self.build = self.client.newest_build(tid, exclude=known)
+            return template
+        template, self.build = self.client.wait_build(tid, known_build_ids=known, timeout=self.p["wait_timeout"])
+        return template
+
+    def predicted(self, existing):
+        spec = dict(existing.get("spec") or {})
+        if self.p["base_template"] is not None:
+            spec["base_template"] = self.p["base_template"]
+        if self.p["source_oci_ref"] is not None:
+            spec["image"] = self.wanted_image()
+        return dict(existing, name=existing.get("name") or self.p["name"], spec=spec,
+                    status="TEMPLATE_STATUS_READY")
+
+    # -- absent ------------------------------------------------------------
+    def absent(self, existing):
+        if existing is None:
+            return False, {}
+        if not self.check:
+            try:
+                self.client.delete_template(existing["template_id"])
+            except ApiError as e:
+                if not e.gone:
+                    raise
+        return True, {}
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=api_argument_spec(
+            name=dict(type="str", required=True),
+            state=dict(type="str", default="present", choices=["present", "absent"]),
+            source_oci_ref=dict(type="str"),
+            base_template=dict(type="str"),
+            force_rebuild=dict(type="bool", default=False),
+            wait=dict(type="bool", default=True),
+        ),
+        supports_check_mode=True,
+    )
+    run_api_module(module, lambda client: TemplateManager(module, client).run())
+
+
+if __name__ == "__main__":
+    main()
