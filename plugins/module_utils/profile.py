@@ -83,7 +83,7 @@ def check_scratch_dir(scratch_dir, what="scratch dir"):
 
 # Session names: 1-64 chars of [A-Za-z0-9._-], alphanumeric at both ends, never UUID-shaped.
 SESSION_NAME_RE = r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62}[A-Za-z0-9])?$"
-UUID_RE = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+UUID_RE = r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$"
 
 
 def looks_like_uuid(value):

@@ -323,7 +323,7 @@ class SessionManager(object):
         env = dict(self.p["env"] or {})
         env.update(self.p["secret_env"] or {})
         if env:
-            spec["env"] = dict((str(k), str(v)) for k, v in env.items())
+            spec["env"] = dict((str(k), env_string(v)) for k, v in env.items())
         egress = self.p["egress"]
         if egress:
             spec["egress"] = "unrestricted" if egress == ["unrestricted"] else list(egress)
@@ -384,6 +384,13 @@ class SessionManager(object):
                                             timeout=self.timeout, gone_ok=True)
             if gone is not None:
                 self.last_seen = gone
+
+
+def env_string(value):
+    """The platform takes strings only; YAML booleans become 'true'/'false', not Python's 'True'."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def main():

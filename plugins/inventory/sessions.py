@@ -1,0 +1,192 @@
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import re
+
+from ansible.errors import AnsibleError
+from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
+from ansible.utils.unsafe_proxy import wrap_var
+
+from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import describe_error
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError
+from ansible_collections.microvm.sandbox.plugins.module_utils.views import expand_statuses, select_sessions
+
+DOCUMENTATION = r"""
+name: sessions
+short_description: Sandbox sessions of the managed microVM platform as inventory hosts
+version_added: 0.1.0
+description:
+  - Lists the sessions of the control plane (the platform or the local control plane) and adds one host per
+    session, named after the session, reached with the C(microvm.sandbox.agent)
+    connection plugin (C(ansible_connection=microvm.sandbox.agent), C(ansible_host) = the session id).
+  - Reads configuration files whose name ends with C(.microvm_sessions.yml) or C(.microvm_sessions.yaml).
+  - Every session field becomes a host variable with the prefix O(host_var_prefix), for example C(microvm_session_id),
+    C(microvm_name), C(microvm_status) (short form, such as C(READY)), C(microvm_template), C(microvm_size_slug).
+  - Values that come from the API are marked unsafe, so they are never evaluated as templates.
+  - When O(api_url) or O(route_prefix) differ from their defaults, they are passed to the connection plugin as the
+    host variables C(ansible_microvm_api_url) and C(ansible_microvm_route_prefix). The API token never is; the
+    connection plugin reads it from its own option or E(DO_AGENTS_API_TOKEN).
+author:
+  - microvm.sandbox contributors
+extends_documentation_fragment:
+  - microvm.sandbox.api.plugin
+  - ansible.builtin.constructed
+  - ansible.builtin.inventory_cache
+options:
+  plugin:
+    description: The name of this plugin; it must be V(microvm.sandbox.sessions) for the file to be read by it.
+    type: str
+    required: true
+    choices: [microvm.sandbox.sessions]
+  statuses:
+    description:
+      - Only sessions in these statuses become hosts, as short names (V(READY)) or in full (V(SESSION_STATUS_READY)).
+      - V(usable) stands for V(READY) and V(DETACHED); V(gone) for V(DESTROYING), V(DESTROYED) and V(FAILED).
+      - A paused session is resumed by the connection when it is first used.
+    type: list
+    elements: str
+    default: [usable, PAUSED]
+  name_prefix:
+    description: Only sessions whose name starts with this prefix.
+    type: str
+  name_regex:
+    description: Only sessions whose name matches this Python regular expression (searched, not anchored).
+    type: str
+  host_var_prefix:
+    description: Prefix of the host variables made from session fields.
+    type: str
+    default: microvm_
+  connection_plugin:
+    description: The connection plugin set as C(ansible_connection) for every host.
+    type: str
+    default: microvm.sandbox.agent
+"""
+
+EXAMPLES = r"""
+# file: sandboxes.microvm_sessions.yml
+# API URL and token come from DO_AGENTS_API_URL and DO_AGENTS_API_TOKEN.
+plugin: microvm.sandbox.sessions
+
+# file: ci.microvm_sessions.yml
+# Only the CI sessions, grouped by template and status, with a cache.
+plugin: microvm.sandbox.sessions
+name_prefix: ci-
+statuses: [READY, DETACHED, PAUSED]
+keyed_groups:
+  - key: microvm_template
+    prefix: template
+  - key: microvm_status | lower
+    prefix: status
+groups:
+  paused: microvm_status == 'PAUSED'
+compose:
+  sandbox_size: microvm_size_slug
+cache: true
+cache_plugin: ansible.builtin.jsonfile
+cache_connection: ~/.cache/microvm-inventory
+cache_timeout: 60
+"""
+
+CONNECTION_VARS = {
+    # option -> host variable read by the connection plugin
+    "api_url": "ansible_microvm_api_url",
+    "route_prefix": "ansible_microvm_route_prefix",
+}
+DEFAULTS = {"api_url": profile.DEFAULT_API_URL, "route_prefix": profile.DEFAULT_PREFIX}
+
+
+class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
+
+    NAME = "microvm.sandbox.sessions"
+
+    def verify_file(self, path):
+        return super(InventoryModule, self).verify_file(path) and \
+            path.endswith((".microvm_sessions.yml", ".microvm_sessions.yaml"))
+
+    def parse(self, inventory, loader, path, cache=True):
+        super(InventoryModule, self).parse(inventory, loader, path, cache)
+        self._read_config_data(path)
+        sessions = self._sessions(self.get_cache_key(path), cache)
+        self._populate(self._select(sessions))
+
+    # -- data --------------------------------------------------------------
+    def _sessions(self, cache_key, cache):
+        """The unfiltered session list, from the cache when allowed and present."""
+        use_cache = self.get_option("cache")
+        if use_cache and cache:
+            try:
+                return self._cache[cache_key]
+            except KeyError:
+                pass  # not cached yet (or expired): fetch and store
+        sessions = self._fetch()
+        if use_cache:
+            self._cache[cache_key] = sessions
+        return sessions
+
+    def _fetch(self):
+        client = None
+        try:
+            client = ApiClient(api_url=self.get_option("api_url"), api_token=self.get_option("api_token"),
+                               prefix=self.get_option("route_prefix"), timeout=self.get_option("request_timeout"),
+                               validate_certs=self.get_option("validate_certs"))
+            return client.list_sessions()
+        except ApiError as e:
+            raise AnsibleError("microvm.sandbox.sessions: %s" % describe_error(e, client)[0])
+
+    def _select(self, sessions):
+        try:
+            statuses = expand_statuses(self.get_option("statuses"))
+            regex = re.compile(self.get_option("name_regex")) if self.get_option("name_regex") else None
+        except (ValueError, re.error) as e:
+            raise AnsibleError("microvm.sandbox.sessions: bad filter: %s" % e)
+        return select_sessions(sessions, statuses=statuses, name_prefix=self.get_option("name_prefix"),
+                               name_regex=regex)
+
+    # -- hosts -------------------------------------------------------------
+    def _populate(self, sessions):
+        strict = self.get_option("strict")
+        connection_vars = self._connection_vars()
+        taken = set()
+        # Live sessions first, so a live session always gets its plain name as host name.
+        for session in sorted(sessions, key=lambda s: profile.short_status(s.get("status")) in profile.GONE):
+            host = self._host_name(session, taken)
+            self.inventory.add_host(host)
+            hostvars = self._host_vars(session)
+            hostvars.update(connection_vars)
+            for key, value in hostvars.items():
+                self.inventory.set_variable(host, key, value)
+            self._set_composite_vars(self.get_option("compose"), hostvars, host, strict=strict)
+            self._add_host_to_composed_groups(self.get_option("groups"), hostvars, host, strict=strict)
+            self._add_host_to_keyed_groups(self.get_option("keyed_groups"), hostvars, host, strict=strict)
+
+    @staticmethod
+    def _host_name(session, taken):
+        """The session name; a gone session sharing a live one's name gets its id appended."""
+        name = session.get("name") or session.get("session_id")
+        if name.lower() in taken:
+            name = "%s_%s" % (name, session.get("session_id"))
+        taken.add(name.lower())
+        return name
+
+    def _host_vars(self, session):
+        prefix = self.get_option("host_var_prefix")
+        hostvars = dict((prefix + key, value) for key, value in session.items())
+        hostvars[prefix + "status"] = profile.short_status(session.get("status"))
+        hostvars = wrap_var(hostvars)  # API data is never a template
+        hostvars["ansible_host"] = wrap_var(session.get("session_id"))
+        hostvars["ansible_connection"] = self.get_option("connection_plugin")
+        return hostvars
+
+    def _connection_vars(self):
+        out = {}
+        for option, var in CONNECTION_VARS.items():
+            value = self.get_option(option)
+            if value and value.rstrip("/") != DEFAULTS[option]:
+                out[var] = wrap_var(value)
+        return out
