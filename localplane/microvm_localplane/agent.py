@@ -1,0 +1,600 @@
+"""The sandbox agent: SandboxAgentService (contract section 3) served on 0.0.0.0:8443 inside a guest.
+
+It runs inside the guest, so every path it touches is a real guest path:
+`..` and symlinks are resolved by the guest's own filesystem before the
+/workspace confinement check, and nothing is rewritten.
+
+Decisions the contract leaves open live in this module's constants and in
+`confine()`; keep them here so they are easy to change:
+- a command killed by signal N reports exit code 128+N (shell convention);
+- a program that cannot be started ends with 127 (not found) or 126 (not
+  executable, bad workdir) and the reason on stderr;
+- timeouts send SIGTERM to the process group, then SIGKILL after KILL_GRACE;
+- an Upload checksum mismatch is INVALID_ARGUMENT (REST answers 400 for it);
+- a directory Download without as_archive, or of a non-regular file, is
+  FAILED_PRECONDITION; Download archives are the directory's contents
+  (member names relative to it), the same shape Upload(is_archive) extracts.
+"""
+import errno
+import hashlib
+import json
+import os
+import select
+import signal
+import stat
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from concurrent import futures
+
+# The agent never uses Python's ssl module (gRPC is plaintext and brings its own TLS);
+# asyncio imports it when present, which costs ~80 ms of every guest boot.
+if "ssl" not in sys.modules:
+    sys.modules["ssl"] = None
+
+import grpc  # noqa: E402
+
+from .pb import pb2, pb2_grpc  # noqa: E402
+
+WORKSPACE = "/workspace"
+HOME = "/workspace/home"
+LISTEN = "0.0.0.0:8443"
+BASELINE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": HOME,
+    "LANG": "C.UTF-8",
+    "USER": "root",
+    "LOGNAME": "root",
+    "SHELL": "/bin/sh",
+}
+SESSION_ENV_VAR = "MICROVM_SESSION_ENV"
+EXIT_NOT_FOUND, EXIT_CANNOT_EXECUTE = 127, 126
+KILL_GRACE = 2.0            # seconds between SIGTERM and SIGKILL on timeout
+DRAIN_GRACE = 1.0           # how long to keep relaying output after the command exits (background children holding the pipe)
+READ_SIZE = 64 * 1024
+CHUNK_DEFAULT, CHUNK_MIN, CHUNK_MAX = 256 * 1024, 1024, 4 * 1024 * 1024
+MAX_MESSAGE = 16 * 1024 * 1024
+SHA256_HEX = set("0123456789abcdef")
+
+
+class Refusal(Exception):
+    """A request the agent refuses: carries the gRPC status code and message."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def invalid(msg):
+    return Refusal(grpc.StatusCode.INVALID_ARGUMENT, msg)
+
+
+def oserror_refusal(e, path):
+    """Map a filesystem error on a guest path to a status with a clear message."""
+    reason = e.strerror or str(e)
+    code = {
+        errno.ENOENT: grpc.StatusCode.NOT_FOUND,
+        errno.ENOTDIR: grpc.StatusCode.FAILED_PRECONDITION,
+        errno.EISDIR: grpc.StatusCode.FAILED_PRECONDITION,
+        errno.EEXIST: grpc.StatusCode.FAILED_PRECONDITION,
+        errno.ENOSPC: grpc.StatusCode.RESOURCE_EXHAUSTED,
+        errno.EDQUOT: grpc.StatusCode.RESOURCE_EXHAUSTED,
+        errno.EACCES: grpc.StatusCode.PERMISSION_DENIED,
+        errno.EPERM: grpc.StatusCode.PERMISSION_DENIED,
+        errno.EROFS: grpc.StatusCode.FAILED_PRECONDITION,
+    }.get(e.errno, grpc.StatusCode.INTERNAL)
+    return Refusal(code, '%s: "%s"' % (reason, path))
+
+
+def within(path, root):
+    return path == root or path.startswith(root + "/")
+
+
+def confine(path):
+    """The guest path a transfer may touch, or a Refusal (contract section 3, Confinement)."""
+    if not path:
+        raise invalid("path is required")
+    if "\0" in path:
+        raise invalid("path contains a NUL byte")
+    if not path.startswith("/"):
+        raise invalid('path must be absolute: "%s"' % path)
+    resolved = os.path.realpath(path)
+    if not within(resolved, WORKSPACE):
+        raise Refusal(grpc.StatusCode.PERMISSION_DENIED, 'path outside workspace: "%s"' % path)
+    return resolved
+
+
+def check_sha256(expected, actual):
+    if not expected:
+        return
+    if len(expected) != 64 or not set(expected.lower()) <= SHA256_HEX:
+        raise invalid("sha256 must be 64 hex digits, got %r" % expected[:80])
+    if expected.lower() != actual:
+        raise invalid("sha256 mismatch: expected %s, received data has %s" % (expected.lower(), actual))
+
+
+def refusing(handler):
+    """Turn Refusal and stray errors into gRPC statuses (works for unary and streaming handlers)."""
+    import functools
+    import inspect
+
+    if inspect.isgeneratorfunction(handler):
+        @functools.wraps(handler)
+        def gen_wrapper(self, request, context):
+            try:
+                yield from handler(self, request, context)
+            except Refusal as r:
+                context.abort(r.code, r.message)
+            except grpc.RpcError:
+                raise
+            except Exception as e:  # never let a client crash the agent
+                if context.is_active():
+                    context.abort(grpc.StatusCode.INTERNAL, "%s: %s" % (type(e).__name__, e))
+        return gen_wrapper
+
+    @functools.wraps(handler)
+    def wrapper(self, request, context):
+        try:
+            return handler(self, request, context)
+        except Refusal as r:
+            context.abort(r.code, r.message)
+        except grpc.RpcError:
+            raise
+        except Exception as e:
+            context.abort(grpc.StatusCode.INTERNAL, "%s: %s" % (type(e).__name__, e))
+    return wrapper
+
+
+# ---------------------------------------------------------------- Exec
+
+def validate_start(start):
+    argv = list(start.argv)
+    if not argv:
+        raise invalid("ExecStart.argv is empty")
+    if any("\0" in a for a in argv):
+        raise invalid("ExecStart.argv contains a NUL byte")
+    workdir = start.workdir or WORKSPACE
+    if "\0" in workdir or not workdir.startswith("/"):
+        raise invalid('ExecStart.workdir must be an absolute path: "%s"' % workdir)
+    if start.timeout_seconds < 0:
+        raise invalid("ExecStart.timeout_seconds must not be negative")
+    for k, v in start.env.items():
+        if not k or "=" in k or "\0" in k or "\0" in v:
+            raise invalid("ExecStart.env has an invalid entry: %r" % k)
+    return argv, workdir
+
+
+def exit_code_of(returncode):
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def exit_frame(code, started, timed_out=False):
+    return pb2.ExecOutput(exit=pb2.ExecExit(exit_code=code, duration_ms=int((time.monotonic() - started) * 1000),
+                                            timed_out=timed_out))
+
+
+def kill_group(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class StdinFeeder(threading.Thread):
+    """Consumes the rest of the request stream: stdin in order, half-close = EOF, signals to the group."""
+
+    def __init__(self, requests, proc):
+        super().__init__(daemon=True)
+        self.requests = requests
+        self.proc = proc
+
+    def run(self):
+        stdin = self.proc.stdin
+        try:
+            for req in self.requests:
+                kind = req.WhichOneof("request")
+                if kind == "stdin":
+                    if stdin is not None and req.stdin:
+                        try:
+                            stdin.write(req.stdin)
+                            stdin.flush()
+                        except (BrokenPipeError, OSError, ValueError):
+                            stdin = self._close(stdin)  # the command closed its stdin; keep reading for signals
+                elif kind == "signal":
+                    sig = req.signal.signal
+                    if 1 <= sig < signal.NSIG:
+                        kill_group(self.proc.pid, sig)
+                # A second `start` is ignored: one command per stream.
+        except Exception:
+            pass  # the client went away; the handler sees it too
+        finally:
+            self._close(stdin)
+
+    @staticmethod
+    def _close(stdin):
+        if stdin is not None:
+            try:
+                stdin.close()
+            except OSError:
+                pass
+        return None
+
+
+class AgentService(pb2_grpc.SandboxAgentServiceServicer):
+    def __init__(self, session_env=None):
+        self.baseline_env = dict(BASELINE_ENV)
+        self.baseline_env.update(session_env or {})
+
+    @refusing
+    def Exec(self, request_iterator, context):
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("request") != "start":
+            raise invalid("the first ExecRequest must be start")
+        argv, workdir = validate_start(first.start)
+        env = dict(self.baseline_env)
+        env.update(first.start.env)
+        timeout = first.start.timeout_seconds
+        started = time.monotonic()
+
+        if not os.path.isdir(workdir):
+            yield pb2.ExecOutput(stderr=('workdir "%s": not a directory or does not exist\n' % workdir).encode())
+            yield exit_frame(EXIT_CANNOT_EXECUTE, started)
+            return
+        try:
+            proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True, bufsize=0)
+        except OSError as e:
+            code = EXIT_NOT_FOUND if e.errno == errno.ENOENT else EXIT_CANNOT_EXECUTE
+            yield pb2.ExecOutput(stderr=('exec "%s": %s\n' % (argv[0], e.strerror or e)).encode())
+            yield exit_frame(code, started)
+            return
+
+        done = threading.Event()
+
+        def on_rpc_end():
+            # Client cancelled or the stream broke before the command ended: kill its group.
+            if not done.is_set() and proc.poll() is None:
+                kill_group(proc.pid, signal.SIGKILL)
+
+        context.add_callback(on_rpc_end)
+        StdinFeeder(request_iterator, proc).start()
+        try:
+            yield from self._relay(proc, timeout, started)
+        finally:
+            done.set()
+            if proc.poll() is None:  # the generator was closed early (cancel)
+                kill_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+            for f in (proc.stdout, proc.stderr):
+                f.close()
+
+    def _relay(self, proc, timeout, started):
+        """Stream stdout/stderr as produced; the exit frame last, exactly once."""
+        streams = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr"}
+        pidfd = os.pidfd_open(proc.pid)
+        deadline = started + timeout if timeout > 0 else None
+        timed_out = False
+        kill_at = None
+        exited_at = None
+        try:
+            while True:
+                now = time.monotonic()
+                if exited_at is None:
+                    if deadline is not None and not timed_out and now >= deadline:
+                        timed_out = True
+                        kill_group(proc.pid, signal.SIGTERM)
+                        kill_at = now + KILL_GRACE
+                    if kill_at is not None and now >= kill_at:
+                        kill_group(proc.pid, signal.SIGKILL)
+                        kill_at = None
+                elif not streams or now - exited_at >= DRAIN_GRACE:
+                    break
+                waits = [t for t in (None if timed_out else deadline, kill_at,
+                                     exited_at + DRAIN_GRACE if exited_at is not None else None) if t is not None]
+                wait = max(0.0, min(waits) - now) if waits else None
+                fds = list(streams) + ([pidfd] if exited_at is None else [])
+                ready, _, _ = select.select(fds, [], [], wait)
+                for fd in ready:
+                    if fd == pidfd:
+                        proc.wait()
+                        exited_at = time.monotonic()
+                        continue
+                    data = os.read(fd, READ_SIZE)
+                    if not data:
+                        del streams[fd]
+                    elif streams[fd] == "stdout":
+                        yield pb2.ExecOutput(stdout=data)
+                    else:
+                        yield pb2.ExecOutput(stderr=data)
+        finally:
+            os.close(pidfd)
+        yield exit_frame(exit_code_of(proc.returncode), started, timed_out)
+
+    # ------------------------------------------------------------ Upload
+
+    @refusing
+    def Upload(self, request_iterator, context):
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("request") != "header":
+            raise invalid("the first UploadRequest must be header")
+        header = first.header
+        target = confine(header.path)
+        if header.is_archive:
+            written = self._upload_archive(request_iterator, header.path, target)
+        else:
+            written = self._upload_file(request_iterator, header, target)
+        return pb2.UploadResponse(path=header.path, bytes_written=written)
+
+    def _receive(self, request_iterator, out):
+        """Write chunks to `out` until UploadEnd; -> (bytes, sha256 hex). Refuses a stream without an end."""
+        digest = hashlib.sha256()
+        size = 0
+        for req in request_iterator:
+            kind = req.WhichOneof("request")
+            if kind == "chunk":
+                out.write(req.chunk)
+                digest.update(req.chunk)
+                size += len(req.chunk)
+            elif kind == "end":
+                check_sha256(req.end.sha256, digest.hexdigest())
+                return size
+            else:
+                raise invalid("UploadRequest.%s after the header" % kind)
+        raise invalid("upload stream ended without UploadEnd")
+
+    def _upload_file(self, request_iterator, header, target):
+        mode = (header.mode & 0o7777) or 0o644
+        parent, name = os.path.split(target)
+        if os.path.isdir(target):
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, 'is a directory: "%s"' % header.path)
+        try:
+            os.makedirs(parent, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=parent, prefix=".%s.upload-" % name[:100])
+        except OSError as e:
+            raise oserror_refusal(e, header.path)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                size = self._receive(request_iterator, out)
+                out.flush()
+                if os.fstat(out.fileno()).st_size != size:
+                    raise Refusal(grpc.StatusCode.DATA_LOSS, "short write to %s" % header.path)
+                os.fchmod(out.fileno(), mode)
+            os.replace(tmp, target)
+            return size
+        except OSError as e:
+            self._remove(tmp)
+            raise oserror_refusal(e, header.path)
+        except BaseException:
+            self._remove(tmp)
+            raise
+
+    def _upload_archive(self, request_iterator, given, target):
+        # Spool first (constant memory), verify the checksum, then extract: a bad
+        # upload creates nothing. The spool lives in the nearest existing
+        # directory so it is on the workspace filesystem.
+        spool_dir = target
+        while not os.path.isdir(spool_dir):
+            spool_dir = os.path.dirname(spool_dir)
+        try:
+            fd, tmp = tempfile.mkstemp(dir=spool_dir, prefix=".upload-archive-")
+        except OSError as e:
+            raise oserror_refusal(e, given)
+        try:
+            with os.fdopen(fd, "w+b") as spool:
+                size = self._receive(request_iterator, spool)
+                spool.seek(0)
+                extract_archive(spool, target, given)
+            return size
+        except OSError as e:
+            raise oserror_refusal(e, given)
+        finally:
+            self._remove(tmp)
+
+    @staticmethod
+    def _remove(path):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+    # ------------------------------------------------------------ Download
+
+    @refusing
+    def Download(self, request, context):
+        target = confine(request.path)
+        chunk_size = request.chunk_size_bytes or CHUNK_DEFAULT
+        if not CHUNK_MIN <= chunk_size <= CHUNK_MAX:
+            raise invalid("chunk_size_bytes must be between %d and %d, got %d" % (CHUNK_MIN, CHUNK_MAX, chunk_size))
+        if not os.path.lexists(target):
+            raise Refusal(grpc.StatusCode.NOT_FOUND, 'path "%s" does not exist' % request.path)
+        digest = hashlib.sha256()
+        if request.as_archive:
+            if not os.path.isdir(target):
+                raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, 'not a directory: "%s"' % request.path)
+            yield pb2.DownloadChunk(header=pb2.DownloadHeader(size_bytes=-1, is_archive=True))
+            source = rechunk(tar_stream(target), chunk_size)
+        else:
+            try:
+                f = open(target, "rb")
+            except OSError as e:
+                raise oserror_refusal(e, request.path)
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                f.close()
+                what = "a directory (use as_archive)" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+                raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, 'is %s: "%s"' % (what, request.path))
+            yield pb2.DownloadChunk(header=pb2.DownloadHeader(size_bytes=st.st_size, is_archive=False))
+            source = read_chunks(f, chunk_size)
+        for chunk in source:
+            digest.update(chunk)
+            yield pb2.DownloadChunk(chunk=chunk)
+        yield pb2.DownloadChunk(end=pb2.DownloadEnd(sha256=digest.hexdigest()))
+
+
+# ---------------------------------------------------------------- archives
+
+def read_chunks(f, size):
+    with f:
+        while True:
+            data = f.read(size)
+            if not data:
+                return
+            yield data
+
+
+def rechunk(pieces, size):
+    """Regroup a stream of byte strings into chunks of exactly `size` (the last may be shorter)."""
+    buf = bytearray()
+    for piece in pieces:
+        buf += piece
+        while len(buf) >= size:
+            yield bytes(buf[:size])
+            del buf[:size]
+    if buf:
+        yield bytes(buf)
+
+
+def tar_stream(root):
+    """A POSIX tar of the directory's contents, produced piece by piece (constant memory)."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(dirnames) + sorted(filenames):
+            full = os.path.join(dirpath, name)
+            arcname = os.path.relpath(full, root)
+            try:
+                info = tar_info(full, arcname)
+            except OSError:
+                continue  # vanished while walking
+            if info is None:
+                continue
+            yield info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+            if info.isreg():
+                yield from file_payload(full, info.size)
+        # os.walk does not descend into symlinked directories: they are archived as links.
+    yield b"\0" * (tarfile.BLOCKSIZE * 2)
+
+
+def tar_info(full, arcname):
+    st = os.lstat(full)
+    info = tarfile.TarInfo(arcname)
+    info.mode = stat.S_IMODE(st.st_mode)
+    info.mtime = int(st.st_mtime)
+    info.uid, info.gid = st.st_uid, st.st_gid
+    if stat.S_ISREG(st.st_mode):
+        info.type, info.size = tarfile.REGTYPE, st.st_size
+    elif stat.S_ISDIR(st.st_mode):
+        info.type = tarfile.DIRTYPE
+    elif stat.S_ISLNK(st.st_mode):
+        info.type, info.linkname = tarfile.SYMTYPE, os.readlink(full)
+    else:
+        return None  # sockets, fifos, devices: nothing a transfer should carry
+    return info
+
+
+def file_payload(path, size):
+    """Exactly `size` bytes then tar padding, even if the file changes while it is read."""
+    sent = 0
+    try:
+        with open(path, "rb") as f:
+            while sent < size:
+                data = f.read(min(READ_SIZE * 4, size - sent))
+                if not data:
+                    break
+                sent += len(data)
+                yield data
+    except OSError:
+        pass
+    if sent < size:
+        yield b"\0" * (size - sent)
+    pad = -size % tarfile.BLOCKSIZE
+    if pad:
+        yield b"\0" * pad
+
+
+def member_filter(member, dest):
+    """tarfile's `data` filter, plus: absolute symlinks are fine when they point inside dest."""
+    if member.issym() and os.path.isabs(member.linkname):
+        target = os.path.realpath(member.linkname)
+        if not within(target, os.path.realpath(dest)):
+            raise tarfile.LinkOutsideDestinationError(member, target)
+        link_dir = os.path.dirname(os.path.join(dest, member.name))
+        relative = member.replace(linkname=os.path.relpath(target, os.path.realpath(link_dir)), deep=False)
+        checked = tarfile.data_filter(relative, dest)
+        return checked.replace(linkname=member.linkname, deep=False)
+    return tarfile.data_filter(member, dest)
+
+
+def extract_archive(fileobj, target, given):
+    """Check every member first, then extract under target; nothing escapes it."""
+    try:
+        tar = tarfile.open(fileobj=fileobj, mode="r:*")
+    except tarfile.TarError as e:
+        raise invalid("not a tar archive: %s" % e)
+    with tar:
+        try:
+            members = tar.getmembers()
+        except tarfile.TarError as e:
+            raise invalid("corrupt tar archive: %s" % e)
+        check_dest = target if os.path.isdir(target) else os.path.dirname(target)
+        links = set()
+        for m in members:
+            name = os.path.normpath(m.name)
+            # A member reached through a link the same archive created could land anywhere.
+            parts = name.split("/")
+            if any("/".join(parts[:i]) in links for i in range(1, len(parts))):
+                raise Refusal(grpc.StatusCode.PERMISSION_DENIED,
+                              'archive member "%s" goes through a link in the archive' % m.name)
+            if m.issym() or m.islnk():
+                links.add(name)
+            try:
+                member_filter(m, target if os.path.isdir(target) else os.path.join(check_dest, os.path.basename(target)))
+            except tarfile.FilterError as e:
+                raise Refusal(grpc.StatusCode.PERMISSION_DENIED, 'archive member escapes "%s": %s' % (given, e))
+        os.makedirs(target, exist_ok=True)
+        try:
+            tar.extractall(target, members=members, filter=member_filter)
+        except tarfile.FilterError as e:
+            raise Refusal(grpc.StatusCode.PERMISSION_DENIED, 'archive member escapes "%s": %s' % (given, e))
+        except tarfile.TarError as e:
+            raise invalid("cannot extract archive: %s" % e)
+
+
+# ---------------------------------------------------------------- server
+
+def session_env():
+    raw = os.environ.pop(SESSION_ENV_VAR, "")
+    if not raw:
+        return {}
+    try:
+        env = json.loads(raw)
+        return {str(k): str(v) for k, v in env.items()}
+    except (ValueError, AttributeError):
+        return {}
+
+
+def build_server(listen=LISTEN, env=None, workers=64):
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agent"),
+        options=[("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),
+                 ("grpc.so_reuseport", 0)],
+    )
+    pb2_grpc.add_SandboxAgentServiceServicer_to_server(AgentService(env), server)
+    if server.add_insecure_port(listen) == 0:
+        raise RuntimeError("cannot listen on %s" % listen)
+    return server
+
+
+def serve(listen=LISTEN):
+    env = session_env()
+    os.makedirs(HOME, exist_ok=True)
+    server = build_server(listen, env)
+    server.start()
+    server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    serve()

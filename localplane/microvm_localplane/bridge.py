@@ -1,0 +1,112 @@
+"""Expose a guest port on a local unix socket, so ordinary clients (grpc channels) can reach it.
+
+Every connection accepted on the socket is piped to a fresh Guest.dial(port).
+A refused dial closes the accepted connection at once.
+
+    async with guest_port_socket(guest, 8443) as path:
+        channel = grpc.aio.insecure_channel("unix:" + path)
+
+For synchronous code (tests, tools) `ThreadedLoop` runs an event loop in a
+thread and `ThreadedLoop.bridge(guest, port)` returns such a path.
+"""
+import asyncio
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+import uuid
+
+PIPE_CHUNK = 256 * 1024
+
+
+async def _pipe(reader, writer):
+    try:
+        while True:
+            data = await reader.read(PIPE_CHUNK)
+            if not data:
+                break
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            writer.close()
+
+
+class PortBridge:
+    """A unix socket whose connections go to one port of one guest."""
+
+    def __init__(self, guest, port, path=None):
+        self.guest = guest
+        self.port = port
+        self._tmpdir = None
+        if path is None:
+            # Unix socket paths are limited to 107 bytes: keep them short.
+            self._tmpdir = tempfile.mkdtemp(prefix="mvlp-bridge-")
+            path = os.path.join(self._tmpdir, uuid.uuid4().hex[:12] + ".sock")
+        self.path = path
+        self._server = None
+        self._tasks = set()
+
+    async def start(self):
+        self._server = await asyncio.start_unix_server(self._on_connect, self.path)
+        os.chmod(self.path, 0o600)
+        return self.path
+
+    async def _on_connect(self, reader, writer):
+        try:
+            g_reader, g_writer = await self.guest.dial(self.port)
+        except Exception:
+            writer.close()
+            return
+        for task in (asyncio.ensure_future(_pipe(reader, g_writer)), asyncio.ensure_future(_pipe(g_reader, writer))):
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def close(self):
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tmpdir:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def guest_port_socket(guest, port, path=None):
+    bridge = PortBridge(guest, port, path)
+    await bridge.start()
+    try:
+        yield bridge.path
+    finally:
+        await bridge.close()
+
+
+class ThreadedLoop:
+    """An asyncio loop in a daemon thread: run coroutines from synchronous code."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="guest-loop")
+        self._thread.start()
+        self._bridges = []
+
+    def run(self, coro, timeout=None):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def bridge(self, guest, port):
+        """-> path of a unix socket bridged to the guest port (closed by close())."""
+        bridge = PortBridge(guest, port)
+        self.run(bridge.start())
+        self._bridges.append(bridge)
+        return bridge.path
+
+    def close(self):
+        for bridge in self._bridges:
+            with contextlib.suppress(Exception):
+                self.run(bridge.close(), timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)

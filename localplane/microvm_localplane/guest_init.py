@@ -1,0 +1,208 @@
+"""PID 1 of a guest: reaps orphans, keeps the agent running, and bridges ports to the host.
+
+Runs inside the guest (bubblewrap, `--as-pid-1`) with the standard library only,
+started with `python -I` so it is up in a few milliseconds.
+
+Port bridge: the host connects to the unix socket <run dir>/bridge.sock (bound
+into the guest at /run/localplane) and sends one line `port N\\n`. PID 1
+connects to 127.0.0.1:N inside the guest's network namespace and answers
+`OK\\n` with the connected socket attached (SCM_RIGHTS), or `ERR <reason>\\n`.
+The socket keeps its namespace, so the host then talks to the guest port
+directly: no bytes pass through this process.
+"""
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+
+RUN_DIR = "/run/localplane"
+BRIDGE_SOCKET = "bridge.sock"
+AGENT_PID_FILE = "agent.pid"
+REQUEST_MAX = 64
+REQUEST_TIMEOUT = 5.0
+CONNECT_TIMEOUT = 5.0
+RESPAWN_MIN, RESPAWN_MAX = 0.2, 5.0
+
+
+def log(msg):
+    sys.stderr.write("guest_init: %s\n" % msg)
+    sys.stderr.flush()
+
+
+def parse_request(data):
+    """b'port 8443\\n' -> 8443; ValueError with a reason otherwise."""
+    line = data.split(b"\n", 1)[0].strip()
+    parts = line.split()
+    if len(parts) != 2 or parts[0] != b"port" or not parts[1].isdigit():
+        raise ValueError("bad request (expected 'port N')")
+    port = int(parts[1])
+    if not 1 <= port <= 65535:
+        raise ValueError("port out of range: %d" % port)
+    return port
+
+
+def read_request(conn):
+    conn.settimeout(REQUEST_TIMEOUT)
+    data = b""
+    while b"\n" not in data and len(data) < REQUEST_MAX:
+        chunk = conn.recv(REQUEST_MAX - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def handle_bridge(conn):
+    tcp = None
+    try:
+        try:
+            port = parse_request(read_request(conn))
+        except (ValueError, OSError) as e:
+            conn.sendall(b"ERR %s\n" % str(e).encode())
+            return
+        tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        tcp.settimeout(CONNECT_TIMEOUT)
+        try:
+            tcp.connect(("127.0.0.1", port))
+        except OSError as e:
+            reason = "connection refused" if isinstance(e, ConnectionRefusedError) else (e.strerror or str(e))
+            conn.sendall(b"ERR guest port %d: %s\n" % (port, reason.encode()))
+            return
+        tcp.settimeout(None)
+        socket.send_fds(conn, [b"OK\n"], [tcp.fileno()])
+    except OSError:
+        pass  # the host went away mid-request: nothing to answer
+    finally:
+        if tcp is not None:
+            tcp.close()
+        conn.close()
+
+
+class Supervisor:
+    """Starts the agent, restarts it if it dies, reaps every orphan in the guest."""
+
+    def __init__(self, run_dir, agent_argv):
+        self.run_dir = run_dir
+        self.agent_argv = agent_argv
+        self.agent_pid = None
+        self.agent_started = 0.0
+        self.backoff = RESPAWN_MIN
+        self.respawn_at = None
+
+    def external_agent_pid(self):
+        # An agent forked in from the host (the zygote) records its guest pid here.
+        try:
+            with open(os.path.join(self.run_dir, AGENT_PID_FILE)) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            return None
+
+    def start_agent(self):
+        try:
+            self.agent_pid = os.posix_spawn(self.agent_argv[0], self.agent_argv, os.environ)
+            self.agent_started = time.monotonic()
+        except OSError as e:
+            log("cannot start the agent: %s" % e)
+            self.schedule_respawn()
+
+    def schedule_respawn(self):
+        if time.monotonic() - self.agent_started > 10:
+            self.backoff = RESPAWN_MIN
+        self.respawn_at = time.monotonic() + self.backoff
+        self.backoff = min(self.backoff * 2, RESPAWN_MAX)
+
+    def reap(self):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.agent_pid or (self.agent_pid is None and pid == self.external_agent_pid()):
+                log("agent (pid %d) exited with status %d; restarting" % (pid, status))
+                self.agent_pid = None
+                self.schedule_respawn()
+
+    def tick(self):
+        if self.respawn_at is not None and time.monotonic() >= self.respawn_at:
+            self.respawn_at = None
+            self.start_agent()
+
+    def next_timeout(self):
+        if self.respawn_at is None:
+            return None
+        return max(0.0, self.respawn_at - time.monotonic())
+
+
+def listen(run_dir):
+    path = os.path.join(run_dir, BRIDGE_SOCKET)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    os.chmod(path, 0o600)
+    sock.listen(128)
+    return sock
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    run_dir = RUN_DIR
+    external_agent = False
+    while argv and argv[0].startswith("--"):
+        opt = argv.pop(0)
+        if opt == "--run-dir":
+            run_dir = argv.pop(0)
+        elif opt == "--external-agent":
+            external_agent = True
+        elif opt == "--":
+            break
+    agent_argv = argv or [sys.executable, "-m", "microvm_localplane.agent"]
+
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    # PID 1 ignores signals it has no handler for; stop on SIGTERM like an init would.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+
+    server = listen(run_dir)
+    supervisor = Supervisor(run_dir, agent_argv)
+    if external_agent:
+        # The host forks the agent in; if it dies we start our own the slow way.
+        pass
+    else:
+        supervisor.start_agent()
+    with open(os.path.join(run_dir, "init.json"), "w") as f:
+        json.dump({"pid": os.getpid(), "started": time.time()}, f)
+
+    while True:
+        try:
+            ready, _, _ = select.select([server, wake_r], [], [], supervisor.next_timeout())
+        except InterruptedError:
+            ready = []
+        if wake_r in ready:
+            try:
+                os.read(wake_r, 512)
+            except BlockingIOError:
+                pass
+            supervisor.reap()
+        if server in ready:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                conn = None
+            if conn is not None:
+                threading.Thread(target=handle_bridge, args=(conn,), daemon=True).start()
+        supervisor.tick()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,435 @@
+"""Guests of the local control plane: one isolated bubblewrap guest per session.
+
+Each guest has its own mount, PID, UTS, IPC and network namespaces, a root
+filesystem from its template with a per-session writable upper dir, its own
+/workspace (persistent) and /tmp (tmpfs). PID 1 is guest_init, which runs the
+gRPC agent on guest port 8443 and hands connected guest sockets to the host
+(see guest_init.py). Every guest process is in a per-session freezer and
+memory cgroup (freezer.py), which is how pause, memory accounting and stop
+reach all of them. Guests are started in their own session and outlive the
+control plane, so a restarted control plane can adopt them.
+
+State per session: <state_dir>/sessions/<id>/ (see rootfs.SessionLayout).
+A checkpoint is a directory with `workspace/` and `rootfs/<layer>/upper/`.
+
+Interface additions (beyond the brief's interface, nothing changed):
+- Guest.hostname, Guest.sandbox_id are plain attributes.
+- GuestManager.code: the host code paths bound into guests (hostpaths.CodePaths).
+"""
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+
+from . import rootfs as rootfs_mod
+from .freezer import GuestCgroup
+from .hostpaths import code_paths
+from .rootfs import RootfsError, SessionLayout
+
+AGENT_PORT = 8443
+BOOT_TIMEOUT = 60.0        # generous: a loaded 2-core machine; a healthy boot takes well under a second
+DIAL_TIMEOUT = 3.0         # the guest answers at once unless it is frozen or wedged
+SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,62})$")
+
+
+class GuestError(Exception):
+    pass
+
+
+class DialError(GuestError):
+    """The guest could not connect to that port (the message says why)."""
+
+
+@dataclass
+class RootfsSpec:
+    kind: str
+    path: str | None = None
+
+
+def _proc_start_time(pid):
+    """Kernel start time of pid (field 22 of /proc/pid/stat), None if gone or a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            data = f.read()
+    except (OSError, ValueError):
+        return None
+    fields = data[data.rindex(")") + 2:].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+async def _recv_fd(loop, sock):
+    """Wait for one message from a non-blocking unix socket; -> (bytes, [fds])."""
+    fut = loop.create_future()
+
+    def on_readable():
+        if fut.done():
+            return
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 256, 1)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            fut.set_exception(e)
+            return
+        fut.set_result((msg, fds))
+
+    loop.add_reader(sock.fileno(), on_readable)
+    try:
+        return await fut
+    finally:
+        loop.remove_reader(sock.fileno())
+
+
+async def dial_bridge(run_dir, port, timeout=DIAL_TIMEOUT):
+    """Ask the guest's PID 1 (through <run_dir>/bridge.sock) for a socket connected to guest port."""
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        raise DialError("invalid port: %r" % (port,))
+    loop = asyncio.get_running_loop()
+    try:
+        # Unix socket paths are limited to 107 bytes; the state dir may be deep, so go through a dir fd.
+        dir_fd = os.open(run_dir, os.O_PATH | os.O_DIRECTORY)
+    except OSError:
+        raise DialError("guest is not running")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        try:
+            await loop.sock_connect(sock, "/proc/self/fd/%d/bridge.sock" % dir_fd)
+        except (FileNotFoundError, ConnectionRefusedError):
+            raise DialError("guest is not running")
+        finally:
+            os.close(dir_fd)
+        try:
+            await loop.sock_sendall(sock, b"port %d\n" % port)
+            msg, fds = await asyncio.wait_for(_recv_fd(loop, sock), timeout)
+        except asyncio.TimeoutError:
+            raise DialError("guest did not answer within %.0f s (paused or overloaded)" % timeout)
+        except OSError as e:
+            raise DialError("guest bridge failed: %s" % e)
+    finally:
+        sock.close()
+    if msg.startswith(b"OK") and fds:
+        for extra in fds[1:]:
+            os.close(extra)
+        return socket.socket(fileno=fds[0])
+    for fd in fds:
+        os.close(fd)
+    reason = msg[4:].decode(errors="replace").strip() if msg.startswith(b"ERR") else "guest closed the bridge"
+    raise DialError(reason or "dial failed")
+
+
+class Guest:
+    def __init__(self, manager, layout, session_id, sandbox_id, hostname, pid, pid_start, popen=None):
+        self._manager = manager
+        self._layout = layout
+        self._cgroup = manager._cgroup(session_id)
+        self._popen = popen
+        self.session_id = session_id
+        self.sandbox_id = sandbox_id
+        self.hostname = hostname
+        self.pid = pid
+        self._pid_start = pid_start
+
+    async def dial(self, port):
+        """TCP connection to 127.0.0.1:port inside the guest; DialError on refusal."""
+        sock = await dial_bridge(self._layout.run, port)
+        try:
+            return await asyncio.open_connection(sock=sock)
+        except Exception:
+            sock.close()
+            raise
+
+    def freeze(self):
+        self._cgroup.freeze()
+
+    def thaw(self):
+        self._cgroup.thaw()
+
+    @property
+    def frozen(self):
+        return self._cgroup.state() != "THAWED"
+
+    def alive(self):
+        if self._popen is not None:
+            self._popen.poll()  # reap the launcher if it is ours
+        return self.pid > 0 and _proc_start_time(self.pid) == self._pid_start
+
+    def memory_bytes(self):
+        return self._cgroup.memory_bytes()
+
+    def __repr__(self):
+        return "<Guest %s sandbox=%s pid=%d>" % (self.session_id, self.sandbox_id, self.pid)
+
+
+class GuestManager:
+    def __init__(self, state_dir):
+        self.state_dir = os.path.abspath(state_dir)
+        os.makedirs(os.path.join(self.state_dir, "sessions"), exist_ok=True)
+        os.chmod(self.state_dir, 0o700)
+        self.code = code_paths()
+        # cgroups are machine-wide: scope them by state dir so two managers never collide.
+        self._scope = hashlib.sha256(self.state_dir.encode()).hexdigest()[:12]
+        self._guests = {}
+        self._locks = {}
+
+    # ------------------------------------------------------------ helpers
+
+    def _layout(self, session_id):
+        if not isinstance(session_id, str) or not SESSION_ID_RE.match(session_id):
+            raise GuestError("invalid session id: %r" % (session_id,))
+        return SessionLayout(self.state_dir, session_id)
+
+    def _cgroup(self, session_id):
+        return GuestCgroup(self._scope, session_id)
+
+    def _lock(self, session_id):
+        return self._locks.setdefault(session_id, asyncio.Lock())
+
+    def get(self, session_id):
+        return self._guests.get(session_id)
+
+    # ------------------------------------------------------------ boot
+
+    async def boot(self, session_id, sandbox_id, rootfs, env, egress, hostname):
+        """Start the guest; returns when its agent answers on guest port 8443."""
+        layout = self._layout(session_id)
+        async with self._lock(session_id):
+            current = self._guests.get(session_id)
+            if current is not None and current.alive():
+                raise GuestError("session %s already has a running guest" % session_id)
+            return await self._boot(layout, session_id, sandbox_id, rootfs, env, egress, hostname)
+
+    async def _boot(self, layout, session_id, sandbox_id, rootfs, env, egress, hostname):
+        if not isinstance(hostname, str) or not HOSTNAME_RE.match(hostname):
+            raise GuestError("invalid hostname: %r" % (hostname,))
+        rootfs = rootfs if isinstance(rootfs, RootfsSpec) else RootfsSpec(**rootfs)
+        cgroup = self._cgroup(session_id)
+        await asyncio.to_thread(self._clean_leftovers, layout, cgroup)
+        try:
+            mounts = rootfs_mod.overlays(self.state_dir, layout, rootfs, self.code)
+            layers = [m[0] for m in mounts]
+            layout.create(layers)
+            rootfs_mod.write_identity(layout, layers, hostname)
+            cgroup.create()
+            guest_argv = [self.code.python, "-I", os.path.join(self.code.package_dir, "guest_init.py"),
+                          "--run-dir", rootfs_mod.GUEST_RUN_DIR]
+            script = rootfs_mod.launch_script(layout, mounts, self.code, hostname, cgroup.procs_files(), guest_argv)
+        except (RootfsError, OSError) as e:
+            raise GuestError("cannot prepare guest %s: %s" % (session_id, e))
+
+        launch_env = {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": self.code.pythonpath(),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            # The session's env reaches the agent's command baseline; never logged.
+            "MICROVM_SESSION_ENV": json.dumps({str(k): str(v) for k, v in (env or {}).items()}),
+        }
+        with open(layout.log_file, "ab") as log:
+            popen = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script],
+                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=launch_env,
+                                     start_new_session=True, close_fds=True)
+        try:
+            pid, pid_start = await self._wait_ready(layout, popen)
+        except BaseException:
+            await asyncio.to_thread(self._kill, layout, cgroup, popen)
+            raise
+        meta = {"session_id": session_id, "sandbox_id": sandbox_id, "hostname": hostname, "pid": pid,
+                "pid_start": pid_start, "rootfs": asdict(rootfs), "egress": egress, "booted_at": time.time()}
+        layout.write_meta(meta)
+        guest = Guest(self, layout, session_id, sandbox_id, hostname, pid, pid_start, popen)
+        self._guests[session_id] = guest
+        return guest
+
+    async def _wait_ready(self, layout, popen):
+        deadline = time.monotonic() + BOOT_TIMEOUT
+        delay = 0.002
+        while True:
+            if popen.poll() is not None:
+                raise GuestError("guest exited during boot (status %s): %s" % (popen.returncode, _log_tail(layout)))
+            try:
+                sock = await dial_bridge(layout.run, AGENT_PORT, timeout=DIAL_TIMEOUT)
+                sock.close()
+                break
+            except DialError:
+                if time.monotonic() > deadline:
+                    raise GuestError("guest agent did not answer within %.0f s: %s" % (BOOT_TIMEOUT, _log_tail(layout)))
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.02)
+        with open(layout.info_file) as f:
+            pid = int(json.load(f)["child-pid"])
+        start = _proc_start_time(pid)
+        if start is None:
+            raise GuestError("guest init exited during boot: %s" % _log_tail(layout))
+        return pid, start
+
+    # ------------------------------------------------------------ adopt
+
+    async def adopt(self, session_id, sandbox_id, rootfs, env, egress, hostname):
+        """Reattach to a guest that outlived the control plane, else boot again from its state."""
+        layout = self._layout(session_id)
+        async with self._lock(session_id):
+            current = self._guests.get(session_id)
+            if current is not None and current.alive():
+                return current
+            meta = layout.read_meta()
+            if meta and meta.get("pid"):
+                guest = Guest(self, layout, session_id, meta.get("sandbox_id", sandbox_id), meta.get("hostname", hostname),
+                              int(meta["pid"]), meta.get("pid_start"))
+                if guest.alive() and (guest.frozen or await self._answers(layout)):
+                    if guest.sandbox_id != sandbox_id:
+                        guest.sandbox_id = sandbox_id
+                        layout.write_meta(dict(meta, sandbox_id=sandbox_id))
+                    self._guests[session_id] = guest
+                    return guest
+            return await self._boot(layout, session_id, sandbox_id, rootfs, env, egress, hostname)
+
+    async def _answers(self, layout):
+        for _ in range(3):
+            try:
+                (await dial_bridge(layout.run, AGENT_PORT)).close()
+                return True
+            except DialError:
+                await asyncio.sleep(0.2)
+        return False
+
+    # ------------------------------------------------------------ stop / destroy
+
+    async def stop(self, session_id):
+        """Kill every guest process; the persistent state stays."""
+        layout = self._layout(session_id)
+        async with self._lock(session_id):
+            guest = self._guests.pop(session_id, None)
+            await asyncio.to_thread(self._kill, layout, self._cgroup(session_id), guest._popen if guest else None)
+
+    def _kill(self, layout, cgroup, popen):
+        cgroup.kill_all()
+        if popen is not None:
+            with contextlib.suppress(Exception):
+                popen.kill()
+            popen.wait()
+        cgroup.remove()
+        for name in ("bridge.sock", "init.json", "agent.pid"):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(layout.run, name))
+
+    def _clean_leftovers(self, layout, cgroup):
+        """A crash may leave processes or a cgroup behind; a boot starts from a clean slate."""
+        if cgroup.exists():
+            self._kill(layout, cgroup, None)
+
+    async def destroy(self, session_id):
+        layout = self._layout(session_id)
+        await self.stop(session_id)
+        async with self._lock(session_id):
+            await asyncio.to_thread(shutil.rmtree, layout.root, True)
+        self._locks.pop(session_id, None)
+
+    # ------------------------------------------------------------ checkpoints
+
+    async def checkpoint(self, session_id, dest_dir):
+        """Consistent copy of workspace + root changes (the guest is frozen while copying); -> size_bytes."""
+        layout = self._layout(session_id)
+        if not layout.exists():
+            raise GuestError("no state for session %s" % session_id)
+        async with self._lock(session_id):
+            cgroup = self._cgroup(session_id)
+            froze = False
+            if cgroup.exists() and cgroup.pids() and cgroup.state() == "THAWED":
+                await asyncio.to_thread(cgroup.freeze)
+                froze = True
+            try:
+                await _copy_state(layout, dest_dir)
+            finally:
+                if froze:
+                    cgroup.thaw()
+        return await asyncio.to_thread(rootfs_mod.tree_size, dest_dir)
+
+    async def restore(self, session_id, src_dir):
+        """Replace the (stopped) guest's writable state with a checkpoint copy, exactly."""
+        layout = self._layout(session_id)
+        if not os.path.isdir(os.path.join(src_dir, "workspace")):
+            raise GuestError("not a checkpoint directory: %s" % src_dir)
+        async with self._lock(session_id):
+            guest = self._guests.get(session_id)
+            if (guest is not None and guest.alive()) or self._cgroup(session_id).pids():
+                raise GuestError("session %s is running; stop it before a restore" % session_id)
+            await _replace_state(src_dir, layout)
+
+    async def clone_state(self, src_session_id, dst_session_id, src_dir=None):
+        """Give dst the writable state of src (its current state, or the checkpoint copy src_dir)."""
+        dst = self._layout(dst_session_id)
+        if self._cgroup(dst_session_id).pids():
+            raise GuestError("session %s is running; cannot clone into it" % dst_session_id)
+        if src_dir is None:
+            staging = os.path.join(self.state_dir, "sessions", ".clone-%s" % dst_session_id)
+            await asyncio.to_thread(shutil.rmtree, staging, True)
+            try:
+                await self.checkpoint(src_session_id, staging)
+                async with self._lock(dst_session_id):
+                    await _replace_state(staging, dst)
+            finally:
+                await asyncio.to_thread(shutil.rmtree, staging, True)
+        else:
+            async with self._lock(dst_session_id):
+                await _replace_state(src_dir, dst)
+
+    # ------------------------------------------------------------ shutdown
+
+    async def shutdown(self, stop_guests):
+        """The control plane is exiting; stop_guests=False leaves guests running for adopt()."""
+        if stop_guests:
+            for session_id in list(self._guests):
+                await self.stop(session_id)
+        self._guests.clear()
+
+
+async def _run(*argv):
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL,
+                                                stderr=asyncio.subprocess.PIPE)
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise GuestError("%s failed: %s" % (argv[0], err.decode(errors="replace").strip()[-500:]))
+
+
+async def _copy_state(layout, dest_dir):
+    """workspace/ and rootfs/<layer>/upper/ -> dest_dir (cp -a keeps overlay whiteouts and xattrs)."""
+    os.makedirs(dest_dir, exist_ok=True)
+    if os.listdir(dest_dir):
+        raise GuestError("checkpoint destination is not empty: %s" % dest_dir)
+    await _run("cp", "-a", "--reflink=auto", layout.workspace, os.path.join(dest_dir, "workspace"))
+    for layer in layout.layers():
+        os.makedirs(os.path.join(dest_dir, "rootfs", layer))
+        await _run("cp", "-a", "--reflink=auto", layout.upper(layer), os.path.join(dest_dir, "rootfs", layer, "upper"))
+
+
+async def _replace_state(src_dir, layout):
+    os.makedirs(layout.root, mode=0o700, exist_ok=True)
+    for path in (layout.workspace, layout.rootfs):
+        await asyncio.to_thread(shutil.rmtree, path, True)
+    await _run("cp", "-a", "--reflink=auto", os.path.join(src_dir, "workspace"), layout.workspace)
+    src_rootfs = os.path.join(src_dir, "rootfs")
+    if os.path.isdir(src_rootfs):
+        for layer in sorted(os.listdir(src_rootfs)):
+            os.makedirs(os.path.join(layout.rootfs, layer))
+            await _run("cp", "-a", "--reflink=auto", os.path.join(src_rootfs, layer, "upper"), layout.upper(layer))
+
+
+def _log_tail(layout, limit=2000):
+    try:
+        with open(layout.log_file, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            return f.read().decode(errors="replace").strip() or "(no output)"
+    except OSError:
+        return "(no log)"

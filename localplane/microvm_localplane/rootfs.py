@@ -1,0 +1,201 @@
+"""A guest's filesystem: per-session state layout, template lower layers, and the launch script.
+
+Root filesystem = overlayfs: read-only lower layers from the template, one
+writable upper dir per session (the "root changes" a checkpoint captures).
+
+- kind "host": the host's userland read-only. Three overlays: "/" over a
+  skeleton (merged-usr symlinks, empty /var, /root, mount points), "/usr"
+  over the host's /usr, "/etc" over the host's /etc. Nothing else of the host
+  is visible (no /home, /root, /work, no state dir).
+- kind "dir": one overlay, "/" over the unpacked OCI rootfs, with a small
+  skeleton layer on top that only adds the mount points (so bubblewrap never
+  has to create them in the session's upper dir).
+
+bubblewrap 0.8 has no overlay options, so the launch script mounts the
+overlays in a private mount namespace (`unshare --mount --propagation
+private`) and hands the merged tree to bwrap as its root: the mounts never
+appear on the host and vanish with the guest.
+"""
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import stat
+import tempfile
+
+from .hostpaths import CodePaths
+
+GUEST_RUN_DIR = "/run/localplane"
+WORKSPACE = "/workspace"
+MERGED_USR_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+SKELETON_DIRS = ("usr", "etc", "var", "var/tmp", "var/lib", "var/cache", "var/log", "opt", "srv", "mnt", "media",
+                 "home", "root", "run", "tmp", "proc", "dev", "sys")
+# Capabilities a guest keeps (Docker's default set): enough for package managers and
+# `become`, none that reach past the guest's namespaces (no SYS_ADMIN, no MKNOD).
+GUEST_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
+              "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_SYS_CHROOT", "CAP_AUDIT_WRITE", "CAP_SETFCAP")
+BAD_PATH_CHARS = set(",:\n\\")
+
+
+class RootfsError(Exception):
+    pass
+
+
+class SessionLayout:
+    """state_dir/sessions/<id>/{workspace, rootfs/<layer>/{upper,work}, run, host}."""
+
+    def __init__(self, state_dir, session_id):
+        self.root = os.path.join(state_dir, "sessions", session_id)
+        self.workspace = os.path.join(self.root, "workspace")
+        self.rootfs = os.path.join(self.root, "rootfs")
+        self.run = os.path.join(self.root, "run")          # bound into the guest at /run/localplane
+        self.host = os.path.join(self.root, "host")        # host-side only: meta, logs, mount point
+        self.merged = os.path.join(self.host, "mnt")
+        self.meta_file = os.path.join(self.host, "meta.json")
+        self.info_file = os.path.join(self.host, "bwrap-info.json")
+        self.log_file = os.path.join(self.host, "guest.log")
+
+    def upper(self, layer):
+        return os.path.join(self.rootfs, layer, "upper")
+
+    def work(self, layer):
+        return os.path.join(self.rootfs, layer, "work")
+
+    def layers(self):
+        try:
+            return sorted(d for d in os.listdir(self.rootfs) if os.path.isdir(self.upper(d)))
+        except FileNotFoundError:
+            return []
+
+    def exists(self):
+        return os.path.isdir(self.root)
+
+    def create(self, layers):
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        for d in (self.workspace, self.run, self.host, self.merged):
+            os.makedirs(d, exist_ok=True)
+        os.chmod(self.host, 0o700)
+        for layer in layers:
+            os.makedirs(self.upper(layer), exist_ok=True)
+            # overlayfs needs an empty work dir; a stale one (crash, restore) is recreated.
+            shutil.rmtree(self.work(layer), ignore_errors=True)
+            os.makedirs(self.work(layer))
+        os.makedirs(os.path.join(self.workspace, "home"), exist_ok=True)
+
+    def read_meta(self):
+        try:
+            with open(self.meta_file) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def write_meta(self, meta):
+        tmp = self.meta_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(meta, f)
+        os.replace(tmp, self.meta_file)
+
+
+def check_mount_path(path):
+    if BAD_PATH_CHARS & set(path):
+        raise RootfsError("path cannot be used in an overlay mount (contains , : \\ or newline): %r" % path)
+    return path
+
+
+def _mountpoints(code: CodePaths):
+    return [WORKSPACE, GUEST_RUN_DIR, "/tmp", "/proc", "/dev"] + code.read_only_binds()
+
+
+def skeleton(state_dir, kind, code: CodePaths):
+    """The shared, read-only top layer of a template; built once per state dir and content."""
+    links = {n: os.readlink("/" + n) for n in MERGED_USR_LINKS if kind == "host" and os.path.islink("/" + n)}
+    dirs = (list(SKELETON_DIRS) if kind == "host" else []) + [p.lstrip("/") for p in _mountpoints(code)]
+    spec = json.dumps({"kind": kind, "links": links, "dirs": sorted(set(dirs))}, sort_keys=True)
+    path = os.path.join(state_dir, "skel", "%s-%s" % (kind, hashlib.sha256(spec.encode()).hexdigest()[:12]))
+    if os.path.isdir(path):
+        return path
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=".build-")
+    os.chmod(tmp, 0o755)
+    for d in sorted(set(dirs)):
+        os.makedirs(os.path.join(tmp, d), mode=0o755, exist_ok=True)
+    if kind == "host":
+        for d in ("tmp", "var/tmp"):
+            os.chmod(os.path.join(tmp, d), 0o1777)
+        os.chmod(os.path.join(tmp, "root"), 0o700)
+    for name, target in links.items():
+        os.symlink(target, os.path.join(tmp, name))
+    try:
+        os.rename(tmp, path)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # another manager built it first
+    return path
+
+
+def overlays(state_dir, layout, rootfs, code: CodePaths):
+    """[(layer, lowerdirs, mount point under merged)] for a rootfs spec."""
+    if rootfs.kind == "host":
+        skel = skeleton(state_dir, "host", code)
+        return [("root", [skel], ""), ("usr", ["/usr"], "usr"), ("etc", ["/etc"], "etc")]
+    if rootfs.kind == "dir":
+        if not rootfs.path or not os.path.isdir(rootfs.path):
+            raise RootfsError("rootfs dir does not exist: %r" % rootfs.path)
+        skel = skeleton(state_dir, "dir", code)
+        return [("root", [skel, os.path.abspath(rootfs.path)], "")]
+    raise RootfsError("unknown rootfs kind: %r" % rootfs.kind)
+
+
+def write_identity(layout, layers, hostname):
+    """/etc/hostname and /etc/hosts name the guest, not the host (written into the upper dir)."""
+    etc = layout.upper("etc") if "etc" in layers else os.path.join(layout.upper("root"), "etc")
+    os.makedirs(etc, exist_ok=True)
+    with open(os.path.join(etc, "hostname"), "w") as f:
+        f.write(hostname + "\n")
+    hosts = os.path.join(etc, "hosts")
+    if not os.path.lexists(hosts):
+        with open(hosts, "w") as f:
+            f.write("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n" % hostname)
+
+
+def launch_script(layout, mounts, code: CodePaths, hostname, cgroup_procs, guest_argv, net_setup=""):
+    """The shell run as `unshare --mount --propagation private sh -c SCRIPT`."""
+    q = shlex.quote
+    lines = ["set -e"]
+    for f in cgroup_procs:
+        lines.append("echo $$ > %s" % q(f))
+    for layer, lowers, sub in mounts:
+        target = os.path.join(layout.merged, sub) if sub else layout.merged
+        opts = "lowerdir=%s,upperdir=%s,workdir=%s" % (
+            ":".join(check_mount_path(p) for p in lowers), check_mount_path(layout.upper(layer)),
+            check_mount_path(layout.work(layer)))
+        lines.append("mount -t overlay overlay -o %s %s" % (q(opts), q(target)))
+    if net_setup:
+        lines.append(net_setup)
+    bwrap = ["bwrap", "--bind", layout.merged, "/",
+             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+             "--bind", layout.workspace, WORKSPACE,
+             "--bind", layout.run, GUEST_RUN_DIR]
+    for p in code.read_only_binds():
+        bwrap += ["--ro-bind", p, p]
+    bwrap += ["--unshare-pid", "--unshare-uts", "--unshare-ipc", "--unshare-net", "--unshare-cgroup-try",
+              "--hostname", hostname, "--as-pid-1", "--new-session", "--chdir", "/", "--cap-drop", "ALL"]
+    for cap in GUEST_CAPS:
+        bwrap += ["--cap-add", cap]
+    bwrap += ["--info-fd", "3", "--"] + list(guest_argv)
+    lines.append("exec %s 3> %s" % (" ".join(q(a) for a in bwrap), q(layout.info_file)))
+    return "\n".join(lines) + "\n"
+
+
+def tree_size(path):
+    """Apparent bytes of the regular files under path (what a checkpoint reports)."""
+    total = 0
+    for dirpath, _, filenames in os.walk(path):
+        for n in filenames:
+            try:
+                st = os.lstat(os.path.join(dirpath, n))
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
