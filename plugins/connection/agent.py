@@ -1,0 +1,452 @@
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: agent
+short_description: Run tasks inside a microVM sandbox session through its guest agent
+version_added: 0.1.0
+author: microvm.sandbox contributors
+description:
+  - Runs commands and copies files in a sandbox session of the managed microVM platform
+    (DigitalOcean Managed Agents, also called Harness Runtime) or of the local control plane,
+    over the guest agent's gRPC service reached through the platform's port-forward WebSocket.
+  - The first task starts a per-session multiplexer process on the controller that holds one WebSocket
+    and one gRPC channel; every later task, fork and run (within O(persist) idle seconds) reuses it,
+    like SSH's ControlPersist. The task worker itself only speaks a small framed protocol over a unix socket.
+  - Pipelining is on by default, so a module runs with one round trip and no file transfer.
+  - Files can be copied to and from any guest path. Paths under C(/workspace) are transferred directly;
+    other paths are staged through the run's scratch directory with commands in the guest.
+  - Each C(ansible-playbook) run gets its own E(TMPDIR) under O(scratch_dir), set last in the environment
+    of every command, so files made with C(mktemp) or Python's C(tempfile) can be fetched by later tasks.
+    It is removed when the run ends.
+  - A PAUSED session is woken by the first task; a deleted session makes the host UNREACHABLE with a message
+    naming the session and its status. A command whose stream is lost is reported and never re-run.
+notes:
+  - The API token is passed to the multiplexer on its standard input, never on a command line or in a file,
+    and is never printed, not even at C(-vvvv).
+  - "C(meta: reset_connection) stops the session's multiplexer; the next task starts a new one."
+  - The guest agent has no terminal. C(become) with C(sudo) works with and without a password;
+    C(su) works when it does not ask for a password (for example from root).
+  - See docs/connection.md in the collection for the scratch rules and what survives what.
+options:
+  remote_addr:
+    description:
+      - The session to run in, by session id or by name.
+    type: str
+    default: inventory_hostname
+    vars:
+      - name: inventory_hostname
+      - name: ansible_host
+      - name: ansible_microvm_session
+      - name: delegated_vars['ansible_host']
+  api_url:
+    description:
+      - Base URL of the control plane, for example V(https://api.digitalocean.com) or the URL of the local control plane.
+      - The port-forward WebSocket uses C(ws://) for C(http://) and C(wss://) for C(https://).
+    type: str
+    default: https://api.digitalocean.com
+    env:
+      - name: DO_AGENTS_API_URL
+    vars:
+      - name: ansible_microvm_api_url
+    ini:
+      - section: microvm_agent_connection
+        key: api_url
+  api_token:
+    description:
+      - Bearer token for the control plane, sent on REST calls and on the WebSocket upgrade.
+      - Never printed or logged; passed to the multiplexer on its standard input.
+    type: str
+    env:
+      - name: DO_AGENTS_API_TOKEN
+    vars:
+      - name: ansible_microvm_api_token
+  route_prefix:
+    description:
+      - Path prefix of the API routes under O(api_url). Newer platform docs also show V(/v2/harness-runtime).
+    type: str
+    default: /v2/agents
+    env:
+      - name: DO_AGENTS_API_PREFIX
+    vars:
+      - name: ansible_microvm_route_prefix
+    ini:
+      - section: microvm_agent_connection
+        key: route_prefix
+  agent_port:
+    description:
+      - Guest port of the sandbox agent.
+    type: int
+    default: 8443
+    vars:
+      - name: ansible_microvm_agent_port
+    ini:
+      - section: microvm_agent_connection
+        key: agent_port
+  scratch_dir:
+    description:
+      - Guest directory for the run's scratch files, staged transfers and the default C(remote_tmp).
+      - Must be inside C(/workspace), the only place the platform's agent transfers files to and from;
+        anything else fails when connecting, with a message naming the rule.
+    type: str
+    default: /workspace/.scratch
+    env:
+      - name: MICROVM_SCRATCH_DIR
+    vars:
+      - name: ansible_microvm_scratch_dir
+    ini:
+      - section: microvm_agent_connection
+        key: scratch_dir
+  connect_timeout:
+    description:
+      - Seconds to wait for the guest agent to answer, including waking a paused session.
+    type: int
+    default: 60
+    env:
+      - name: MICROVM_CONNECT_TIMEOUT
+    vars:
+      - name: ansible_microvm_connect_timeout
+    ini:
+      - section: microvm_agent_connection
+        key: connect_timeout
+  command_timeout:
+    description:
+      - Seconds a command may run before the agent stops it (SIGTERM, then SIGKILL) and the task fails
+        naming this timeout. V(0) means no limit.
+    type: int
+    default: 0
+    env:
+      - name: MICROVM_COMMAND_TIMEOUT
+    vars:
+      - name: ansible_microvm_command_timeout
+    ini:
+      - section: microvm_agent_connection
+        key: command_timeout
+  persist:
+    description:
+      - Seconds the session's multiplexer stays up without any task before it exits.
+    type: int
+    default: 60
+    env:
+      - name: MICROVM_PERSIST
+    vars:
+      - name: ansible_microvm_persist
+    ini:
+      - section: microvm_agent_connection
+        key: persist
+  mux_dir:
+    description:
+      - Local directory of the multiplexers' sockets, pid files and logs (0700; sockets 0600).
+    type: path
+    default: ~/.ansible/microvm
+    env:
+      - name: MICROVM_MUX_DIR
+    ini:
+      - section: microvm_agent_connection
+        key: mux_dir
+  validate_certs:
+    description:
+      - Whether to verify the TLS certificate of O(api_url) (REST and WebSocket).
+    type: bool
+    default: true
+    env:
+      - name: MICROVM_VALIDATE_CERTS
+    vars:
+      - name: ansible_microvm_validate_certs
+  pipelining:
+    description:
+      - Send module payloads over the command's standard input instead of copying them as files.
+      - On by default for this connection; set V(false) to use files under C(remote_tmp) instead.
+    type: bool
+    default: true
+    env:
+      - name: ANSIBLE_PIPELINING
+    ini:
+      - section: defaults
+        key: pipelining
+      - section: connection
+        key: pipelining
+    vars:
+      - name: ansible_pipelining
+      - name: ansible_microvm_pipelining
+"""
+
+EXAMPLES = r"""
+# inventory.yml: one host per session, by name or id
+# all:
+#   hosts:
+#     build-box:
+#       ansible_connection: microvm.sandbox.agent
+#       ansible_host: my-session-name
+#   vars:
+#     ansible_microvm_api_url: http://127.0.0.1:8765
+
+- name: Work inside a sandbox
+  hosts: build-box
+  gather_facts: false
+  tasks:
+    - name: Run a command
+      ansible.builtin.command: uname -a
+
+    - name: Make a temporary file; TMPDIR points into the run's scratch dir
+      ansible.builtin.command: mktemp
+      register: tmp
+
+    - name: Fetch it back
+      ansible.builtin.fetch:
+        src: "{{ tmp.stdout }}"
+        dest: out/
+        flat: true
+
+    - name: Files outside /workspace work too (staged through the scratch dir)
+      ansible.builtin.fetch:
+        src: /etc/os-release
+        dest: out/os-release
+        flat: true
+"""
+
+import os  # noqa: E402
+import posixpath  # noqa: E402
+
+from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound  # noqa: E402
+from ansible.module_utils.common.text.converters import to_bytes, to_text  # noqa: E402
+from ansible.plugins.connection import ConnectionBase  # noqa: E402
+from ansible.utils.display import Display  # noqa: E402
+
+from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import MuxClient, host_tag, run_identity  # noqa: E402
+
+display = Display()
+
+# Error kinds of the mux that mean "this host cannot be reached": Ansible marks it UNREACHABLE.
+UNREACHABLE_KINDS = frozenset([mp.ERR_UNREACHABLE, mp.ERR_LOST, mp.ERR_GONE, mp.ERR_PROTOCOL])
+DEFAULT_REMOTE_TMP = "~/.ansible/tmp"
+
+
+def remote_tmp_for(scratch_dir):
+    return posixpath.join(scratch_dir, "ansible-tmp")
+
+
+def check_remote_tmp(remote_tmp, scratch_dir):
+    """remote_tmp must be transferable too; '~' is the platform's home, inside /workspace."""
+    path = remote_tmp
+    if path == "~" or path.startswith("~/"):
+        path = profile.HOME_DIR + path[1:]
+    try:
+        profile.check_scratch_dir(path, what="remote_tmp")
+    except profile.TransferPathError as e:
+        raise profile.TransferPathError("%s (the default here is %s)" % (e, remote_tmp_for(scratch_dir)))
+
+
+def mux_error(e, label):
+    """A mux error as the Ansible exception that gives the right task outcome."""
+    message = "microvm.sandbox.agent: %s" % e
+    if e.kind in UNREACHABLE_KINDS:
+        return AnsibleConnectionFailure(message)
+    if e.kind == mp.ERR_NOT_FOUND:
+        return AnsibleFileNotFound(message)
+    return AnsibleError(message)
+
+
+class Connection(ConnectionBase):
+    """Tasks in a sandbox session, through the session's multiplexer."""
+
+    transport = "microvm.sandbox.agent"
+    has_pipelining = True
+    has_tty = False  # the agent gives commands no terminal
+
+    def __init__(self, play_context, *args, **kwargs):
+        super().__init__(play_context, *args, **kwargs)
+        self._playbook_pid = kwargs.get("ansible_playbook_pid")
+        self._mux = None
+        self._run = None
+        self._wrap_shell()
+
+    # -- options --------------------------------------------------------------------------
+    def _session(self):
+        return self.get_option("remote_addr") or self._play_context.remote_addr
+
+    def _scratch_dir(self):
+        return profile.check_scratch_dir(self.get_option("scratch_dir") or profile.SCRATCH_DIR)
+
+    def _run_info(self):
+        """The run's identity and TMPDIR; shared by every task of one ansible-playbook run."""
+        if self._run is None:
+            run_id, pid, start = run_identity(self._playbook_pid)
+            self._run = {"id": run_id, "pid": pid, "start": start,
+                         "dir": posixpath.join(self._scratch_dir(), "run." + run_id)}
+        return self._run
+
+    def _wrap_shell(self):
+        """Default remote_tmp under the scratch dir, and put TMPDIR last in every module's environment.
+
+        ansible-core sets the shell's options after the connection's and reads remote_tmp before it
+        connects, so the default is applied right after the shell's own set_options.
+        """
+        shell = self._shell
+        shell_set_options = shell.set_options
+        shell_env_prefix = shell.env_prefix
+
+        def set_options(*args, **kwargs):
+            shell_set_options(*args, **kwargs)
+            self._default_remote_tmp()
+
+        def env_prefix(**kwargs):
+            kwargs.pop("TMPDIR", None)
+            try:
+                kwargs["TMPDIR"] = self._run_info()["dir"]
+            except (KeyError, profile.TransferPathError):
+                pass  # options not set yet, or a bad scratch dir that _connect reports
+            return shell_env_prefix(**kwargs)
+
+        shell.set_options = set_options
+        shell.env_prefix = env_prefix
+
+    def _default_remote_tmp(self):
+        try:
+            value, origin = self._shell.get_option_and_origin("remote_tmp")
+            scratch = self.get_option("scratch_dir") or profile.SCRATCH_DIR
+        except KeyError:
+            return
+        if origin == "default" or value == DEFAULT_REMOTE_TMP:
+            self._shell.set_option("remote_tmp", remote_tmp_for(scratch))
+
+    def _check_paths(self):
+        scratch = self._scratch_dir()
+        self._default_remote_tmp()
+        try:
+            remote_tmp = self._shell.get_option("remote_tmp")
+        except KeyError:
+            return
+        check_remote_tmp(remote_tmp, scratch)
+
+    # -- connecting ------------------------------------------------------------------------
+    def _connect(self):
+        if self._connected:
+            return self
+        session = self._session()
+        try:
+            self._check_paths()
+        except profile.TransferPathError as e:
+            raise AnsibleError("microvm.sandbox.agent: %s" % e)
+        token = self.get_option("api_token")
+        if not token:
+            raise AnsibleConnectionFailure("microvm.sandbox.agent: no API token for session %s: set option api_token "
+                                           "(ansible_microvm_api_token) or env %s" % (session, profile.API_TOKEN_ENV))
+        api_url = self.get_option("api_url") or profile.DEFAULT_API_URL
+        prefix = self.get_option("route_prefix") or profile.DEFAULT_PREFIX
+        port = int(self.get_option("agent_port") or profile.AGENT_PORT)
+        key = mp.mux_key(api_url, prefix, session, port)
+        spawn = {"api_url": api_url, "prefix": prefix, "session": session, "agent_port": port,
+                 "connect_timeout": self.get_option("connect_timeout"), "persist": self.get_option("persist"),
+                 "scratch_dir": self._scratch_dir(), "validate_certs": self.get_option("validate_certs"),
+                 "host_tag": host_tag()}
+        display.vvv("ESTABLISH MICROVM AGENT CONNECTION to session %s via %s%s" % (session, api_url, prefix),
+                    host=session)
+        self._mux = MuxClient(os.path.expanduser(self.get_option("mux_dir")), key, spawn, token,
+                              connect_timeout=self.get_option("connect_timeout"),
+                              log=lambda msg: display.vvvv(msg, host=session))
+        try:
+            self._mux.connect()
+        except mp.MuxError as e:
+            self._mux = None
+            raise mux_error(e, session)
+        except OSError as e:
+            self._mux = None
+            raise AnsibleConnectionFailure("microvm.sandbox.agent: cannot reach the multiplexer of session %s: %s"
+                                           % (session, e))
+        self._connected = True
+        return self
+
+    def _call(self, what, fn, *args, **kwargs):
+        """Run a mux call, turning its failures into the right Ansible exceptions."""
+        try:
+            return fn(*args, **kwargs)
+        except mp.MuxError as e:
+            raise mux_error(e, self._session())
+        except (OSError, mp.ProtocolError) as e:
+            self.close()
+            raise AnsibleConnectionFailure("microvm.sandbox.agent: lost the multiplexer of session %s during %s: %s"
+                                           % (self._session(), what, e))
+
+    # -- commands ----------------------------------------------------------------------------
+    def exec_command(self, cmd, in_data=None, sudoable=True):
+        super().exec_command(cmd, in_data=in_data, sudoable=sudoable)
+        session = self._session()
+        executable = self._play_context.executable or "/bin/sh"
+        argv = [executable, "-c", to_text(cmd, errors="surrogate_or_strict")]
+        display.vvv("EXEC %s" % to_text(cmd), host=session)
+        run = self._run_info()
+        timeout = int(self.get_option("command_timeout") or 0)
+        interact = None
+        prompted = []
+        if sudoable and self.become and self.become.expect_prompt():
+            interact = self._become_interaction(prompted)
+        rc, stdout, stderr, info = self._call("a command", self._mux.exec, argv, env={"TMPDIR": run["dir"]},
+                                              timeout=timeout, stdin=to_bytes(in_data) if in_data else b"",
+                                              run=run, interact=interact)
+        if info.get("timed_out"):
+            raise AnsibleError("microvm.sandbox.agent: the command on session %s timed out after %ds "
+                               "(option command_timeout) and was stopped" % (session, timeout))
+        if prompted:
+            stdout = self.become.strip_become_prompt(stdout)
+            stderr = self.become.strip_become_prompt(stderr)
+        return rc, stdout, stderr
+
+    def _become_interaction(self, prompted):
+        """Answer the become password prompt once, then release stdin when become succeeded."""
+        become = self.become
+
+        def interact(out, err):
+            if become.check_success(out):
+                return True
+            if not prompted and (become.check_password_prompt(out) or become.check_password_prompt(err)):
+                prompted.append(True)
+                return to_bytes(become.get_option("become_pass") or "") + b"\n"
+            return None
+        return interact
+
+    # -- files ----------------------------------------------------------------------------------
+    def put_file(self, in_path, out_path):
+        super().put_file(in_path, out_path)
+        display.vvv("PUT %s TO %s" % (in_path, out_path), host=self._session())
+        if not os.path.isfile(to_bytes(in_path, errors="surrogate_or_strict")):
+            raise AnsibleFileNotFound("microvm.sandbox.agent: file or module does not exist: %s" % to_text(in_path))
+        self._call("put_file", self._mux.put, to_text(in_path), to_text(out_path), run=self._run_info())
+
+    def fetch_file(self, in_path, out_path):
+        super().fetch_file(in_path, out_path)
+        display.vvv("FETCH %s TO %s" % (in_path, out_path), host=self._session())
+        self._call("fetch_file", self._mux.fetch, to_text(in_path), to_text(out_path), run=self._run_info())
+
+    # -- life cycle -------------------------------------------------------------------------------
+    def close(self):
+        if self._mux is not None:
+            self._mux.close()
+        self._mux = None
+        self._connected = False
+
+    def reset(self):
+        """meta: reset_connection: stop the session's multiplexer; the next task starts a fresh one."""
+        session = self._session()
+        try:
+            api_url = self.get_option("api_url") or profile.DEFAULT_API_URL
+            prefix = self.get_option("route_prefix") or profile.DEFAULT_PREFIX
+            port = int(self.get_option("agent_port") or profile.AGENT_PORT)
+            base = os.path.expanduser(self.get_option("mux_dir"))
+        except KeyError:
+            return
+        self.close()
+        client = MuxClient(base, mp.mux_key(api_url, prefix, session, port), {}, None)
+        try:
+            stopped = client.shutdown()
+        except (OSError, mp.ProtocolError) as e:
+            display.vvv("reset_connection: the multiplexer of session %s did not answer: %s" % (session, e), host=session)
+            return
+        if stopped:
+            display.vvv("reset_connection: stopped the multiplexer (pid %s) of session %s" % (stopped.get("pid"), session),
+                        host=session)

@@ -1,0 +1,268 @@
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Client of the guest agent's gRPC service: Exec, Upload and Download.
+
+No silent loss: an Exec stream that ends without its exit frame, or fails
+with UNAVAILABLE / NOT_FOUND, is a CommandLost and is never re-run (it may
+have partly run). Uploads stream a file in chunks with its sha256 in
+UploadEnd; downloads stream into a temporary file next to the destination
+and are renamed into place only once the sha256 matches. Transfer paths
+outside the transfer root are refused here, before any network call.
+"""
+
+import hashlib
+import os
+import queue
+import tempfile
+
+import grpc
+
+from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.plugin_utils.agent_pb import sandbox_agent_pb2 as pb
+from ansible_collections.microvm.sandbox.plugins.plugin_utils.agent_pb import sandbox_agent_pb2_grpc as pb_grpc
+
+CHUNK_SIZE = 1024 * 1024           # within the agent's accepted 1 KiB - 4 MiB
+MAX_MESSAGE = 16 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+    ("grpc.max_send_message_length", MAX_MESSAGE),
+    # a dropped tunnel should be redialled promptly, not after grpc's default 1-120 s backoff
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.enable_retries", 0),
+    ("grpc.default_authority", "sandbox-agent"),
+]
+
+
+def _current_umask():
+    """The process umask, read without changing it (os.umask is not thread-safe to probe)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+class AgentError(Exception):
+    """A call to the guest agent failed."""
+
+
+class CommandLost(AgentError):
+    """The command's stream ended without an exit status; it may have partly run and is not re-run."""
+
+
+class AgentUnavailable(AgentError):
+    """The agent could not be reached; nothing was started."""
+
+
+class RemoteNotFound(AgentError):
+    """The guest path does not exist."""
+
+
+class TransferDenied(AgentError):
+    """The guest refused the transfer path (PERMISSION_DENIED)."""
+
+
+class ChecksumMismatch(AgentError):
+    """A transferred file's sha256 did not match; nothing was put in place."""
+
+
+class ExecResult:
+    __slots__ = ("exit_code", "timed_out", "duration_ms", "hitl_rejected", "stdout", "stderr")
+
+    def __init__(self, exit_code, timed_out=False, duration_ms=0, hitl_rejected=False, stdout=b"", stderr=b""):
+        self.exit_code = exit_code
+        self.timed_out = timed_out
+        self.duration_ms = duration_ms
+        self.hitl_rejected = hitl_rejected
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+def open_channel(target):
+    """A gRPC channel to the agent; `target` is e.g. 'unix:/path/to/tunnel.sock'."""
+    return grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+
+
+def is_absent(error):
+    """NOT_FOUND, or INTERNAL carrying a 404, means "absent" (platform contract, section 3)."""
+    code = error.code() if hasattr(error, "code") else None
+    details = (error.details() if hasattr(error, "details") else "") or ""
+    if code == grpc.StatusCode.NOT_FOUND:
+        return True
+    return code == grpc.StatusCode.INTERNAL and ("404" in details or "does not exist" in details)
+
+
+def transfer_error(error, path, label, verb):
+    """Map a gRPC error of Upload/Download to a clear AgentError naming the path and session."""
+    code = error.code()
+    details = error.details() or ""
+    where = "%s on session %s" % (path, label)
+    if is_absent(error):
+        return RemoteNotFound("cannot %s %s: no such file (%s)" % (verb, where, details))
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return TransferDenied("the guest agent refused to %s %s: %s" % (verb, where, details))
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return AgentError("the guest agent refused to %s %s: %s" % (verb, where, details))
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return AgentUnavailable("lost the connection to session %s while trying to %s %s: %s (%s)" % (
+            label, verb, path, details, code.name))
+    return AgentError("cannot %s %s: %s (%s)" % (verb, where, details, code.name))
+
+
+class AgentClient:
+    """The three RPCs of SandboxAgentService over one channel."""
+
+    def __init__(self, channel, label, scratch_dir=profile.SCRATCH_DIR):
+        self.stub = pb_grpc.SandboxAgentServiceStub(channel)
+        self.label = label
+        self.scratch_dir = scratch_dir
+
+    # -- Exec ------------------------------------------------------------------
+    def exec_stream(self, argv, env=None, workdir="", timeout=0, stdin=None, deadline=None):
+        """Start a command; returns (call, stdin_queue).
+
+        Feed stdin with stdin_queue.put(bytes) and end it with put(None). Iterate
+        `call` with `iter_exec()`. A `stdin` bytes value is sent up front (and EOF).
+        """
+        feed = queue.Queue()
+        start = pb.ExecRequest(start=pb.ExecStart(argv=list(argv), workdir=workdir or "",
+                                                  env=dict(env or {}), timeout_seconds=int(timeout or 0)))
+
+        def requests():
+            yield start
+            while True:
+                item = feed.get()
+                if item is None:
+                    return
+                yield pb.ExecRequest(stdin=item)
+
+        if stdin is not None:
+            for offset in range(0, len(stdin), CHUNK_SIZE):
+                feed.put(stdin[offset:offset + CHUNK_SIZE])
+            feed.put(None)
+        call = self.stub.Exec(requests(), timeout=deadline)
+        return call, feed
+
+    def iter_exec(self, call, feed=None):
+        """Yield ('stdout'|'stderr', bytes) and finally ('exit', ExecResult); raise CommandLost otherwise."""
+        try:
+            for out in call:
+                which = out.WhichOneof("output")
+                if which == "stdout":
+                    yield "stdout", out.stdout
+                elif which == "stderr":
+                    yield "stderr", out.stderr
+                elif which == "exit":
+                    e = out.exit
+                    yield "exit", ExecResult(e.exit_code, e.timed_out, e.duration_ms, e.hitl_rejected)
+                    return
+        except grpc.RpcError as e:
+            raise self._exec_error(e)
+        finally:
+            if feed is not None:
+                feed.put(None)  # unblock the request generator if stdin never ended
+        raise CommandLost("the command's output stream on session %s ended without an exit status: "
+                          "the command was lost (it may have partly run; it is not re-run)" % self.label)
+
+    def _exec_error(self, e):
+        code = e.code()
+        details = e.details() or ""
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.CANCELLED,
+                    grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.ABORTED):
+            return CommandLost("lost the command on session %s: %s (%s); it may have partly run and is not re-run"
+                               % (self.label, details, code.name))
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return CommandLost("the command on session %s ran past the client deadline: %s" % (self.label, details))
+        return AgentError("the guest agent refused the command on session %s: %s (%s)" % (self.label, details, code.name))
+
+    def exec(self, argv, env=None, workdir="", timeout=0, stdin=b"", deadline=None):
+        """Run a command to completion, collecting stdout and stderr apart."""
+        call, feed = self.exec_stream(argv, env=env, workdir=workdir, timeout=timeout, stdin=stdin or b"",
+                                      deadline=deadline)
+        out, err = [], []
+        for kind, data in self.iter_exec(call, feed):
+            if kind == "stdout":
+                out.append(data)
+            elif kind == "stderr":
+                err.append(data)
+            else:
+                data.stdout = b"".join(out)
+                data.stderr = b"".join(err)
+                return data
+        raise AssertionError("unreachable")  # iter_exec returns only after an exit or raises
+
+    # -- Upload ----------------------------------------------------------------
+    def upload(self, local_path, remote_path, mode=0, chunk_size=CHUNK_SIZE):
+        """Stream a local file to a guest path under the transfer root; returns bytes written."""
+        remote_path = profile.check_transfer_path(remote_path, self.scratch_dir, what="upload destination")
+        digest = hashlib.sha256()
+        with open(local_path, "rb") as f:
+            def requests():
+                yield pb.UploadRequest(header=pb.UploadHeader(path=remote_path, mode=mode))
+                while True:
+                    chunk = f.read(chunk_size)
+                    if not chunk:
+                        break
+                    digest.update(chunk)
+                    yield pb.UploadRequest(chunk=chunk)
+                yield pb.UploadRequest(end=pb.UploadEnd(sha256=digest.hexdigest()))
+
+            try:
+                response = self.stub.Upload(requests())
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.INVALID_ARGUMENT and "sha" in (e.details() or "").lower():
+                    raise ChecksumMismatch("upload of %s to %s on session %s failed its checksum: %s" % (
+                        local_path, remote_path, self.label, e.details()))
+                raise transfer_error(e, remote_path, self.label, "upload to")
+        return response.bytes_written
+
+    # -- Download --------------------------------------------------------------
+    def download(self, remote_path, local_path, chunk_size=CHUNK_SIZE):
+        """Stream a guest file to local_path; verified, then renamed into place. Returns bytes written."""
+        remote_path = profile.check_transfer_path(remote_path, self.scratch_dir, what="download source")
+        local_dir = os.path.dirname(os.path.abspath(local_path))
+        fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(local_path)[:40], suffix=".part", dir=local_dir)
+        try:
+            digest = hashlib.sha256()
+            size = 0
+            expected_size = -1
+            expected_sha = None
+            with os.fdopen(fd, "wb") as f:
+                try:
+                    for msg in self.stub.Download(pb.DownloadRequest(path=remote_path, chunk_size_bytes=chunk_size)):
+                        which = msg.WhichOneof("output")
+                        if which == "chunk":
+                            f.write(msg.chunk)
+                            digest.update(msg.chunk)
+                            size += len(msg.chunk)
+                        elif which == "header":
+                            expected_size = msg.header.size_bytes
+                        elif which == "end":
+                            expected_sha = msg.end.sha256
+                except grpc.RpcError as e:
+                    raise transfer_error(e, remote_path, self.label, "download")
+            if expected_sha is None:
+                raise AgentUnavailable("the download of %s from session %s ended before its checksum: "
+                                       "the stream was cut; nothing was written to %s" % (remote_path, self.label, local_path))
+            if expected_size >= 0 and size != expected_size:
+                raise ChecksumMismatch("the download of %s from session %s has %d bytes, the agent announced %d; "
+                                       "nothing was written to %s" % (remote_path, self.label, size, expected_size, local_path))
+            if expected_sha and expected_sha.lower() != digest.hexdigest():
+                raise ChecksumMismatch("the download of %s from session %s failed its sha256 check; "
+                                       "nothing was written to %s" % (remote_path, self.label, local_path))
+            os.chmod(tmp, 0o666 & ~_current_umask())  # like any new file, not mkstemp's 0600
+            os.replace(tmp, local_path)
+            tmp = None
+            return size
+        finally:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass

@@ -1,0 +1,323 @@
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The worker's side of the multiplexer: find or start the session's mux, and talk to it.
+
+Stdlib only (see mux_protocol.py): this runs in every task's worker process.
+"""
+
+import fcntl
+import hashlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
+
+MUX_MODULE = "ansible_collections.microvm.sandbox.plugins.plugin_utils.mux"
+PYTHON_START_GRACE = 20.0  # python + grpc start-up on a loaded machine, on top of connect_timeout
+
+
+def collections_root():
+    """The directory holding `ansible_collections/`, so the mux can import this collection."""
+    parts = os.path.abspath(mp.__file__).split(os.sep)
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] == "ansible_collections":
+            return os.sep.join(parts[:i]) or os.sep
+    raise RuntimeError("cannot locate the ansible_collections directory from %s" % mp.__file__)
+
+
+def host_tag():
+    """A short tag of this controller, so a mux only sweeps run dirs of its own controller."""
+    try:
+        with open("/etc/machine-id") as f:
+            machine = f.read().strip()
+    except OSError:
+        machine = ""
+    return hashlib.sha256(("%s/%s" % (socket.gethostname(), machine)).encode("utf-8")).hexdigest()[:8]
+
+
+def process_start(pid):
+    try:
+        with open("/proc/%d/stat" % int(pid), "rb") as f:
+            data = f.read()
+        return data[data.rfind(b")") + 2:].split()[19].decode()
+    except (OSError, IndexError, ValueError):
+        return "0"
+
+
+def run_identity(playbook_pid=None):
+    """(run id, pid, start): shared by all tasks of one ansible-playbook run."""
+    pid = int(playbook_pid) if playbook_pid else os.getppid()
+    start = process_start(pid)
+    return "%s-%d-%s" % (host_tag(), pid, start), pid, start
+
+
+def _is_our_mux(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return MUX_MODULE.encode() in f.read()
+    except OSError:
+        return False
+
+
+class MuxClient:
+    """One connection to the session's mux, started on demand."""
+
+    def __init__(self, base_dir, key, spawn_config, token, connect_timeout=60.0, log=None):
+        self.dir = os.path.join(base_dir, key)
+        self.base_dir = base_dir
+        self.socket_path = os.path.join(self.dir, mp.SOCKET_NAME)
+        self._spawn_config = spawn_config
+        self._token = token
+        self.connect_timeout = float(connect_timeout)
+        self._log = log or (lambda msg: None)
+        self.sock = None
+        self.started = False  # True when this client started the mux
+
+    def __repr__(self):
+        return "MuxClient(%r, token=<hidden>)" % self.socket_path
+
+    # -- connecting --------------------------------------------------------------
+    def connect(self):
+        if self.sock is not None:
+            return self
+        mp.private_dir(self.base_dir)
+        mp.private_dir(self.dir)
+        try:
+            self.sock = mp.connect(self.socket_path, timeout=5)
+            return self
+        except (FileNotFoundError, ConnectionRefusedError):
+            pass
+        with open(os.path.join(self.dir, mp.LOCK_NAME), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one starter per session; the others find its socket
+            try:
+                self.sock = mp.connect(self.socket_path, timeout=5)
+                return self
+            except (FileNotFoundError, ConnectionRefusedError):
+                self._clear_stale()
+            self._spawn()
+            self.sock = mp.connect(self.socket_path, timeout=5)
+            self.started = True
+        return self
+
+    def _clear_stale(self):
+        """A dead or wedged mux left its socket or pid file: remove them (and it)."""
+        pid_file = os.path.join(self.dir, mp.PID_NAME)
+        try:
+            with open(pid_file) as f:
+                pid = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            pid = 0
+        if pid and _is_our_mux(pid):
+            self._log("killing unresponsive mux pid %d" % pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for name in (mp.SOCKET_NAME, mp.PID_NAME):
+            try:
+                os.unlink(os.path.join(self.dir, name))
+            except FileNotFoundError:
+                pass
+
+    def _spawn(self):
+        env = dict(os.environ)
+        root = collections_root()
+        env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        for name in ("DO_AGENTS_API_TOKEN", "ANSIBLE_MICROVM_API_TOKEN"):
+            env.pop(name, None)  # the token travels on stdin only
+        log_path = os.path.join(self.dir, mp.LOG_NAME)
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", MUX_MODULE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=log_fd, cwd=self.dir, env=env, close_fds=True, start_new_session=True)
+        finally:
+            os.close(log_fd)
+        config = dict(self._spawn_config, token=self._token, dir=self.dir)
+        self._log("starting mux for %s" % self._spawn_config.get("session"))
+        try:
+            proc.stdin.write((json.dumps(config) + "\n").encode("utf-8"))
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        reply = self._read_reply(proc, log_path)
+        if not reply.get("ok"):
+            raise mp.MuxError(reply.get("kind") or mp.ERR_UNREACHABLE, reply.get("message") or "the mux failed to start")
+        self._log("mux pid %s serves session %s" % (reply.get("pid"), reply.get("label")))
+        # the mux outlives this worker; it is reparented to init when we exit
+        proc.returncode = 0
+
+    def _read_reply(self, proc, log_path):
+        deadline = time.monotonic() + self.connect_timeout + PYTHON_START_GRACE
+        buf = b""
+        while b"\n" not in buf:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                proc.kill()
+                raise mp.MuxError(mp.ERR_UNREACHABLE, "the connection multiplexer did not start within %ds (see %s)"
+                                  % (int(self.connect_timeout + PYTHON_START_GRACE), log_path))
+            ready, _, _ = select.select([proc.stdout], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            buf += chunk
+        proc.stdout.close()
+        try:
+            return json.loads(buf.split(b"\n", 1)[0].decode("utf-8"))
+        except ValueError:
+            proc.wait(5)
+            raise mp.MuxError(mp.ERR_UNREACHABLE, "the connection multiplexer exited (code %s) without starting; see %s"
+                              % (proc.returncode, log_path))
+
+    def close(self):
+        if self.sock is not None:
+            try:
+                self.sock.close()
+            finally:
+                self.sock = None
+
+    # -- requests ------------------------------------------------------------------
+    def _frames(self, sock):
+        """Frames of one reply, after its ACK; NotAccepted when the mux hung up before the ACK."""
+        try:
+            frame = mp.recv_frame(sock)
+        except (ConnectionResetError, mp.ProtocolError):
+            frame = None
+        if frame is None:
+            raise mp.NotAccepted()
+        if frame[0] != mp.ACK:
+            raise mp.MuxError(mp.ERR_PROTOCOL, "expected an acknowledgement from the mux, got frame %d" % frame[0])
+        while True:
+            frame = mp.recv_frame(sock)
+            if frame is None:
+                raise mp.MuxError(mp.ERR_LOST, "the connection multiplexer hung up during the request; "
+                                  "see %s" % os.path.join(self.dir, mp.LOG_NAME))
+            yield frame
+
+    def _retrying(self, attempt):
+        """Run attempt() once more on a fresh mux if the first one was never accepted."""
+        try:
+            return attempt()
+        except mp.NotAccepted:
+            self._log("the mux closed before taking the request (idle exit?): starting a new one")
+            self.close()
+        self.connect()
+        try:
+            return attempt()
+        except mp.NotAccepted:
+            raise mp.MuxError(mp.ERR_UNREACHABLE, "the connection multiplexer closed the connection twice "
+                              "before taking a request; see %s" % os.path.join(self.dir, mp.LOG_NAME))
+
+    def request(self, op, **fields):
+        fields["op"] = op
+
+        def attempt():
+            self.connect()
+            try:
+                mp.send_frame(self.sock, mp.REQUEST, fields)
+            except (BrokenPipeError, ConnectionResetError):
+                raise mp.NotAccepted()
+            for kind, payload in self._frames(self.sock):
+                if kind == mp.ERROR:
+                    raise mp.MuxError(payload.get("kind"), payload.get("message"))
+                if kind == mp.RESULT:
+                    return payload
+                raise mp.MuxError(mp.ERR_PROTOCOL, "unexpected frame %d from the mux" % kind)
+        return self._retrying(attempt)
+
+    def exec(self, argv, env=None, workdir="", timeout=0, stdin=b"", run=None, interact=None):
+        """Run a command; returns (rc, stdout, stderr, exit info).
+
+        `interact(stdout_so_far, stderr_so_far)` (optional) is called as output arrives while
+        stdin is held back. It returns None (keep waiting), bytes (send them now, keep holding:
+        a become password) or True (release stdin).
+        """
+        request = {"op": "exec", "argv": list(argv), "env": env or {}, "workdir": workdir, "timeout": timeout,
+                   "run": run}
+        return self._retrying(lambda: self._exec_once(request, stdin or b"", interact))
+
+    def _exec_once(self, request, stdin, interact):
+        self.connect()
+        sock = self.sock
+        try:
+            mp.send_frame(sock, mp.REQUEST, request)
+        except (BrokenPipeError, ConnectionResetError):
+            raise mp.NotAccepted()
+        state = {"released": False}
+        sender = []
+
+        def send_all():
+            try:
+                for offset in range(0, len(stdin), 1024 * 1024):
+                    mp.send_frame(sock, mp.STDIN, stdin[offset:offset + 1024 * 1024])
+                mp.send_frame(sock, mp.STDIN_EOF)
+            except OSError:
+                pass  # the mux went away: the reply loop reports it
+
+        def release():
+            state["released"] = True
+            if len(stdin) <= 256 * 1024:
+                send_all()  # small: no thread needed, the mux reads stdin concurrently
+            else:  # big: a thread, so output keeps flowing while stdin goes out
+                sender.append(threading.Thread(target=send_all, daemon=True))
+                sender[0].start()
+
+        if interact is None:
+            release()
+        out, err = bytearray(), bytearray()
+        try:
+            for kind, payload in self._frames(sock):
+                if kind == mp.STDOUT:
+                    out += payload
+                elif kind == mp.STDERR:
+                    err += payload
+                elif kind == mp.EXIT:
+                    return payload.get("rc"), bytes(out), bytes(err), payload
+                elif kind == mp.ERROR:
+                    raise mp.MuxError(payload.get("kind"), payload.get("message"))
+                else:
+                    raise mp.MuxError(mp.ERR_PROTOCOL, "unexpected frame %d from the mux" % kind)
+                if not state["released"]:
+                    answer = interact(bytes(out), bytes(err))
+                    if answer is True:
+                        release()
+                    elif answer:
+                        mp.send_frame(sock, mp.STDIN, answer)
+        finally:
+            if not state["released"]:
+                try:  # the command ended before stdin was released: end it so the connection stays in step
+                    mp.send_frame(sock, mp.STDIN_EOF)
+                except OSError:
+                    pass
+            for t in sender:
+                t.join()
+
+    def put(self, local, remote, run=None):
+        return self.request("put", local=os.path.abspath(local), remote=remote, run=run)
+
+    def fetch(self, remote, local, run=None):
+        return self.request("fetch", remote=remote, local=os.path.abspath(local), run=run)
+
+    def shutdown(self):
+        """Stop the mux if one runs (meta: reset_connection); never starts one."""
+        try:
+            sock = mp.connect(self.socket_path, timeout=5)
+        except OSError:
+            return None
+        try:
+            mp.send_frame(sock, mp.REQUEST, {"op": "shutdown"})
+            for kind, payload in self._frames(sock):
+                return payload if kind == mp.RESULT else None
+        except mp.NotAccepted:
+            return None
+        finally:
+            sock.close()

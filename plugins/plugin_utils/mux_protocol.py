@@ -1,0 +1,172 @@
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The small framed protocol between a task worker and the session multiplexer.
+
+Stdlib only, on purpose: every task runs in a freshly forked worker that
+imports the connection plugin anew, so nothing heavy (grpc, websockets,
+requests) may be imported on the worker side.
+
+A frame is a 5-byte header (4-byte big-endian payload length, 1-byte kind)
+followed by the payload. Control messages carry UTF-8 JSON; data frames carry
+raw bytes. A worker opens one unix-socket connection per task and sends one
+request at a time on it:
+
+    worker -> REQUEST {"op": "exec", ...}, STDIN*, STDIN_EOF
+    mux    -> ACK, STDOUT* / STDERR* (as they arrive), then EXIT or ERROR
+
+    worker -> REQUEST {"op": "put" | "fetch" | "hello" | "shutdown", ...}
+    mux    -> ACK, RESULT or ERROR
+
+The worker always ends stdin with STDIN_EOF, even after the EXIT, so the
+connection stays in step for the next request.
+"""
+
+import errno
+import hashlib
+import json
+import os
+import socket
+import stat
+import struct
+
+PROTOCOL_VERSION = 1
+
+HEADER = struct.Struct("!IB")
+MAX_FRAME = 64 * 1024 * 1024  # a worker never needs more; refuse garbage early
+
+REQUEST = 1
+STDIN = 2
+STDIN_EOF = 3
+STDOUT = 4
+STDERR = 5
+EXIT = 6
+RESULT = 7
+ERROR = 8
+ACK = 9  # "request taken": before it, a hang-up means the request never reached a mux and is safe to retry
+
+JSON_KINDS = frozenset([REQUEST, EXIT, RESULT, ERROR])
+
+# Error kinds the mux reports, so the worker can pick the Ansible exception.
+ERR_UNREACHABLE = "unreachable"   # tunnel or session not usable: host UNREACHABLE
+ERR_LOST = "lost"                 # a command's stream ended without its exit: never re-run
+ERR_GONE = "gone"                 # the session is deleted, failed or unknown
+ERR_NOT_FOUND = "not_found"       # a file to transfer does not exist
+ERR_DENIED = "denied"             # the guest refused a path
+ERR_PATH = "path"                 # refused locally by the platform profile
+ERR_TIMEOUT = "timeout"           # a command ran past its timeout
+ERR_FAILED = "failed"             # anything else: a plain task failure
+ERR_PROTOCOL = "protocol"         # a bug or a version mismatch between worker and mux
+
+SOCKET_NAME = "mux.sock"
+PID_NAME = "mux.pid"
+LOG_NAME = "mux.log"
+LOCK_NAME = "start.lock"
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not a valid frame, or hung up mid-frame."""
+
+
+class NotAccepted(Exception):
+    """The mux hung up before acknowledging a request: it never ran, so it may be retried."""
+
+
+class MuxError(Exception):
+    """An ERROR frame from the mux, carrying its kind."""
+
+    def __init__(self, kind, message):
+        super().__init__(message)
+        self.kind = kind
+
+
+# -- framing -------------------------------------------------------------------
+
+def encode(kind, payload=b""):
+    if kind in JSON_KINDS and not isinstance(payload, (bytes, bytearray)):
+        payload = json.dumps(payload, separators=(",", ":")).encode("utf-8")
+    return HEADER.pack(len(payload), kind) + bytes(payload)
+
+
+def send_frame(sock, kind, payload=b""):
+    if kind in JSON_KINDS and not isinstance(payload, (bytes, bytearray)):
+        payload = json.dumps(payload, separators=(",", ":")).encode("utf-8")
+    header = HEADER.pack(len(payload), kind)
+    if len(payload) <= 65536:
+        sock.sendall(header + bytes(payload))
+    else:  # avoid copying big data frames just to prepend 5 bytes
+        sock.sendall(header)
+        sock.sendall(payload)
+
+
+def recv_exact(sock, size):
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        n = sock.recv_into(view[got:], size - got)
+        if n == 0:
+            raise ProtocolError("connection closed after %d of %d bytes" % (got, size))
+        got += n
+    return bytes(buf)
+
+
+def recv_frame(sock):
+    """Read one frame: (kind, payload). JSON kinds are decoded. None at a clean EOF."""
+    first = sock.recv(HEADER.size)
+    if not first:
+        return None
+    if len(first) < HEADER.size:
+        first += recv_exact(sock, HEADER.size - len(first))
+    length, kind = HEADER.unpack(first)
+    if length > MAX_FRAME:
+        raise ProtocolError("frame of %d bytes is larger than the limit of %d" % (length, MAX_FRAME))
+    payload = recv_exact(sock, length) if length else b""
+    if kind in JSON_KINDS:
+        try:
+            return kind, json.loads(payload.decode("utf-8")) if payload else {}
+        except ValueError as e:
+            raise ProtocolError("bad JSON in frame kind %d: %s" % (kind, e))
+    return kind, payload
+
+
+# -- where a mux lives ---------------------------------------------------------
+
+def mux_key(api_url, prefix, session, agent_port, uid=None):
+    """One mux per (api_url, prefix, session, agent port, local user)."""
+    uid = os.getuid() if uid is None else uid
+    text = "\0".join([api_url.rstrip("/"), prefix, session, str(agent_port), str(uid)])
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
+
+
+def mux_dir(base_dir, key):
+    """The private directory of one mux: <base>/<key>."""
+    return os.path.join(base_dir, key)
+
+
+def private_dir(path):
+    """Create (or fix) a directory only its owner can use; refuse one owned by someone else."""
+    try:
+        os.makedirs(path, mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(errno.ENOTDIR, "not a directory", path)
+    if st.st_uid != os.getuid():
+        raise PermissionError(errno.EPERM, "directory is owned by uid %d, not us" % st.st_uid, path)
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    return path
+
+
+def connect(path, timeout=None):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        raise
+    sock.settimeout(None)
+    return sock

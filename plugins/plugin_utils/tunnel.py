@@ -1,0 +1,249 @@
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""A local unix socket bridged to the platform's port-forward WebSocket.
+
+Every connection accepted on the local socket gets its own WebSocket to
+`<api_url><prefix>/sessions/{id}/port-forward/{port}` (the platform's rule:
+one WebSocket per TCP connection). Binary frames carry raw bytes both ways;
+text frames are ignored; there is no half-close, so a local EOF closes the
+WebSocket. Pings every 30 s keep edges from cutting an idle tunnel.
+
+The bytes of a failed dial never reach the local peer (gRPC just sees a
+closed connection), so the tunnel keeps the last failure as a clear
+TunnelError naming the session; the caller reads it with `errors_since()`.
+"""
+
+import asyncio
+import os
+import shutil
+import ssl
+import tempfile
+import threading
+import time
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import websockets
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidHandshake
+
+from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+
+PING_INTERVAL = 30.0
+READ_SIZE = 1024 * 1024
+USER_AGENT = "microvm.sandbox-tunnel/0.1"
+
+
+class TunnelError(Exception):
+    """A port-forward dial or connection failed. `fatal` means retrying cannot help."""
+
+    def __init__(self, message, status=None, close_code=None, fatal=False):
+        super().__init__(message)
+        self.status = status
+        self.close_code = close_code
+        self.fatal = fatal
+        self.at = time.monotonic()
+
+
+def ws_url(api_url, prefix, session_id, port):
+    """http(s)://host/base + prefix -> ws(s)://host/base<prefix>/sessions/<id>/port-forward/<port>."""
+    parts = urlsplit(api_url.rstrip("/"))
+    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme.lower())
+    if not scheme:
+        raise ValueError("API URL %r must start with http:// or https://" % api_url)
+    path = parts.path.rstrip("/") + "/" + prefix.strip("/") + "/sessions/%s/port-forward/%d" % (
+        quote(session_id, safe=""), int(port))
+    return urlunsplit((scheme, parts.netloc, path, "", ""))
+
+
+def status_error(status, label, port):
+    """The pre-upgrade HTTP status of a port-forward dial, as a clear error."""
+    if status == 404:
+        return TunnelError("session %s was not found by the port-forward endpoint (HTTP 404): "
+                           "it was deleted or never existed" % label, status=status, fatal=True)
+    if status == 401:
+        return TunnelError("the API token was refused when opening the port-forward to session %s (HTTP 401): "
+                           "check option api_token or env %s" % (label, profile.API_TOKEN_ENV), status=status, fatal=True)
+    if status == 403:
+        return TunnelError("the API token is not entitled to port-forward to session %s (HTTP 403)" % label,
+                           status=status, fatal=True)
+    if status == 502:
+        return TunnelError("the platform could not reach guest port %d of session %s (HTTP 502): "
+                           "the guest agent is not listening (yet)" % (port, label), status=status)
+    return TunnelError("the port-forward to session %s was refused with HTTP %d" % (label, status), status=status,
+                       fatal=400 <= status < 500 and status not in (408, 429))
+
+
+def close_error(code, reason, label, port):
+    """A WebSocket close code of the port-forward, as a clear error (None for a normal close)."""
+    why = (": " + reason) if reason else ""
+    if code == 4001:
+        return TunnelError("session %s became unavailable (port-forward close code 4001%s): "
+                           "it was paused, deleted or rolled back" % (label, why), close_code=code)
+    if code == 4002:
+        return TunnelError("the platform could not dial guest port %d of session %s (close code 4002%s)"
+                           % (port, label, why), close_code=code)
+    if code == 4011:
+        return TunnelError("the port-forward to session %s failed upstream (close code 4011%s)" % (label, why),
+                           close_code=code)
+    if code in (1000, 1001):
+        return None  # the guest hung up: an ordinary end of the connection
+    return TunnelError("the port-forward to session %s closed with code %s%s" % (label, code, why), close_code=code)
+
+
+class Tunnel:
+    """Serve a private unix socket whose connections are tunnelled to a guest port."""
+
+    def __init__(self, api_url, prefix, session_id, token, port=profile.AGENT_PORT, label=None,
+                 connect_timeout=30.0, validate_certs=True, socket_dir=None):
+        self.url = ws_url(api_url, prefix, session_id, port)
+        self.session_id = session_id
+        self.port = int(port)
+        self.label = label or session_id
+        self._token = token
+        self.connect_timeout = float(connect_timeout)
+        self._ssl = None
+        if self.url.startswith("wss:"):
+            self._ssl = ssl.create_default_context()
+            if not validate_certs:
+                self._ssl.check_hostname = False
+                self._ssl.verify_mode = ssl.CERT_NONE
+        self._own_dir = socket_dir is None
+        self._dir = socket_dir or tempfile.mkdtemp(prefix="microvm-tunnel-")
+        os.chmod(self._dir, 0o700)
+        self.socket_path = os.path.join(self._dir, "tunnel.sock")
+        self._loop = None
+        self._server = None
+        self._thread = None
+        self._errors = []
+        self._lock = threading.Lock()
+        self.connections = 0      # WebSockets opened so far
+        self.active = 0           # WebSockets open now
+        self.last_close = None    # (code, reason) of the last WebSocket that closed
+
+    def __repr__(self):
+        return "Tunnel(%r, token=<hidden>)" % self.url
+
+    # -- life cycle ----------------------------------------------------------
+    def start(self):
+        ready = threading.Event()
+        failure = []
+
+        def run():
+            self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
+            try:
+                self._server = self._loop.run_until_complete(
+                    asyncio.start_unix_server(self._serve, path=self.socket_path, limit=READ_SIZE))
+                os.chmod(self.socket_path, 0o600)
+            except Exception as e:  # reported to start()'s caller
+                failure.append(e)
+                ready.set()
+                return
+            ready.set()
+            self._loop.run_forever()
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.close()
+
+        self._thread = threading.Thread(target=run, name="tunnel", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            raise failure[0]
+        return self.socket_path
+
+    def stop(self):
+        loop = self._loop
+        if loop and loop.is_running():
+            async def shutdown():
+                if self._server:
+                    self._server.close()
+                for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+                    task.cancel()
+            try:
+                asyncio.run_coroutine_threadsafe(shutdown(), loop).result(5)
+            except Exception:  # best effort at exit
+                pass
+            loop.call_soon_threadsafe(loop.stop)
+            self._thread.join(5)
+        if self._own_dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
+        elif os.path.exists(self.socket_path):
+            os.unlink(self.socket_path)
+
+    # -- errors --------------------------------------------------------------
+    def _record(self, error):
+        with self._lock:
+            self._errors.append(error)
+            del self._errors[:-20]
+
+    def errors_since(self, since):
+        """Failures recorded at or after monotonic time `since`, oldest first."""
+        with self._lock:
+            return [e for e in self._errors if e.at >= since]
+
+    # -- one local connection = one WebSocket ---------------------------------
+    async def _dial(self):
+        try:
+            return await ws_connect(
+                self.url, additional_headers={"Authorization": "Bearer " + self._token},
+                user_agent_header=USER_AGENT, compression=None, max_size=None, max_queue=64,
+                ping_interval=PING_INTERVAL, ping_timeout=PING_INTERVAL, open_timeout=self.connect_timeout,
+                close_timeout=2, ssl=self._ssl, write_limit=4 * READ_SIZE)
+        except InvalidStatus as e:
+            raise status_error(e.response.status_code, self.label, self.port)
+        except (InvalidHandshake, OSError, asyncio.TimeoutError, websockets.exceptions.WebSocketException) as e:
+            raise TunnelError("cannot open the port-forward to session %s at %s: %s" % (
+                self.label, self.url, str(e) or type(e).__name__))
+
+    async def _serve(self, reader, writer):
+        try:
+            ws = await self._dial()
+        except TunnelError as e:
+            self._record(e)
+            writer.close()
+            return
+        self.connections += 1
+        self.active += 1
+        try:
+            await self._pump(reader, writer, ws)
+        finally:
+            self.active -= 1
+
+    async def _pump(self, reader, writer, ws):
+        async def upstream():
+            while True:
+                data = await reader.read(READ_SIZE)
+                if not data:
+                    return
+                await ws.send(data)
+
+        async def downstream():
+            async for message in ws:
+                if isinstance(message, bytes):  # text frames are ignored by the contract
+                    writer.write(message)
+                    await writer.drain()
+
+        up = asyncio.ensure_future(upstream())
+        down = asyncio.ensure_future(downstream())
+        try:
+            await asyncio.wait([up, down], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (up, down):
+                task.cancel()
+            await asyncio.gather(up, down, return_exceptions=True)
+            try:
+                await ws.close()
+            except Exception:  # already gone
+                pass
+            writer.close()
+        code = ws.close_code
+        reason = ws.close_reason or ""
+        self.last_close = (code, reason)
+        error = close_error(code, reason, self.label, self.port) if code is not None else None
+        if error is not None:
+            self._record(error)
+        for task in (up, down):
+            exc = task.exception() if task.done() and not task.cancelled() else None
+            if exc is not None and not isinstance(exc, (ConnectionClosed, ConnectionError)):
+                self._record(TunnelError("the port-forward to session %s broke: %s" % (self.label, exc)))
