@@ -1,0 +1,66 @@
+"""The built tarball holds what users need, installs into an empty path and works from there."""
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.dirname(sys.executable)
+
+
+def run(args, env=None, cwd=None):
+    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    built = run([os.path.join(BIN, "ansible-galaxy"), "collection", "build", "--output-path", str(out), ROOT])
+    assert built.returncode == 0, built.stderr
+    tarball = next(p for p in out.iterdir() if p.name.endswith(".tar.gz"))
+    path = tmp_path_factory.mktemp("collections")
+    inst = run([os.path.join(BIN, "ansible-galaxy"), "collection", "install", "-p", str(path), str(tarball)])
+    assert inst.returncode == 0, inst.stderr
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(path))
+    env["PYTHONPATH"] = ""  # nothing from the checkout
+    return tarball, path, env
+
+
+def test_tarball_leaves_development_files_out(installed):
+    tarball, _, _ = installed
+    with tarfile.open(tarball) as tar:
+        names = tar.getnames()
+    assert "plugins/connection/agent.py" in names
+    assert "plugins/plugin_utils/agent_pb/sandbox_agent_pb2.py" in names
+    for unwanted in (".venv", ".local", ".git", "hack", "bench", "Makefile", "requirements-dev.txt"):
+        assert not any(n == unwanted or n.startswith(unwanted + "/") for n in names), unwanted
+
+
+def test_installed_collection_lists_its_plugins(installed):
+    _, path, env = installed
+    assert os.path.isdir(os.path.join(path, "ansible_collections", "microvm", "sandbox"))
+    listed = {}
+    for kind in ("module", "connection", "inventory"):
+        res = run([os.path.join(BIN, "ansible-doc"), "-t", kind, "-l", "microvm.sandbox", "-j"], env=env)
+        assert res.returncode == 0, res.stderr
+        listed.update(json.loads(res.stdout))
+    for name in ("session", "session_info", "checkpoint", "checkpoint_info", "template", "template_info",
+                 "agent", "sessions"):
+        assert "microvm.sandbox." + name in listed
+
+
+def test_installed_module_talks_to_the_plane(installed, plane, tmp_path):
+    _, _, env = installed
+    env = dict(env, **plane.env)
+    play = tmp_path / "play.yml"
+    play.write_text(
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - microvm.sandbox.session_info: {}\n      register: info\n"
+        "    - ansible.builtin.assert:\n        that: info.sessions is sequence\n")
+    res = run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                "-e", "ansible_python_interpreter={{ ansible_playbook_python }}", str(play)], env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert plane.token not in res.stdout + res.stderr
