@@ -1,0 +1,151 @@
+"""Helpers for the contract tests: raw HTTP, WebSocket port-forwards and a gRPC agent channel.
+
+The tests talk to the plane from outside, as a client does, so they run
+unchanged against the real platform (MICROVM_LIVE=1). Behaviour the platform
+leaves open, and which only the local plane decides, is marked `local_only`.
+"""
+import asyncio
+import contextlib
+import json
+import os
+import threading
+import time
+import uuid
+
+import pytest
+import requests
+
+PREFIX = "/v2/agents"
+LIVE = os.environ.get("MICROVM_LIVE") == "1"
+local_only = pytest.mark.skipif(LIVE, reason="a local-plane decision; the platform's public record is silent")
+
+
+class Api:
+    """Raw HTTP against the plane, for the calls the REST client deliberately does not make."""
+
+    def __init__(self, plane, prefix=PREFIX):
+        self.plane = plane
+        self.prefix = prefix
+        self.http = requests.Session()
+
+    def url(self, path):
+        return self.plane.url.rstrip("/") + self.prefix + path
+
+    def call(self, method, path, token=True, headers=None, **kwargs):
+        h = dict(headers or {})
+        if token is True:
+            h["Authorization"] = "Bearer " + self.plane.token
+        elif token:
+            h["Authorization"] = token
+        kwargs.setdefault("timeout", 120)
+        return self.http.request(method, self.url(path), headers=h, **kwargs)
+
+    def create(self, body, content_type="application/yaml"):
+        data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+        return self.call("POST", "/sessions", data=data, headers={"Content-Type": content_type})
+
+    def session(self, sid):
+        return self.call("GET", "/sessions/%s" % sid).json()["session"]
+
+    def wait(self, sid, statuses, timeout=120):
+        deadline = time.time() + timeout
+        while True:
+            s = self.session(sid)
+            if s["status"].replace("SESSION_STATUS_", "") in statuses:
+                return s
+            assert time.time() < deadline, "session %s stuck in %s" % (sid, s["status"])
+            time.sleep(0.05)
+
+
+def error_message(resp):
+    body = resp.json()
+    if "error" in body:
+        assert body["error"]["code"] == resp.status_code
+        return body["error"]["message"]
+    return body["message"]
+
+
+def unique(prefix="ct"):
+    return "%s-%s" % (prefix, uuid.uuid4().hex[:10])
+
+
+# -- port-forward ----------------------------------------------------------------
+def ws_connect(plane, sid, port, token=True, **kwargs):
+    from websockets.asyncio.client import connect
+    headers = {"Authorization": "Bearer " + plane.token} if token is True else ({"Authorization": token} if token else {})
+    return connect(plane.ws_url(sid, port), additional_headers=headers, max_size=None, **kwargs)
+
+
+class TcpOverWebSocket:
+    """A loopback TCP listener; each connection gets its own port-forward WebSocket (runs in a thread)."""
+
+    def __init__(self, plane, sid, port):
+        self.plane, self.sid, self.port = plane, sid, port
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        self.ready.wait(10)
+
+    def _run(self):
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.local_port = self.server.sockets[0].getsockname()[1]
+        self.ready.set()
+        self.loop.run_forever()
+
+    async def _handle(self, reader, writer):
+        from websockets.exceptions import ConnectionClosed
+        try:
+            async with ws_connect(self.plane, self.sid, self.port, ping_interval=30) as ws:
+                async def up():
+                    while data := await reader.read(65536):
+                        await ws.send(data)
+                    await ws.close()
+
+                async def down():
+                    with contextlib.suppress(ConnectionClosed):
+                        async for msg in ws:
+                            if isinstance(msg, bytes):
+                                writer.write(msg)
+                                await writer.drain()
+                tasks = [asyncio.ensure_future(up()), asyncio.ensure_future(down())]
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for t in tasks:
+                    t.cancel()
+        except Exception:
+            pass
+        finally:
+            writer.close()
+
+    def close(self):
+        async def shutdown():
+            self.server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+def run_exec(stub, argv, stdin=b"", timeout=0, workdir=""):
+    """Exec through the agent -> (exit_code, stdout, stderr)."""
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils.agent_pb import sandbox_agent_pb2 as pb
+
+    def requests_():
+        yield pb.ExecRequest(start=pb.ExecStart(argv=argv, workdir=workdir, timeout_seconds=timeout))
+        if stdin:
+            yield pb.ExecRequest(stdin=stdin)
+    out, err, code = b"", b"", None
+    for frame in stub.Exec(requests_(), timeout=120):
+        kind = frame.WhichOneof("output")
+        if kind == "stdout":
+            out += frame.stdout
+        elif kind == "stderr":
+            err += frame.stderr
+        elif kind == "exit":
+            code = frame.exit.exit_code
+    return code, out, err

@@ -1,0 +1,117 @@
+"""Checkpoints, rollback and fork: files are restored exactly, ids behave as on the platform."""
+import uuid
+
+import pytest
+
+from contract_support import error_message, run_exec
+
+
+def write(stub, path, text):
+    assert run_exec(stub, ["sh", "-c", 'mkdir -p "$(dirname "$1")" && printf %s "$2" > "$1"', "sh", path, text])[0] == 0
+
+
+def read(stub, path):
+    code, out, _ = run_exec(stub, ["cat", path])
+    return out.decode() if code == 0 else None
+
+
+def test_checkpoint_create_list_get_delete(plane, api, sandbox):
+    sid = sandbox["session_id"]
+    client = plane.client()
+    first = client.create_checkpoint(sid, label="first")
+    second = client.create_checkpoint(sid)
+    for cp in (first, second):
+        assert cp["status"] == "READY"
+        assert cp["session_id"] == sid
+        assert set(cp) >= {"checkpoint_id", "session_id", "status", "label", "size_bytes", "created_at"}
+    assert first["label"] == "first"
+    listed = [c["checkpoint_id"] for c in client.list_checkpoints(sid)]
+    assert listed[:2] == [second["checkpoint_id"], first["checkpoint_id"]]
+    page = api.call("GET", "/sessions/%s/checkpoints" % sid, params={"page_size": 1}).json()
+    assert len(page["checkpoints"]) == 1 and page["next_page_token"]
+    assert client.get_checkpoint(sid, first["checkpoint_id"])["label"] == "first"
+    assert api.call("DELETE", "/sessions/%s/checkpoints/%s" % (sid, first["checkpoint_id"])).status_code in (200, 204)
+    # Deleting what is already gone succeeds.
+    assert api.call("DELETE", "/sessions/%s/checkpoints/%s" % (sid, first["checkpoint_id"])).status_code in (200, 204)
+    assert api.call("GET", "/sessions/%s/checkpoints/%s" % (sid, first["checkpoint_id"])).status_code == 404
+
+
+def test_checkpoint_refuses_unknown_keys(api, sandbox):
+    resp = api.call("POST", "/sessions/%s/checkpoints" % sandbox["session_id"], json={"lable": "typo"})
+    assert resp.status_code == 400
+    assert "lable" in error_message(resp)
+
+
+def test_rollback_restores_files_exactly_with_a_new_sandbox(plane, api, sandbox, agent):
+    sid = sandbox["session_id"]
+    client = plane.client()
+    stub = agent(sid)
+    write(stub, "/workspace/keep.txt", "before")
+    cp = client.create_checkpoint(sid, label="before")
+    write(stub, "/workspace/keep.txt", "after")
+    write(stub, "/workspace/new.txt", "created after the checkpoint")
+    old_sandbox = client.get_session(sid)["sandbox_id"]
+    rolled = client.rollback(sid, cp["checkpoint_id"])
+    assert rolled["session_id"] == sid
+    ready = client.wait_session(sid)
+    assert ready["sandbox_id"] and ready["sandbox_id"] != old_sandbox
+    stub = agent(sid)
+    assert read(stub, "/workspace/keep.txt") == "before"
+    assert read(stub, "/workspace/new.txt") is None
+
+
+def test_rollback_works_on_a_paused_session(plane, api, sandbox, agent):
+    sid = sandbox["session_id"]
+    client = plane.client()
+    write(agent(sid), "/workspace/p.txt", "one")
+    cp = client.create_checkpoint(sid)
+    write(agent(sid), "/workspace/p.txt", "two")
+    client.pause_session(sid)
+    api.wait(sid, ("PAUSED",))
+    client.rollback(sid, cp["checkpoint_id"])
+    client.wait_session(sid)
+    assert read(agent(sid), "/workspace/p.txt") == "one"
+
+
+def test_rollback_to_an_unknown_checkpoint_is_404(api, sandbox):
+    resp = api.call("POST", "/sessions/%s/checkpoints/%s/rollback" % (sandbox["session_id"], uuid.uuid4()), json={})
+    assert resp.status_code == 404
+
+
+def test_checkpoint_of_an_unknown_session_is_404(api):
+    assert api.call("POST", "/sessions/%s/checkpoints" % uuid.uuid4(), json={}).status_code == 404
+
+
+@pytest.mark.parametrize("count", [0, 5, -1, "two"])
+def test_fork_count_outside_1_to_4_is_400(api, sandbox, count):
+    resp = api.call("POST", "/sessions/%s/fork" % sandbox["session_id"], json={"count": count})
+    assert resp.status_code == 400
+
+
+def test_fork_from_an_unknown_checkpoint_creates_nothing(api, sandbox):
+    before = len(api.call("GET", "/sessions", params={"page_size": 200}).json()["sessions"])
+    resp = api.call("POST", "/sessions/%s/fork" % sandbox["session_id"], json={"from_checkpoint_id": str(uuid.uuid4()),
+                                                                              "count": 2})
+    assert resp.status_code in (400, 404)
+    after = len(api.call("GET", "/sessions", params={"page_size": 200}).json()["sessions"])
+    assert after == before
+
+
+def test_fork_copies_the_files(plane, api, sandbox, agent):
+    sid = sandbox["session_id"]
+    client = plane.client()
+    write(agent(sid), "/workspace/f.txt", "at checkpoint")
+    cp = client.create_checkpoint(sid)
+    write(agent(sid), "/workspace/f.txt", "later")
+    children = client.fork_session(sid, count=2, from_checkpoint_id=cp["checkpoint_id"])
+    try:
+        assert len(children) == 2
+        for child in children:
+            assert child["parent_session_id"] == sid
+            assert child["session_id"] != sid
+            client.wait_session(child["session_id"])
+            assert read(agent(child["session_id"]), "/workspace/f.txt") == "at checkpoint"
+        assert read(agent(sid), "/workspace/f.txt") == "later"
+    finally:
+        for child in children:
+            client.delete_session(child["session_id"])

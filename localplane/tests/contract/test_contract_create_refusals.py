@@ -1,0 +1,104 @@
+"""Every refusal of the create call, with the platform's status and a clear message."""
+import json
+import uuid
+
+import pytest
+
+from contract_support import error_message, local_only, unique
+
+BAD_NAMES = ["", "-leading", "trailing-", "has space", "slash/name", "x" * 65, "ünïcode",
+             str(uuid.uuid4()), "a_b!", ".dot"]
+
+
+def test_unknown_key_is_400(api):
+    resp = api.create("name: %s\nagent: none\nflavour: vanilla\n" % unique())
+    assert resp.status_code == 400
+    assert "flavour" in error_message(resp)
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_bad_names_are_400(api, name):
+    resp = api.create(json.dumps({"name": name, "agent": "none"}))
+    assert resp.status_code == 400, resp.text
+    assert error_message(resp)
+
+
+def test_missing_name_is_400(api):
+    resp = api.create("agent: none\n")
+    assert resp.status_code == 400
+
+
+def test_live_name_taken_is_409_case_insensitive(api, make_session):
+    s = make_session(name=unique("Dup"))
+    resp = api.create("name: %s\nagent: none\n" % s["name"].lower())
+    assert resp.status_code == 409, resp.text
+    assert error_message(resp)
+
+
+@pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", "application/octet-stream"])
+def test_unsupported_content_type_is_415(api, ctype):
+    resp = api.create("name: %s\nagent: none\n" % unique(), content_type=ctype)
+    assert resp.status_code == 415
+
+
+@pytest.mark.parametrize("ctype", ["application/yaml", "application/x-yaml", "text/yaml", "application/json"])
+def test_accepted_content_types(api, ctype):
+    name = unique()
+    resp = api.create(json.dumps({"name": name, "agent": "none"}), content_type=ctype)
+    assert resp.status_code in (200, 201), resp.text
+    api.call("DELETE", "/sessions/%s" % resp.json()["session"]["session_id"])
+
+
+def test_oversized_body_is_413(api):
+    body = "name: %s\nagent: none\nenv:\n  BIG: '%s'\n" % (unique(), "x" * (1024 * 1024 + 10))
+    assert api.create(body).status_code == 413
+
+
+@pytest.mark.parametrize("body", ["name: [unclosed\n", "{\"name\": ", "- a\n- list\n", ": :\n  - x: {", "just a string"])
+def test_malformed_yaml_or_json_is_400(api, body):
+    resp = api.create(body)
+    assert resp.status_code == 400, resp.text
+    assert error_message(resp)
+
+
+@local_only
+def test_agent_other_than_none_is_refused_locally(api):
+    resp = api.create("name: %s\nagent: claude\n" % unique())
+    assert resp.status_code == 400
+    assert "none" in error_message(resp)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("idle_timeout", "ten minutes"),
+    ("idle_timeout", 600),
+    ("env", ["A=1"]),
+    ("env", {"A": 1}),
+    ("env", {"BAD KEY": "x"}),
+    ("egress", "everything"),
+    ("egress", [42]),
+    ("size", {"cpu": 2}),
+])
+def test_bad_field_values_are_400(api, field, value):
+    resp = api.create(json.dumps({"name": unique(), "agent": "none", field: value}))
+    assert resp.status_code == 400, resp.text
+    assert field in error_message(resp)
+
+
+def test_unknown_template_fails(api):
+    resp = api.create("name: %s\nagent: none\ntemplate: no-such-template-%s\n" % (unique(), uuid.uuid4().hex[:6]))
+    if resp.status_code in (200, 201):
+        # The platform may accept and fail the session instead; either way it never becomes usable.
+        sid = resp.json()["session"]["session_id"]
+        s = api.wait(sid, ("FAILED",))
+        assert s["error_message"]
+        api.call("DELETE", "/sessions/%s" % sid)
+    else:
+        assert resp.status_code in (400, 404)
+        assert "no-such-template" in error_message(resp)
+
+
+def test_egress_list_and_unrestricted_are_accepted(api):
+    for egress in ("unrestricted", ["pypi.org", "files.pythonhosted.org"]):
+        resp = api.create(json.dumps({"name": unique(), "agent": "none", "egress": egress}))
+        assert resp.status_code in (200, 201), resp.text
+        api.call("DELETE", "/sessions/%s" % resp.json()["session"]["session_id"])
