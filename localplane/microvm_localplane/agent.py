@@ -418,6 +418,9 @@ class AgentService(pb2_grpc.SandboxAgentServiceServicer):
             yield pb2.DownloadChunk(header=pb2.DownloadHeader(size_bytes=-1, is_archive=True))
             source = rechunk(tar_stream(target), chunk_size)
         else:
+            if os.path.isdir(target):
+                raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
+                              'is a directory (use as_archive): "%s"' % request.path)
             try:
                 f = open(target, "rb")
             except OSError as e:
@@ -539,9 +542,12 @@ def extract_archive(fileobj, target, given):
             members = tar.getmembers()
         except tarfile.TarError as e:
             raise invalid("corrupt tar archive: %s" % e)
-        check_dest = target if os.path.isdir(target) else os.path.dirname(target)
         links = set()
         for m in members:
+            if m.name.startswith("/"):
+                # tarfile's data filter would strip the slash; an absolute member is refused instead.
+                raise Refusal(grpc.StatusCode.PERMISSION_DENIED,
+                              'archive member escapes "%s": absolute path %r' % (given, m.name))
             name = os.path.normpath(m.name)
             # A member reached through a link the same archive created could land anywhere.
             parts = name.split("/")
@@ -551,7 +557,7 @@ def extract_archive(fileobj, target, given):
             if m.issym() or m.islnk():
                 links.add(name)
             try:
-                member_filter(m, target if os.path.isdir(target) else os.path.join(check_dest, os.path.basename(target)))
+                member_filter(m, target)
             except tarfile.FilterError as e:
                 raise Refusal(grpc.StatusCode.PERMISSION_DENIED, 'archive member escapes "%s": %s' % (given, e))
         os.makedirs(target, exist_ok=True)
