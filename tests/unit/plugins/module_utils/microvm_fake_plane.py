@@ -1,0 +1,230 @@
+"""An in-memory stand-in for the control plane's REST routes, for unit tests of one layer.
+
+`FakeClient` is the real ApiClient with only its HTTP transport replaced, so the
+client's lookups, waits and pagination run for real. The fake answers like the
+contract says (statuses, 404/409, error bodies); the integration tests check the
+real stack.
+"""
+import copy
+import itertools
+import uuid
+
+from ansible_collections.microvm.sandbox.plugins.module_utils import rest
+
+STATUS = "SESSION_STATUS_"
+
+
+class FakePlane(object):
+    def __init__(self, page_size=2):
+        self.sessions = {}
+        self.checkpoints = {}  # session_id -> [checkpoint, ...] newest first
+        self.templates = {}
+        self.builds = {}
+        self.calls = []
+        self.page_size = page_size  # small, so pagination is exercised
+        self.fail_next = []  # (method, path-prefix, status, message) answered once
+        self.build_outcome = ("SUCCEEDED", "")
+        self.clock = itertools.count(1)
+
+    # -- helpers for tests --------------------------------------------------
+    def add_session(self, name, status="READY", **fields):
+        sid = str(uuid.uuid4())
+        rec = dict(session_id=sid, name=name, status=STATUS + status, sandbox_id="sbx-" + sid[:8],
+                   template="base", size_slug="standard", idle_timeout_seconds=600,
+                   created_at="2026-01-01T00:00:%02dZ" % next(self.clock))
+        rec.update(fields)
+        self.sessions[sid] = rec
+        self.checkpoints[sid] = []
+        return rec
+
+    def mutating_calls(self):
+        return [c for c in self.calls if c[0] != "GET"]
+
+    # -- the routes -----------------------------------------------------------
+    def handle(self, method, path, body, query):
+        self.calls.append((method, path))
+        for i, (m, prefix, status, message) in enumerate(self.fail_next):
+            if m == method and path.startswith(prefix):
+                del self.fail_next[i]
+                raise rest.ApiError(method, path, status, message)
+        parts = [p for p in path.split("/") if p]
+        # /sessions/<id>/checkpoints/<cid>/rollback -> _post_sessions_x_checkpoints_x_rollback
+        route = getattr(self, "_" + "_".join([method.lower()] + [p if i % 2 == 0 else "x" for i, p in enumerate(parts)]))
+        return route(parts, body or {}, query or {})
+
+    def _err(self, method, status, message, path="-"):
+        return rest.ApiError(method, path, status, message)
+
+    def _page(self, items, key, query):
+        start = int(query.get("page_token") or 0)
+        page = items[start:start + self.page_size]
+        nxt = start + self.page_size
+        return {key: page, "next_page_token": str(nxt) if nxt < len(items) else ""}
+
+    def _session(self, sid):
+        rec = self.sessions.get(sid)
+        if rec is None:
+            raise self._err("GET", 404, "session %r not found" % sid)
+        return rec
+
+    # sessions
+    def _post_sessions(self, parts, body, query):
+        name = body["name"]
+        if any(s["name"].lower() == name.lower() and not s["status"].endswith(("DESTROYED", "DESTROYING", "FAILED"))
+               for s in self.sessions.values()):
+            raise self._err("POST", 409, "a live session named %r already exists" % name)
+        idle = int(body.get("idle_timeout", "600s").rstrip("s"))
+        rec = self.add_session(name, status="PROVISIONING", template=body.get("template", "base"),
+                               size_slug=body.get("size", "standard"), idle_timeout_seconds=idle)
+        rec["_env"] = body.get("env")
+        rec["_egress"] = body.get("egress")
+        return {"session": dict(rec, warnings=[])}
+
+    def _get_sessions(self, parts, body, query):
+        items = sorted(self.sessions.values(), key=lambda s: s["created_at"])
+        if query.get("status"):
+            items = [s for s in items if s["status"] == query["status"]]
+        if query.get("name"):
+            items = [s for s in items if s["name"].lower() == query["name"].lower()
+                     and not s["status"].endswith(("DESTROYED", "DESTROYING", "FAILED"))]
+        return self._page([self._public(s) for s in items], "sessions", query)
+
+    def _public(self, rec):
+        return dict((k, v) for k, v in rec.items() if not k.startswith("_"))
+
+    def _get_sessions_x(self, parts, body, query):
+        rec = self._session(parts[1])
+        # Time passes between polls: provisioning finishes, deleting ends.
+        if rec["status"] == STATUS + "PROVISIONING":
+            rec["status"] = STATUS + "READY"
+            return {"session": dict(self._public(rec), status=STATUS + "PROVISIONING")}
+        if rec["status"] == STATUS + "DESTROYING":
+            rec["status"] = STATUS + "DESTROYED"
+        return {"session": self._public(rec)}
+
+    def _delete_sessions_x(self, parts, body, query):
+        rec = self._session(parts[1])
+        rec["status"] = STATUS + "DESTROYING"
+        return {}
+
+    def _post_sessions_x_pause(self, parts, body, query):
+        rec = self._session(parts[1])
+        if rec["status"] not in (STATUS + "READY", STATUS + "DETACHED"):
+            raise self._err("POST", 409, "session %s is %s; only a READY or DETACHED session can be paused"
+                            % (rec["session_id"], rec["status"]), path="/sessions/%s/pause" % rec["session_id"])
+        rec.update(status=STATUS + "PAUSED", pause_reason="manual")
+        return {}
+
+    def _post_sessions_x_resume(self, parts, body, query):
+        rec = self._session(parts[1])
+        if rec["status"] != STATUS + "PAUSED":
+            raise self._err("POST", 409, "session %s is %s; only a PAUSED session can be resumed"
+                            % (rec["session_id"], rec["status"]))
+        rec["status"] = STATUS + "READY"
+        rec.pop("pause_reason", None)
+        return {}
+
+    # checkpoints
+    def _post_sessions_x_checkpoints(self, parts, body, query):
+        rec = self._session(parts[1])
+        cp = dict(checkpoint_id=str(uuid.uuid4()), session_id=rec["session_id"], status="READY",
+                  label=body.get("label", ""), size_bytes=1024, created_at="t%d" % next(self.clock), error_message="")
+        self.checkpoints[rec["session_id"]].insert(0, cp)
+        return {"checkpoint": cp}
+
+    def _get_sessions_x_checkpoints(self, parts, body, query):
+        self._session(parts[1])
+        return self._page(self.checkpoints[parts[1]], "checkpoints", query)
+
+    def _find_cp(self, sid, cid):
+        for cp in self.checkpoints.get(sid, []):
+            if cp["checkpoint_id"] == cid:
+                return cp
+        raise self._err("GET", 404, "checkpoint %r not found" % cid)
+
+    def _get_sessions_x_checkpoints_x(self, parts, body, query):
+        return {"checkpoint": self._find_cp(parts[1], parts[3])}
+
+    def _delete_sessions_x_checkpoints_x(self, parts, body, query):
+        self.checkpoints[parts[1]] = [c for c in self.checkpoints.get(parts[1], []) if c["checkpoint_id"] != parts[3]]
+        return {}
+
+    def _post_sessions_x_checkpoints_x_rollback(self, parts, body, query):
+        rec = self._session(parts[1])
+        self._find_cp(parts[1], parts[3])
+        rec.update(status=STATUS + "PROVISIONING", sandbox_id="sbx-" + uuid.uuid4().hex[:8])
+        return {"session": self._public(rec)}
+
+    # templates
+    def _template_view(self, t):
+        return copy.deepcopy(dict((k, v) for k, v in t.items() if k != "_source"))
+
+    def _post_templates(self, parts, body, query):
+        if any(t["name"] == body["name"] for t in self.templates.values()):
+            raise self._err("POST", 409, "a template named %r already exists" % body["name"])
+        tid = str(uuid.uuid4())
+        t = dict(template_id=tid, name=body["name"], status="TEMPLATE_STATUS_PENDING",
+                 spec={"base_template": body.get("base_template") or "base",
+                       "image": {"registry": "", "repository": "", "tag": "", "digest": ""}},
+                 _source=body["source_oci_ref"])
+        self.templates[tid] = t
+        self.builds[tid] = []
+        self._build(t)
+        return {"template": self._template_view(t)}
+
+    def _build(self, t):
+        from ansible_collections.microvm.sandbox.plugins.module_utils.oci import parse_image_ref
+        status, error = self.build_outcome
+        self.builds[t["template_id"]].append(dict(build_id=str(uuid.uuid4()), status=status, error=error,
+                                                  created_at="t%03d" % next(self.clock)))
+        if status == "SUCCEEDED":
+            t["spec"]["image"] = dict(parse_image_ref(t["_source"]), digest="sha256:" + "0" * 64)
+            t["status"] = "TEMPLATE_STATUS_READY"
+        else:
+            t["status"] = "TEMPLATE_STATUS_FAILED"
+
+    def _get_templates(self, parts, body, query):
+        return self._page([self._template_view(t) for t in self.templates.values()], "templates", query)
+
+    def _template(self, tid):
+        if tid not in self.templates:
+            raise self._err("GET", 404, "template %r not found" % tid)
+        return self.templates[tid]
+
+    def _get_templates_x(self, parts, body, query):
+        return {"template": self._template_view(self._template(parts[1]))}
+
+    def _put_templates_x(self, parts, body, query):
+        t = self._template(parts[1])
+        if body.get("source_oci_ref"):
+            t["_source"] = body["source_oci_ref"]
+        if body.get("base_template"):
+            t["spec"]["base_template"] = body["base_template"]
+        self._build(t)
+        return {"template": self._template_view(t)}
+
+    def _delete_templates_x(self, parts, body, query):
+        t = self.templates.pop(self._template(parts[1])["template_id"])
+        return {"template_id": t["template_id"], "deleted": True}
+
+    def _get_templates_x_builds(self, parts, body, query):
+        return self._page(self.builds[self._template(parts[1])["template_id"]], "builds", query)
+
+
+class FakeClient(rest.ApiClient):
+    """The real client; only the HTTP transport is the fake plane."""
+
+    plane = None
+
+    def __init__(self, *args, **kwargs):
+        super(FakeClient, self).__init__(*args, **kwargs)
+        self._sleep = lambda seconds: None
+
+    def request(self, method, path, body=None, query=None, content_type="application/json",
+                raw=None, what=None, retry=None, expect_json=True, ident=None):
+        try:
+            return self.plane.handle(method, path, body, query)
+        except rest.ApiError as e:
+            # Re-raise as the real client would, with the route and the object named.
+            raise rest.ApiError(method, path, e.status, e.server_message,
+                                rest.hint_for(e.status, what, ident), what=what, ident=ident)

@@ -1,0 +1,181 @@
+"""The REST client's transport: retry policy, error shapes, lookups, waits (open_url mocked)."""
+import io
+import json
+
+import pytest
+
+from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
+
+from ansible_collections.microvm.sandbox.plugins.module_utils import rest
+from microvm_fake_plane import FakeClient, FakePlane
+
+
+class Resp(object):
+    def __init__(self, status, body):
+        self.status = status
+        self.body = json.dumps(body).encode() if body is not None else b""
+
+    def read(self):
+        return self.body
+
+    def getcode(self):
+        return self.status
+
+
+def http_error(status, body, retry_after=None):
+    headers = {"Retry-After": retry_after} if retry_after else {}
+    return HTTPError("http://x", status, "err", headers, io.BytesIO(json.dumps(body).encode()))
+
+
+@pytest.fixture
+def transport(monkeypatch):
+    """Queue answers for open_url; records the calls."""
+    answers, calls = [], []
+
+    def fake_open_url(url, **kw):
+        calls.append((kw["method"], url, kw))
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(rest, "open_url", fake_open_url)
+    return answers, calls
+
+
+def client():
+    c = rest.ApiClient("http://plane:1/base/", "tok", prefix="v2/agents/")
+    c._sleep = lambda s: None
+    return c
+
+
+def test_url_keeps_the_base_path_and_quotes_ids(transport):
+    answers, calls = transport
+    answers.append(Resp(200, {"session": {"session_id": "a/b"}}))
+    client().get_session("a/b")
+    assert calls[0][1] == "http://plane:1/base/v2/agents/sessions/a%2Fb"
+    assert calls[0][2]["headers"]["Authorization"] == "Bearer tok"
+
+
+def test_get_is_retried_on_5xx_and_429(transport):
+    answers, calls = transport
+    answers.extend([http_error(503, {"error": {"code": 503, "message": "busy"}}),
+                    http_error(429, {"message": "slow down"}, retry_after="1"),
+                    Resp(200, {"session": {"session_id": "s"}})])
+    assert client().get_session("s") == {"session_id": "s"}
+    assert len(calls) == 3
+
+
+def test_post_is_not_retried_on_5xx(transport):
+    answers, calls = transport
+    answers.append(http_error(500, {"error": {"code": 500, "message": "boom"}}))
+    with pytest.raises(rest.ApiError) as e:
+        client().create_session({"name": "x"})
+    assert len(calls) == 1
+    assert e.value.status == 500 and e.value.server_message == "boom" and e.value.attempts == 1
+
+
+def test_post_is_retried_on_429_and_counts_attempts(transport):
+    answers, calls = transport
+    c = client()
+    answers.extend([http_error(429, {"id": "too_many_requests", "message": "rate limit"}) for _ in range(c.retries + 1)])
+    with pytest.raises(rest.ApiError) as e:
+        c.create_session({"name": "x"})
+    assert len(calls) == c.retries + 1
+    assert e.value.attempts == c.retries + 1
+    assert e.value.server_message == "rate limit"  # the edge's error shape
+    assert "after %d attempts" % (c.retries + 1) in e.value.hint
+
+
+def test_connection_error_names_the_url(transport):
+    answers, calls = transport
+    answers.extend([URLError("refused")] * 10)
+    with pytest.raises(rest.ApiError) as e:
+        client().list_sessions()
+    assert e.value.status == 0 and "cannot reach http://plane:1/base" in str(e.value)
+
+
+def test_token_never_in_messages_or_repr(transport):
+    answers, calls = transport
+    answers.append(http_error(401, {"error": {"code": 401, "message": "bad token"}}))
+    c = client()
+    assert "tok" not in repr(c).replace("token", "")
+    with pytest.raises(rest.ApiError) as e:
+        c.list_sessions()
+    assert "Bearer" not in str(e.value)
+
+
+def test_create_sends_yaml_and_agent_none(transport):
+    answers, calls = transport
+    answers.append(Resp(201, {"session": {"session_id": "s"}}))
+    client().create_session({"name": "x"})
+    kw = calls[0][2]
+    assert kw["headers"]["Content-Type"] == "application/yaml"
+    assert json.loads(kw["data"]) == {"name": "x", "agent": "none"}
+
+
+def test_404_error_names_the_object(transport):
+    answers, calls = transport
+    answers.append(http_error(404, {"error": {"code": 404, "message": "session 'zz' not found"}}))
+    with pytest.raises(rest.ApiError) as e:
+        client().get_session("zz")
+    assert e.value.gone and e.value.what == "session" and e.value.ident == "zz"
+
+
+# -- lookups and waits through the fake plane --------------------------------
+
+@pytest.fixture
+def fake():
+    plane = FakePlane()
+    FakeClient.plane = plane
+    return plane, FakeClient("http://x", "t")
+
+
+def test_find_session_by_name_id_and_gone(fake):
+    plane, c = fake
+    live = plane.add_session("web")
+    gone = plane.add_session("old", status="DESTROYED")
+    assert c.find_session("WEB")["session_id"] == live["session_id"]
+    assert c.find_session(live["session_id"])["name"] == "web"
+    assert c.find_session("old") is None  # names match live sessions only
+    assert c.find_session(gone["session_id"])["status"] == "SESSION_STATUS_DESTROYED"
+    with pytest.raises(rest.NotFound) as e:
+        c.require_session(gone["session_id"], live=True)
+    assert "DESTROYED" in e.value.server_message
+    with pytest.raises(rest.NotFound):
+        c.require_session("ghost")
+
+
+def test_uuid_shaped_values_skip_the_name_lookup(fake):
+    plane, c = fake
+    assert c.find_session("2f0c8f9e-8d1e-4a57-9d0c-0c4bbf3cb2a1") is None
+    assert [m for m, p in plane.calls] == ["GET"] and plane.calls[0][1].startswith("/sessions/2f0c")
+
+
+def test_wait_session_reports_the_state_reached(fake, monkeypatch):
+    plane, c = fake
+    s = plane.add_session("web", status="PAUSED")
+    with pytest.raises(rest.WaitTimeout) as e:
+        c.wait_session(s["session_id"], timeout=0)
+    assert e.value.status == "PAUSED" and "it is PAUSED" in str(e.value)
+    f = plane.add_session("bad", status="FAILED", error_message="no capacity")
+    with pytest.raises(rest.WaitTimeout) as e:
+        c.wait_session(f["session_id"], timeout=5)
+    assert "became FAILED" in str(e.value) and "no capacity" in str(e.value)
+
+
+def test_pagination_follows_tokens(fake):
+    plane, c = fake
+    for i in range(7):
+        plane.add_session("s%d" % i)
+    assert [s["name"] for s in c.list_sessions()] == ["s%d" % i for i in range(7)]
+
+
+def test_newest_build_excludes_known(fake):
+    plane, c = fake
+    t = c.create_template("t", "reg.io/a:1")
+    first = c.newest_build(t["template_id"])
+    c.update_template(t["template_id"])
+    second = c.newest_build(t["template_id"], exclude=[first["build_id"]])
+    assert second["build_id"] != first["build_id"]
+    assert c.newest_build(t["template_id"])["build_id"] == second["build_id"]

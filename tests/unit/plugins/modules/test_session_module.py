@@ -1,0 +1,190 @@
+"""microvm.sandbox.session against the fake plane: arguments, idempotency, check mode, diff, errors."""
+import json
+
+from ansible_collections.microvm.sandbox.plugins.modules import session as session_module
+from ansible_collections.microvm.sandbox.plugins.modules import session_info
+
+MAIN = session_module.main
+
+
+def test_create_then_unchanged(run_module, fake_plane):
+    first = run_module(MAIN, {"name": "web-1", "size": "small", "idle_timeout": "10m"})
+    assert first.result["changed"] is True
+    assert first.result["session"]["status"] == "SESSION_STATUS_READY"
+    assert first.result["session"]["idle_timeout_seconds"] == 600
+    second = run_module(MAIN, {"name": "web-1", "size": "small", "idle_timeout": "600"})
+    assert second.result["changed"] is False
+    assert [c for c in fake_plane.mutating_calls() if c[0] == "POST"] == [("POST", "/sessions")]
+
+
+def test_create_body(run_module, fake_plane):
+    run_module(MAIN, {"name": "web-1", "env": {"A": "1", "FLAG": True}, "secret_env": {"TOKEN": "s3cret-value"},
+                      "egress": ["pypi.org"], "template": "base"})
+    rec = list(fake_plane.sessions.values())[0]
+    assert rec["_env"] == {"A": "1", "FLAG": "true", "TOKEN": "s3cret-value"}
+    assert rec["_egress"] == ["pypi.org"]
+
+
+def test_egress_unrestricted_is_the_keyword(run_module, fake_plane):
+    run_module(MAIN, {"name": "web-1", "egress": ["unrestricted"]})
+    assert list(fake_plane.sessions.values())[0]["_egress"] == "unrestricted"
+
+
+def test_secret_env_and_token_never_printed(run_module):
+    run = run_module(MAIN, {"name": "web-1", "secret_env": {"TOKEN": "s3cret-value"}}, diff=True)
+    assert "s3cret-value" not in run.stdout
+    assert "t0ken-not-printed" not in run.stdout
+
+
+def test_secret_looking_env_key_warns(run_module):
+    run = run_module(MAIN, {"name": "web-1", "env": {"API_TOKEN": "x" * 20}})
+    # 2.19 returns warnings as structured events; the text is what matters.
+    assert "pass it in secret_env" in json.dumps(run.result.get("warnings"))
+
+
+def test_check_mode_creates_nothing(run_module, fake_plane):
+    run = run_module(MAIN, {"name": "web-1", "size": "small"}, check=True, diff=True)
+    assert run.result["changed"] is True
+    assert fake_plane.sessions == {}
+    assert run.result["diff"]["before"] == {}
+    assert run.result["diff"]["after"]["name"] == "web-1"
+    assert run.result["diff"]["after"]["size_slug"] == "small"
+
+
+def test_differing_settings_fail_and_list_the_fields(run_module, fake_plane):
+    fake_plane.add_session("web-1", size_slug="small", template="base")
+    run = run_module(MAIN, {"name": "web-1", "size": "large", "template": "py"})
+    assert run.failed
+    assert "size_slug: is 'small', wanted 'large'" in run.result["msg"]
+    assert "template: is 'base', wanted 'py'" in run.result["msg"]
+    assert "recreate: true" in run.result["msg"]
+    assert len(run.result["differing_fields"]) == 2
+    assert fake_plane.mutating_calls() == []
+
+
+def test_recreate_replaces_the_session(run_module, fake_plane):
+    old = fake_plane.add_session("web-1", size_slug="small")
+    run = run_module(MAIN, {"name": "web-1", "size": "large", "recreate": True}, diff=True)
+    assert run.result["changed"] is True
+    assert run.result["session"]["session_id"] != old["session_id"]
+    assert run.result["session"]["size_slug"] == "large"
+    assert fake_plane.sessions[old["session_id"]]["status"] == "SESSION_STATUS_DESTROYED"
+    assert run.result["diff"]["before"]["size_slug"] == "small"
+
+
+def test_paused_then_running(run_module, fake_plane):
+    fake_plane.add_session("web-1")
+    paused = run_module(MAIN, {"name": "web-1", "state": "paused"})
+    assert paused.result["changed"] is True
+    assert paused.result["session"]["status"] == "SESSION_STATUS_PAUSED"
+    assert run_module(MAIN, {"name": "web-1", "state": "paused"}).result["changed"] is False
+    # present leaves a paused session paused
+    assert run_module(MAIN, {"name": "web-1"}).result["changed"] is False
+    running = run_module(MAIN, {"name": "web-1", "state": "running"})
+    assert running.result["changed"] is True
+    assert running.result["session"]["status"] == "SESSION_STATUS_READY"
+    assert run_module(MAIN, {"name": "web-1", "state": "running"}).result["changed"] is False
+
+
+def test_paused_check_mode_predicts(run_module, fake_plane):
+    fake_plane.add_session("web-1")
+    run = run_module(MAIN, {"name": "web-1", "state": "paused"}, check=True, diff=True)
+    assert run.result["changed"] is True
+    assert run.result["diff"]["before"]["status"] == "SESSION_STATUS_READY"
+    assert run.result["diff"]["after"]["status"] == "SESSION_STATUS_PAUSED"
+    assert fake_plane.mutating_calls() == []
+
+
+def test_absent(run_module, fake_plane):
+    rec = fake_plane.add_session("web-1")
+    run = run_module(MAIN, {"name": "web-1", "state": "absent"}, diff=True)
+    assert run.result["changed"] is True
+    assert run.result["diff"]["after"] == {}
+    assert fake_plane.sessions[rec["session_id"]]["status"] == "SESSION_STATUS_DESTROYED"
+    again = run_module(MAIN, {"name": "web-1", "state": "absent"})
+    assert again.result["changed"] is False
+    by_id = run_module(MAIN, {"name": rec["session_id"], "state": "absent"})
+    assert by_id.result["changed"] is False
+
+
+def test_address_by_id(run_module, fake_plane):
+    rec = fake_plane.add_session("web-1")
+    run = run_module(MAIN, {"name": rec["session_id"], "state": "paused"})
+    assert run.result["session"]["status"] == "SESSION_STATUS_PAUSED"
+
+
+def test_unknown_id_cannot_be_created(run_module, fake_plane):
+    run = run_module(MAIN, {"name": "2f0c8f9e-8d1e-4a57-9d0c-0c4bbf3cb2a1"})
+    assert run.failed
+    assert "must not look like a UUID" in run.result["msg"]
+    assert fake_plane.mutating_calls() == []
+
+
+def test_bad_name_is_refused_before_any_call(run_module, fake_plane):
+    run = run_module(MAIN, {"name": "-bad name-"})
+    assert run.failed
+    assert "Cannot create a session named '-bad name-'" in run.result["msg"]
+    assert fake_plane.mutating_calls() == []
+
+
+def test_bad_arguments(run_module):
+    run = run_module(MAIN, {"name": "x", "state": "sideways"})
+    assert run.failed and "state" in run.result["msg"]
+    run = run_module(MAIN, {"name": "x", "idle_timeout": "soon"})
+    assert run.failed and "idle_timeout" in run.result["msg"]
+    run = run_module(MAIN, {"name": "x", "colour": "blue"})
+    assert run.failed and "colour" in run.result["msg"]
+
+
+def test_missing_token_says_what_to_set(run_module):
+    run = run_module(MAIN, {"name": "x"}, token=None)
+    assert run.failed
+    assert "DO_AGENTS_API_TOKEN" in run.result["msg"]
+
+
+def test_env_fallback_for_url_and_token(run_module, monkeypatch, fake_plane):
+    monkeypatch.setenv("DO_AGENTS_API_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("DO_AGENTS_API_TOKEN", "from-env")
+    seen = {}
+    import microvm_fake_plane
+
+    init = microvm_fake_plane.FakeClient.__init__
+
+    def record(self, *a, **kw):
+        seen.update(kw)
+        init(self, *a, **kw)
+
+    monkeypatch.setattr(microvm_fake_plane.FakeClient, "__init__", record)
+    run = run_module(MAIN, {"name": "web-1"}, token=None)
+    assert not run.failed, run.result
+    assert seen["api_url"] == "http://127.0.0.1:9"
+    assert seen["api_token"] == "from-env"
+    assert seen["prefix"] == "/v2/agents"
+
+
+def test_conflict_reports_the_server_message_and_state(run_module, fake_plane):
+    fake_plane.add_session("web-1")
+    fake_plane.fail_next.append(("POST", "/sessions/", 409, "session is busy"))
+    run = run_module(MAIN, {"name": "web-1", "state": "paused"})
+    assert run.failed
+    assert "HTTP 409" in run.result["msg"] and "session is busy" in run.result["msg"]
+    assert "in state READY" in run.result["msg"]
+    assert run.result["http_status"] == 409
+
+
+def test_session_info_filters_and_pages(run_module, fake_plane):
+    for i in range(5):
+        fake_plane.add_session("ci-%d" % i)
+    fake_plane.add_session("other")
+    fake_plane.add_session("ci-gone", status="DESTROYED")
+    fake_plane.add_session("ci-paused", status="PAUSED")
+    run = run_module(session_info.main, {"name_prefix": "ci-", "statuses": ["usable"]})
+    assert sorted(s["name"] for s in run.result["sessions"]) == ["ci-%d" % i for i in range(5)]
+    run = run_module(session_info.main, {"statuses": ["paused", "SESSION_STATUS_DESTROYED"]})
+    assert sorted(s["name"] for s in run.result["sessions"]) == ["ci-gone", "ci-paused"]
+    run = run_module(session_info.main, {"session": "CI-3"})
+    assert [s["name"] for s in run.result["sessions"]] == ["ci-3"]
+    run = run_module(session_info.main, {"session": "nope"})
+    assert run.result["sessions"] == [] and not run.failed
+    run = run_module(session_info.main, {"statuses": ["sleepy"]})
+    assert run.failed and "unknown session status 'sleepy'" in run.result["msg"]
