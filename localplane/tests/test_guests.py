@@ -1,0 +1,290 @@
+"""Guests: isolation, port bridge, freeze/thaw, stop, adopt, checkpoint/restore, clone (real bwrap guests)."""
+import asyncio
+import hashlib
+import os
+
+import pytest
+from guestkit import Interactive, Plane, download, guests_supported, pid_alive, run, sh, upload, wait_until
+
+from microvm_localplane.guests import DialError, GuestError, GuestManager, RootfsSpec
+from microvm_localplane.hostpaths import REPO_DIR
+
+pytestmark = [pytest.mark.skipif(not guests_supported(), reason="needs root, bwrap and cgroup v1 freezer"),
+              pytest.mark.timeout(180)]
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory):
+    p = Plane(str(tmp_path_factory.mktemp("guest-state")))
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def pair(plane):
+    """Two guests side by side."""
+    a, b = plane.boot("iso-a", hostname="alpha"), plane.boot("iso-b", hostname="bravo")
+    return (a, plane.stub(a)), (b, plane.stub(b))
+
+
+# ------------------------------------------------------------------ isolation
+
+def test_hostname_is_the_guests(pair):
+    (_, sa), (_, sb) = pair
+    assert sh(sa, "hostname; cat /etc/hostname").stdout == b"alpha\nalpha\n"
+    assert sh(sb, "hostname").stdout == b"bravo\n"
+
+
+def test_pid_namespace_pid1_is_guest_init(pair):
+    (a, sa), _ = pair
+    r = sh(sa, "tr '\\0' ' ' < /proc/1/cmdline; echo; ls -d /proc/[0-9]* | wc -l")
+    cmdline, count = r.stdout.decode().strip().split("\n")
+    assert "guest_init.py" in cmdline
+    assert int(count) < 20  # only the guest's own processes, not the host's
+    assert a.pid != 1 and pid_alive(a.pid)
+
+
+def test_tmp_is_separate(pair):
+    (_, sa), (_, sb) = pair
+    sh(sa, "echo mine > /tmp/only-in-a")
+    assert sh(sa, "cat /tmp/only-in-a").stdout == b"mine\n"
+    assert sh(sb, "test -e /tmp/only-in-a || echo absent").stdout == b"absent\n"
+
+
+def test_workspace_is_separate_and_persistent_on_host(plane, pair):
+    (_, sa), (_, sb) = pair
+    upload(sa, "/workspace/a-only.txt", b"A")
+    assert sh(sb, "test -e /workspace/a-only.txt || echo absent").stdout == b"absent\n"
+    host_copy = os.path.join(plane.state_dir, "sessions", "iso-a", "workspace", "a-only.txt")
+    with open(host_copy, "rb") as f:
+        assert f.read() == b"A"
+
+
+def test_guest_cannot_see_state_dirs_or_host_home(plane, pair):
+    (_, sa), _ = pair
+    other = os.path.join(plane.state_dir, "sessions", "iso-b")
+    hidden = [plane.state_dir, other, "/root/.bash_history", os.path.join(REPO_DIR, ".git"),
+              os.path.join(REPO_DIR, ".local", "plane"), os.path.join(REPO_DIR, "Makefile"), "/work/shared"]
+    r = run(sa, ["sh", "-c", 'for p in "$@"; do test -e "$p" && echo "visible $p"; done;'
+             ' ls -A /home; ls /run/localplane', "sh"] + hidden)
+    assert r.stdout.split() == [b"bridge.sock", b"init.json"]
+
+
+def test_host_code_is_read_only_in_guest(pair):
+    (_, sa), _ = pair
+    r = sh(sa, "touch /work/main/plugins/x 2>&1; echo rc=$?")
+    assert b"rc=1" in r.stdout and b"Read-only" in r.stdout
+
+
+def test_each_guest_has_its_own_network(plane, pair):
+    (a, sa), (b, sb) = pair
+    # a listener on port 9000 in guest A is reachable through A only
+    server = "import socket,sys; s=socket.socket(); s.bind(('127.0.0.1',9000)); s.listen(); " \
+             "print('listening',flush=True); c,_=s.accept(); c.sendall(b'hello from a'); c.close()"
+    call = Interactive(sa, ["python3", "-c", server])
+    assert call.next_frame().stdout == b"listening\n"
+    with pytest.raises(DialError, match="refused"):
+        plane.run(b.dial(9000))
+    reader, writer = plane.run(a.dial(9000))
+    assert plane.run(reader.read()) == b"hello from a"
+    writer.close()
+    assert call.rest()[-1].exit.exit_code == 0
+
+
+def test_dial_refusal_is_a_dial_error(plane, pair):
+    (a, _), _ = pair
+    with pytest.raises(DialError, match="connection refused"):
+        plane.run(a.dial(1))
+    with pytest.raises(DialError):
+        plane.run(a.dial(70000))
+
+
+def test_root_changes_stay_in_the_guest(plane, pair):
+    (_, sa), (_, sb) = pair
+    assert sh(sa, "echo changed > /opt/root-change && cat /opt/root-change").stdout == b"changed\n"
+    assert sh(sb, "test -e /opt/root-change || echo absent").stdout == b"absent\n"
+    assert not os.path.exists("/opt/root-change")  # never the host's filesystem
+    upper = os.path.join(plane.state_dir, "sessions", "iso-a", "rootfs", "root", "upper", "opt", "root-change")
+    assert os.path.exists(upper)
+
+
+def test_memory_is_accounted(pair):
+    (a, _), _ = pair
+    assert a.memory_bytes() > 1 << 20
+
+
+# ------------------------------------------------------------------ freeze / thaw
+
+def test_freeze_stops_every_process_and_thaw_resumes(plane):
+    g = plane.boot("freeze")
+    stub = plane.stub(g)
+    counter = os.path.join(plane.state_dir, "sessions", "freeze", "workspace", "counter")
+    sh(stub, "setsid sh -c 'while :; do echo x >> /workspace/counter; sleep 0.01; done' >/dev/null 2>&1 &")
+    assert wait_until(lambda: os.path.exists(counter) and os.path.getsize(counter) > 0)
+    g.freeze()
+    assert g.frozen
+    size = os.path.getsize(counter)
+    plane.run(asyncio.sleep(0.3))
+    assert os.path.getsize(counter) == size  # nothing runs while frozen
+    with pytest.raises(DialError):
+        plane.run(_dial_quick(g))
+    g.thaw()
+    assert not g.frozen
+    assert wait_until(lambda: os.path.getsize(counter) > size)
+    assert sh(stub, "echo back").stdout == b"back\n"
+    plane.run(plane.manager.stop("freeze"))
+
+
+async def _dial_quick(guest):
+    from microvm_localplane.guests import dial_bridge
+    sock = await dial_bridge(guest._layout.run, 8443, timeout=0.5)
+    sock.close()
+
+
+# ------------------------------------------------------------------ stop / destroy
+
+def test_stop_leaves_no_process_behind(plane):
+    g = plane.boot("stopper")
+    stub = plane.stub(g)
+    sh(stub, "setsid sleep 1000 >/dev/null 2>&1 & nohup sleep 1000 >/dev/null 2>&1 &")
+    cgroup = g._cgroup
+    pids = cgroup.pids()
+    assert len(pids) >= 4  # bwrap, init, agent, the sleeps
+    plane.run(plane.manager.stop("stopper"))
+    assert not any(pid_alive(p) for p in pids)
+    assert not g.alive()
+    assert not os.path.exists(cgroup.path("freezer")) and not os.path.exists(cgroup.path("memory"))
+    with pytest.raises(DialError):
+        plane.run(g.dial(8443))
+    assert plane.manager.get("stopper") is None
+    # the state stays
+    assert os.path.isdir(os.path.join(plane.state_dir, "sessions", "stopper", "workspace", "home"))
+
+
+def test_destroy_removes_state(plane):
+    plane.boot("doomed")
+    plane.run(plane.manager.destroy("doomed"))
+    assert not os.path.exists(os.path.join(plane.state_dir, "sessions", "doomed"))
+
+
+def test_boot_refuses_a_second_guest_for_a_session(plane):
+    plane.boot("twice")
+    with pytest.raises(GuestError, match="already"):
+        plane.boot("twice")
+    plane.run(plane.manager.stop("twice"))
+
+
+@pytest.mark.parametrize("bad", ["../x", "", "a/b", ".hidden"])
+def test_invalid_session_id_is_refused(plane, bad):
+    with pytest.raises(GuestError):
+        plane.boot(bad, hostname="h")
+
+
+# ------------------------------------------------------------------ adopt
+
+def test_adopt_reattaches_after_the_manager_is_discarded(tmp_path):
+    state = str(tmp_path / "state")
+    first = Plane(state)
+    g = first.boot("adoptee", env={"K": "v"})
+    upload(first.stub(g), "/workspace/kept.txt", b"kept")
+    sh(first.stub(g), "echo root > /opt/root-kept")
+    pid = g.pid
+    first.close(stop_guests=False)  # the control plane exits, the guest does not
+    assert pid_alive(pid)
+
+    second = Plane(state)
+    try:
+        again = second.run(second.manager.adopt("adoptee", "sb-adoptee", RootfsSpec("host"), {"K": "v"}, None, "adoptee"))
+        assert again.pid == pid and again.alive()
+        stub = second.stub(again)
+        assert download(stub, "/workspace/kept.txt")[1] == b"kept"
+        assert sh(stub, 'echo "$K"').stdout == b"v\n"
+
+        # a stopped guest is booted again from its persistent state: nothing lost
+        second.run(second.manager.stop("adoptee"))
+        booted = second.run(second.manager.adopt("adoptee", "sb-2", RootfsSpec("host"), {"K": "v"}, None, "adoptee"))
+        assert booted.pid != pid and booted.sandbox_id == "sb-2"
+        stub = second.stub(booted)
+        assert download(stub, "/workspace/kept.txt")[1] == b"kept"
+        assert sh(stub, "cat /opt/root-kept").stdout == b"root\n"
+    finally:
+        second.close()
+
+
+def test_shutdown_with_stop_kills_guests(tmp_path):
+    p = Plane(str(tmp_path / "state"))
+    g = p.boot("bye")
+    pids = g._cgroup.pids()
+    p.close(stop_guests=True)
+    assert pids and not any(pid_alive(x) for x in pids)
+
+
+# ------------------------------------------------------------------ checkpoint / restore / clone
+
+def _fingerprint(stub):
+    return sh(stub, "cd /workspace && find . -path ./home -prune -o -print | sort | xargs -d '\\n' sha256sum 2>/dev/null;"
+                    " cat /opt/cp-root 2>&1; test -e /etc/motd && echo motd-present || echo motd-gone").stdout
+
+
+def test_checkpoint_and_restore_exactly(plane, tmp_path):
+    g = plane.boot("cp")
+    stub = plane.stub(g)
+    payload = os.urandom(300_000)
+    upload(stub, "/workspace/data/blob", payload)
+    sh(stub, "echo v1 > /workspace/data/text; ln -s text /workspace/data/link; echo root-v1 > /opt/cp-root;"
+             " rm -f /etc/motd; mkdir -p /workspace/empty-dir")
+    before = _fingerprint(stub)
+    dest = str(tmp_path / "cp1")
+    size = plane.run(plane.manager.checkpoint("cp", dest))
+    assert size >= len(payload)
+    assert not g.frozen  # thawed again after the copy
+
+    sh(stub, "echo v2 > /workspace/data/text; rm /workspace/data/blob; echo new > /workspace/after;"
+             " echo root-v2 > /opt/cp-root; echo motd > /etc/motd")
+    assert _fingerprint(stub) != before
+
+    with pytest.raises(GuestError, match="running"):
+        plane.run(plane.manager.restore("cp", dest))
+    plane.run(plane.manager.stop("cp"))
+    plane.run(plane.manager.restore("cp", dest))
+    g2 = plane.boot("cp")
+    stub2 = plane.stub(g2)
+    assert _fingerprint(stub2) == before
+    assert download(stub2, "/workspace/data/blob")[1] == payload
+    assert sh(stub2, "test -e /workspace/after || echo gone").stdout == b"gone\n"
+    plane.run(plane.manager.stop("cp"))
+
+
+def test_clone_state_from_running_session_and_from_checkpoint(plane, tmp_path):
+    src = plane.boot("clone-src")
+    s_stub = plane.stub(src)
+    sh(s_stub, "echo original > /workspace/f; echo rootfile > /opt/cloned")
+    plane.run(plane.manager.clone_state("clone-src", "clone-dst"))
+    dst = plane.boot("clone-dst")
+    d_stub = plane.stub(dst)
+    assert sh(d_stub, "cat /workspace/f /opt/cloned; hostname").stdout == b"original\nrootfile\nclone-dst\n"
+    sh(d_stub, "echo diverged > /workspace/f")
+    assert sh(s_stub, "cat /workspace/f").stdout == b"original\n"  # independent copies
+
+    cp = str(tmp_path / "cp")
+    plane.run(plane.manager.checkpoint("clone-src", cp))
+    plane.run(plane.manager.clone_state("clone-src", "clone-from-cp", cp))
+    g3 = plane.boot("clone-from-cp")
+    assert sh(plane.stub(g3), "cat /workspace/f").stdout == b"original\n"
+    for sid in ("clone-src", "clone-dst", "clone-from-cp"):
+        plane.run(plane.manager.stop(sid))
+
+
+def test_checkpoint_of_stopped_session(plane, tmp_path):
+    g = plane.boot("cp-stopped")
+    upload(plane.stub(g), "/workspace/x", b"x")
+    plane.run(plane.manager.stop("cp-stopped"))
+    dest = str(tmp_path / "cp")
+    assert plane.run(plane.manager.checkpoint("cp-stopped", dest)) >= 1
+    with open(os.path.join(dest, "workspace", "x"), "rb") as f:
+        assert hashlib.sha256(f.read()).hexdigest() == hashlib.sha256(b"x").hexdigest()
+
+
+def test_two_managers_do_not_share_cgroups(tmp_path):
+    a, b = GuestManager(str(tmp_path / "a")), GuestManager(str(tmp_path / "b"))
+    assert a._cgroup("same").path("freezer") != b._cgroup("same").path("freezer")
