@@ -45,6 +45,7 @@ class Checkpoints:
         if not isinstance(label, str) or len(label) > contract.MAX_LABEL_CHARS:
             raise ApiFailure(400, "label must be a string of at most %d characters" % contract.MAX_LABEL_CHARS)
         sid = session["session_id"]
+        await self.sessions.wait_booted(sid)
         async with self.sessions.lock(sid):
             self._require_snapshot_state(session, "take a checkpoint")
             if self.sessions.in_flight.get(sid):
@@ -77,6 +78,7 @@ class Checkpoints:
     async def rollback(self, session, checkpoint_id):
         sid = session["session_id"]
         cp = self._ready_checkpoint(sid, checkpoint_id)
+        await self.sessions.wait_booted(sid)
         async with self.sessions.lock(sid):
             self._require_snapshot_state(session, "roll back")
             if self.sessions.in_flight.get(sid):
@@ -108,6 +110,7 @@ class Checkpoints:
                 raise ApiFailure(400, "from_checkpoint_id must be a checkpoint id")
             cp = self._ready_checkpoint(sid, doc["from_checkpoint_id"])
             src_dir = self.store.checkpoint_data(sid, cp["checkpoint_id"])
+        await self.sessions.wait_booted(sid)
         self._require_snapshot_state(session, "fork")
         children = []
         for _ in range(count):

@@ -214,6 +214,7 @@ class Sessions:
 
     # -- pause and resume ---------------------------------------------------
     async def pause(self, rec, reason=contract.PAUSE_MANUAL):
+        await self.wait_booted(rec["session_id"])
         async with self.lock(rec["session_id"]):
             if rec["status"] not in contract.PAUSABLE:
                 raise ApiFailure(409, "session %s is %s; only a READY or DETACHED session can be paused" % (
@@ -227,6 +228,7 @@ class Sessions:
             self.set_status(rec, contract.PAUSED, pause_reason=reason)
 
     async def resume(self, rec):
+        await self.wait_booted(rec["session_id"])
         async with self.lock(rec["session_id"]):
             if rec["status"] != contract.PAUSED:
                 raise ApiFailure(409, "session %s is %s; only a PAUSED session can be resumed" % (
@@ -246,8 +248,8 @@ class Sessions:
         sid = rec["session_id"]
         if rec["status"] in contract.GONE:
             raise ApiFailure(410, "session %s is %s" % (sid, contract.status_string(rec["status"])))
-        if rec["status"] == contract.PROVISIONING:
-            await self.wait_booted(sid)
+        # A boot, or an adoption after a restart, may still be under way.
+        await self.wait_booted(sid)
         async with self.lock(sid):
             if rec["status"] == contract.PAUSED:
                 self._thaw(rec)

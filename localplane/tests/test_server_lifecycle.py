@@ -1,0 +1,125 @@
+"""The plane as a process: `up`/`down`, restarts that adopt guests, and nothing left behind."""
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from microvm_localplane.testing import start_local_plane, stop_local_plane
+
+PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def processes_mentioning(text):
+    """Pids whose command line mentions `text` (a state dir): guests, launchers, the plane."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if text in cmd:
+            found.append((int(pid), cmd[:200]))
+    return found
+
+
+def cli(*args, timeout=120):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PKG_ROOT] + sys.path))
+    return subprocess.run([sys.executable, "-m", "microvm_localplane", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+class Rest:
+    def __init__(self, url, token):
+        self.url, self.h = url + "/v2/agents", {"Authorization": "Bearer " + token}
+
+    def create(self, name, **extra):
+        body = "name: %s\nagent: none\n" % name + "".join("%s: %s\n" % kv for kv in extra.items())
+        r = requests.post(self.url + "/sessions", data=body, headers=dict(self.h, **{"Content-Type": "application/yaml"}))
+        assert r.status_code == 201, r.text
+        return r.json()["session"]["session_id"]
+
+    def get(self, sid):
+        return requests.get(self.url + "/sessions/" + sid, headers=self.h).json()["session"]
+
+    def wait(self, sid, status, timeout=60):
+        deadline = time.time() + timeout
+        while (s := self.get(sid))["status"] != "SESSION_STATUS_" + status:
+            assert time.time() < deadline, s
+            time.sleep(0.05)
+        return s
+
+    def exec(self, sid, argv):
+        r = requests.post(self.url + "/sessions/%s/sandbox/exec" % sid, json={"argv": argv}, headers=self.h, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def post(self, path):
+        return requests.post(self.url + path, json={}, headers=self.h)
+
+
+def test_up_reuses_and_down_leaves_nothing(tmp_path):
+    state = str(tmp_path / "plane")
+    env_file = str(tmp_path / "env")
+    up = cli("up", "--state-dir", state, "--env-file", env_file, "--listen", "127.0.0.1:0")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert stat.S_IMODE(os.stat(env_file).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(os.path.join(state, "token")).st_mode) == 0o600
+        values = dict(line.replace("export ", "").split("=", 1) for line in open(env_file).read().splitlines())
+        url, token = values["DO_AGENTS_API_URL"], values["DO_AGENTS_API_TOKEN"]
+        rest = Rest(url, token)
+        sid = rest.create("cli-one")
+        rest.wait(sid, "READY")
+        again = cli("up", "--state-dir", state, "--env-file", env_file)
+        assert again.returncode == 0 and "reusing" in again.stdout
+        assert open(env_file).read().count(url) == 1
+        with open(os.path.join(state, "plane.log")) as f:
+            assert token not in f.read()
+    finally:
+        down = cli("down", "--state-dir", state)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert processes_mentioning(state) == []
+    assert "no local control plane" in cli("down", "--state-dir", state).stdout
+
+
+@pytest.mark.parametrize("how", ["graceful", "crash"])
+def test_restart_adopts_sessions_and_their_workspace(tmp_path, how):
+    state = str(tmp_path / "plane")
+    os.makedirs(state)
+    handle = start_local_plane(state)
+    try:
+        rest = Rest(handle.url, handle.token)
+        live, paused = rest.create("keep-live"), rest.create("keep-paused")
+        for sid in (live, paused):
+            rest.wait(sid, "READY")
+            assert rest.exec(sid, ["sh", "-c", "echo kept > /workspace/kept.txt"])["exit_code"] == 0
+        assert rest.post("/sessions/%s/pause" % paused).status_code == 204
+        rest.wait(paused, "PAUSED")
+        cp = requests.post(rest.url + "/sessions/%s/checkpoints" % live, json={"label": "x"}, headers=rest.h).json()
+        if how == "graceful":
+            stop_local_plane(handle)
+        else:
+            handle.process.send_signal(signal.SIGKILL)
+            handle.process.wait(10)
+        handle = start_local_plane(state, token=handle.token)
+        rest = Rest(handle.url, handle.token)
+        assert rest.wait(live, "READY")["name"] == "keep-live"
+        assert rest.exec(live, ["cat", "/workspace/kept.txt"])["stdout"] == "kept\n"
+        p = rest.get(paused)
+        assert p["status"] == "SESSION_STATUS_PAUSED" and p["pause_reason"] == "manual"
+        assert rest.post("/sessions/%s/resume" % paused).status_code == 204
+        assert rest.exec(paused, ["cat", "/workspace/kept.txt"])["stdout"] == "kept\n"
+        got = requests.get(rest.url + "/sessions/%s/checkpoints/%s" % (live, cp["checkpoint"]["checkpoint_id"]),
+                           headers=rest.h)
+        assert got.status_code == 200
+    finally:
+        stop_local_plane(handle)
+    assert processes_mentioning(state) == []
