@@ -36,7 +36,7 @@ class Plane:
     def _live_sessions_using(self, template_name):
         low = template_name.lower()
         return sum(1 for r in self.store.sessions.values()
-                   if r["status"] not in (contract.DESTROYED,) and r["template"].lower() == low)
+                   if r["status"] not in (contract.DESTROYED, contract.FAILED) and r["template"].lower() == low)
 
     async def start(self):
         self.sessions.adopt_all()
