@@ -282,12 +282,25 @@ class Sessions:
                 self.store.forget_session(sid)
                 self.locks.pop(sid, None)
                 continue
+            if rec["status"] in contract.USABLE and self._guest_died(sid):
+                # A guest that died under a usable session is booted again from its
+                # persistent state (like a VM restart); if that fails the session is FAILED.
+                log.warning("the guest of session %s stopped unexpectedly; booting it again", sid)
+                self.boots[sid] = self.spawn(self._boot(rec, adopt=True))
+                continue
             if rec["status"] in contract.USABLE and not self.in_flight.get(sid):
                 if self.activity.idle_for(sid) >= rec["idle_timeout_seconds"]:
                     try:
                         await self.pause(rec, contract.PAUSE_IDLE)
                     except ApiFailure:
                         pass
+
+    def _guest_died(self, session_id):
+        task = self.boots.get(session_id)
+        if (task is not None and not task.done()) or self.lock(session_id).locked():
+            return False
+        guest = self.guests.get(session_id)
+        return guest is None or not guest.alive()
 
     def adopt_all(self):
         """After a restart: reattach (or reboot from persistent state) every guest the state knows."""

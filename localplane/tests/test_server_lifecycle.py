@@ -1,4 +1,5 @@
 """The plane as a process: `up`/`down`, restarts that adopt guests, and nothing left behind."""
+import contextlib
 import os
 import signal
 import stat
@@ -120,6 +121,35 @@ def test_restart_adopts_sessions_and_their_workspace(tmp_path, how):
         got = requests.get(rest.url + "/sessions/%s/checkpoints/%s" % (live, cp["checkpoint"]["checkpoint_id"]),
                            headers=rest.h)
         assert got.status_code == 200
+    finally:
+        stop_local_plane(handle)
+    assert processes_mentioning(state) == []
+
+
+def test_a_guest_that_dies_is_booted_again_with_its_workspace(tmp_path):
+    state = str(tmp_path / "plane")
+    os.makedirs(state)
+    handle = start_local_plane(state)
+    try:
+        rest = Rest(handle.url, handle.token)
+        sid = rest.create("crashy")
+        rest.wait(sid, "READY")
+        assert rest.exec(sid, ["sh", "-c", "echo survived > /workspace/s.txt"])["exit_code"] == 0
+        victims = processes_mentioning(sid)
+        assert victims
+        for pid, _ in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.time() + 60
+        while True:
+            r = requests.post(rest.url + "/sessions/%s/sandbox/exec" % sid, json={"argv": ["cat", "/workspace/s.txt"]},
+                              headers=rest.h, timeout=60)
+            if r.status_code == 200:
+                break
+            assert time.time() < deadline, r.text
+            time.sleep(0.2)
+        assert r.json()["stdout"] == "survived\n"
+        assert rest.get(sid)["status"] == "SESSION_STATUS_READY"
     finally:
         stop_local_plane(handle)
     assert processes_mentioning(state) == []

@@ -1,0 +1,111 @@
+"""Unit tests of the plane's pure pieces: contract rules, create validation, paging, OCI refs, the store."""
+import json
+import os
+
+import pytest
+
+from microvm_localplane import contract
+from microvm_localplane.createspec import parse_create
+from microvm_localplane.httputil import ApiFailure, decode_page_token, encode_page_token
+from microvm_localplane.store import Store, write_json_atomic
+from microvm_localplane.templates import is_local_registry, parse_oci_ref
+
+
+@pytest.mark.parametrize("text,seconds", [("600s", 600), ("10m", 600), ("1h30m", 5400), ("1.5s", 1.5), ("250ms", 0.25)])
+def test_durations(text, seconds):
+    assert contract.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "10", "ten", "5d", "s", "1h 30m", "-5s"])
+def test_bad_durations(text):
+    assert contract.parse_duration(text) is None
+
+
+@pytest.mark.parametrize("name", ["a", "A1", "my.box_1-x", "x" * 64, "1"])
+def test_good_names(name):
+    assert contract.name_problem(name) is None
+
+
+@pytest.mark.parametrize("name", ["", "-a", "a-", "a b", "x" * 65, "ä", "123e4567-e89b-12d3-a456-426614174000",
+                                  "123e4567e89b12d3a456426614174000", None, 5])
+def test_bad_names(name):
+    assert contract.name_problem(name)
+
+
+def test_status_filter_accepts_both_spellings():
+    assert contract.parse_status_filter("READY") == "READY"
+    assert contract.parse_status_filter("session_status_paused") == "PAUSED"
+    assert contract.parse_status_filter("SLEEPING") is None
+
+
+def test_create_defaults_and_normalization():
+    spec = parse_create({"name": "box", "egress": ["PyPI.org"], "env": {"A": "1"}, "idle_timeout": "2m"})
+    assert spec == {"name": "box", "template": "base", "size_slug": contract.DEFAULT_SIZE, "idle_timeout_seconds": 120,
+                    "env": {"A": "1"}, "egress": ["pypi.org"]}
+    assert parse_create({"name": "box", "egress": "unrestricted"})["egress"] is None
+
+
+@pytest.mark.parametrize("doc", [{"name": "b", "agent": "claude"}, {"name": "b", "idle_timeout": "0s"},
+                                 {"name": "b", "idle_timeout": "1.5s"}, {"name": "b", "env": {"A": None}},
+                                 {"name": "b", "egress": ["not a host"]}, {"name": "b", "template": 3}])
+def test_create_refusals(doc):
+    with pytest.raises(ApiFailure) as e:
+        parse_create(doc)
+    assert e.value.status == 400
+
+
+def test_page_tokens_are_scoped_and_checked():
+    token = encode_page_token(50, "sessions||")
+    assert decode_page_token(token, "sessions||") == 50
+    for bad in ("garbage", encode_page_token(50, "templates"), encode_page_token(-1, "sessions||"), "e30"):
+        with pytest.raises(ApiFailure) as e:
+            decode_page_token(bad, "sessions||")
+        assert e.value.status == 400
+
+
+@pytest.mark.parametrize("ref,source,image", [
+    ("localhost:5000/repo/img:tag", "docker://localhost:5000/repo/img:tag",
+     {"registry": "localhost:5000", "repository": "repo/img", "tag": "tag", "digest": ""}),
+    ("registry.example.com/img", "docker://registry.example.com/img:latest",
+     {"registry": "registry.example.com", "repository": "img", "tag": "latest", "digest": ""}),
+    ("library/debian:12", "docker://docker.io/library/debian:12",
+     {"registry": "docker.io", "repository": "library/debian", "tag": "12", "digest": ""}),
+    ("oci:/srv/layout:v1", "oci:/srv/layout:v1", {"registry": "oci", "repository": "/srv/layout", "tag": "v1", "digest": ""}),
+])
+def test_oci_refs(ref, source, image):
+    assert parse_oci_ref(ref) == (source, image)
+
+
+@pytest.mark.parametrize("ref", ["", "has space:1", "oci:relative:v1", 7, "localhost:5000/"])
+def test_bad_oci_refs(ref):
+    with pytest.raises(ValueError):
+        parse_oci_ref(ref)
+
+
+def test_local_registries_skip_tls():
+    assert is_local_registry("localhost:5000") and is_local_registry("127.0.0.1:5000")
+    assert not is_local_registry("registry.example.com")
+
+
+def test_store_round_trip_and_torn_files(tmp_path):
+    store = Store(str(tmp_path))
+    store.save_session({"session_id": "s1", "name": "a"})
+    store.save_checkpoint({"session_id": "s1", "checkpoint_id": "c1"})
+    store.save_template({"template_id": "t1", "name": "t"})
+    # A crash mid-write leaves a temporary file, never a torn record.
+    with open(os.path.join(store.sessions_dir, ".tmp-abc"), "w") as f:
+        f.write("{not json")
+    again = Store(str(tmp_path))
+    assert again.sessions == {"s1": {"session_id": "s1", "name": "a"}}
+    assert again.checkpoints["s1"]["c1"]["checkpoint_id"] == "c1"
+    assert again.templates["t1"]["name"] == "t"
+    assert not os.path.exists(os.path.join(store.sessions_dir, ".tmp-abc"))
+    again.forget_session("s1")
+    assert Store(str(tmp_path)).sessions == {} and Store(str(tmp_path)).checkpoints.get("s1", {}) == {}
+
+
+def test_atomic_write_is_private(tmp_path):
+    path = str(tmp_path / "x" / "r.json")
+    write_json_atomic(path, {"a": 1})
+    assert json.load(open(path)) == {"a": 1}
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
