@@ -16,6 +16,7 @@ export PATH := $(BIN):$(PATH)
 # no registry pull), openssh-server (the SSH peer in bench/).
 DEB_PACKAGES := bubblewrap umoci skopeo buildah docker-registry debootstrap openssh-server rsync
 PYTEST_ARGS ?=
+NEWEST_SUITES ?= tests/integration/test_collection_build.py
 
 .PHONY: help venv system-deps collection proto proto-check lint sanity ansible-lint docs-lint docs \
         unit localplane-test integration test test-live demo local-up local-down build clean bench
@@ -35,6 +36,15 @@ $(VENV)/.stamp: requirements-dev.txt requirements.txt
 	touch $@
 
 venv: $(VENV)/.stamp
+
+# The newest ansible-core runs on Python 3.12+; pyenv provides 3.13 on this kind of machine.
+PYTHON_NEWEST ?= $(shell command -v python3.13 2>/dev/null || ls -d $$HOME/.pyenv/versions/3.13*/bin/python3.13 2>/dev/null | tail -n 1)
+.venv-newest/.stamp: requirements-newest.txt
+	@[ -n "$(PYTHON_NEWEST)" ] || { echo "Python 3.13 not found: install it (pyenv install 3.13) or set PYTHON_NEWEST"; exit 1; }
+	$(PYTHON_NEWEST) -m venv .venv-newest
+	.venv-newest/bin/pip install --quiet --upgrade pip
+	.venv-newest/bin/pip install --quiet -r requirements-newest.txt
+	touch $@
 
 system-deps:
 	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -86,6 +96,12 @@ integration: setup
 
 test: setup proto-check lint sanity ansible-lint docs-lint unit localplane-test integration
 	@bash hack/summary.sh
+
+# Sanity and the end-to-end smoke suites with the newest ansible-core on Python 3.13.
+test-newest: setup .venv-newest/.stamp
+	VENV_BIN=$(CURDIR)/.venv-newest/bin bash hack/sanity.sh
+	PATH=$(CURDIR)/.venv-newest/bin:$$PATH PYTEST_PYTHON=$(CURDIR)/.venv-newest/bin/python \
+	  bash hack/pytest-count.sh newest-core $(NEWEST_SUITES)
 
 test-live: setup
 	@if [ -z "$$DO_AGENTS_API_URL" ] || [ -z "$$DO_AGENTS_API_TOKEN" ]; then \

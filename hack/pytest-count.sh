@@ -5,7 +5,7 @@ set -uo pipefail
 name=$1; shift
 mkdir -p .local/results
 report=.local/results/$name.txt
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@" ${PYTEST_ARGS:-} 2>&1 | tee .local/results/$name.log
+"${PYTEST_PYTHON:-.venv/bin/python}" -m pytest -q -p no:cacheprovider "$@" ${PYTEST_ARGS:-} 2>&1 | tee .local/results/$name.log
 rc=${PIPESTATUS[0]}
 tail -n 1 .local/results/$name.log | sed 's/=//g' > "$report"
 if [ "$rc" = 5 ]; then echo "$name: no tests were collected (pytest exit 5): this suite must not be empty" | tee "$report"; exit 1; fi

@@ -8,10 +8,10 @@ work=${TMPDIR:-/tmp}/microvm-sandbox-sanity  # ansible-test skips trees under hi
 dest=$work/ansible_collections/microvm/sandbox
 rm -rf "$dest"; mkdir -p "$dest"
 git ls-files -z --cached --others --exclude-standard | rsync -a --from0 --files-from=- ./ "$dest/"
-pyver=$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+pyver=$("${VENV_BIN:-.venv/bin}/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 cache=$HOME/.ansible/test/cache
 mkdir -p "$cache"
-pipver=$(.venv/bin/python -c 'from ansible_test._internal.python_requirements import get_venv_packages as g
+pipver=$("${VENV_BIN:-.venv/bin}/python" -c 'from ansible_test._internal.python_requirements import get_venv_packages as g
 from ansible_test._internal.host_configs import NativePythonConfig as N
 p = N(); p.version = "'"$pyver"'"; print(g(p)["pip"])')
 standin=$cache/get_pip_${pipver//./_}.py
@@ -28,4 +28,4 @@ if args:
 PY
 fi
 cd "$dest"
-"$root/.venv/bin/ansible-test" sanity --color no --python "$pyver" --requirements "$@"
+"${VENV_BIN:-$root/.venv/bin}/ansible-test" sanity --color no --python "$pyver" --requirements "$@"

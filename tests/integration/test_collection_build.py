@@ -61,6 +61,6 @@ def test_installed_module_talks_to_the_plane(installed, plane, tmp_path):
         "    - microvm.sandbox.session_info: {}\n      register: info\n"
         "    - ansible.builtin.assert:\n        that: info.sessions is sequence\n")
     res = run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local",
-                "-e", "ansible_python_interpreter={{ ansible_playbook_python }}", str(play)], env=env)
+               "-e", "ansible_python_interpreter={{ ansible_playbook_python }}", str(play)], env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     assert plane.token not in res.stdout + res.stderr
