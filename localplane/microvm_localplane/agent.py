@@ -40,6 +40,7 @@ import grpc  # noqa: E402
 from .pb import pb2, pb2_grpc  # noqa: E402
 
 WORKSPACE = "/workspace"
+RUN_DIR = "/run/localplane"
 HOME = "/workspace/home"
 LISTEN = "0.0.0.0:8443"
 BASELINE_ENV = {
@@ -594,11 +595,23 @@ def build_server(listen=LISTEN, env=None, workers=64):
     return server
 
 
+def record_pid(run_dir=RUN_DIR):
+    """Tell the guest's PID 1 which process is the agent (it watches an agent it did not start)."""
+    try:
+        tmp = os.path.join(run_dir, "agent.pid.tmp")
+        with open(tmp, "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(tmp, os.path.join(run_dir, "agent.pid"))
+    except OSError:
+        pass
+
+
 def serve(listen=LISTEN):
     env = session_env()
     os.makedirs(HOME, exist_ok=True)
     server = build_server(listen, env)
     server.start()
+    record_pid()
     server.wait_for_termination()
 
 

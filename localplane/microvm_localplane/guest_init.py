@@ -1,7 +1,7 @@
 """PID 1 of a guest: reaps orphans, keeps the agent running, and bridges ports to the host.
 
 Runs inside the guest (bubblewrap, `--as-pid-1`) with the standard library only,
-started with `python -I` so it is up in a few milliseconds.
+started with `python -I -S` and few imports, so it is up in a few milliseconds.
 
 Port bridge: the host connects to the unix socket <run dir>/bridge.sock (bound
 into the guest at /run/localplane) and sends one line `port N\\n`. PID 1
@@ -10,7 +10,6 @@ connects to 127.0.0.1:N inside the guest's network namespace and answers
 The socket keeps its namespace, so the host then talks to the guest port
 directly: no bytes pass through this process.
 """
-import json
 import os
 import select
 import signal
@@ -83,23 +82,25 @@ def handle_bridge(conn):
 
 
 class Supervisor:
-    """Starts the agent, restarts it if it dies, reaps every orphan in the guest."""
+    """Keeps one agent running and reaps every orphan in the guest.
 
-    def __init__(self, run_dir, agent_argv):
+    With an external agent (forked in by the host's zygote) it only watches
+    that agent's pid, and starts its own agent if none shows up in time, the
+    host gives up (agent.fallback), or the external one dies.
+    """
+
+    EXTERNAL_WAIT = 10.0
+
+    def __init__(self, run_dir, agent_argv, external=False):
         self.run_dir = run_dir
         self.agent_argv = agent_argv
         self.agent_pid = None
         self.agent_started = 0.0
         self.backoff = RESPAWN_MIN
         self.respawn_at = None
-
-    def external_agent_pid(self):
-        # An agent forked in from the host (the zygote) records its guest pid here.
-        try:
-            with open(os.path.join(self.run_dir, AGENT_PID_FILE)) as f:
-                return int(f.read().strip())
-        except (OSError, ValueError):
-            return None
+        self.external = external
+        self.external_pid = None
+        self.external_deadline = time.monotonic() + self.EXTERNAL_WAIT
 
     def start_agent(self):
         try:
@@ -123,20 +124,54 @@ class Supervisor:
                 return
             if pid == 0:
                 return
-            if pid == self.agent_pid or (self.agent_pid is None and pid == self.external_agent_pid()):
+            if pid == self.agent_pid:
                 log("agent (pid %d) exited with status %d; restarting" % (pid, status))
                 self.agent_pid = None
                 self.schedule_respawn()
+            elif self.external and pid == self.external_pid:
+                # The host's agent was handed to us (we are PID 1): from now on we keep our own.
+                log("agent (pid %d) exited with status %d; starting one" % (pid, status))
+                self.external = False
+                self.start_agent()
+
+    def _watch_external(self):
+        if self.external_pid is None:
+            try:
+                with open(os.path.join(self.run_dir, AGENT_PID_FILE)) as f:
+                    self.external_pid = int(f.read().strip())
+                return
+            except (OSError, ValueError):
+                pass
+            if os.path.exists(os.path.join(self.run_dir, "agent.fallback")) or time.monotonic() > self.external_deadline:
+                log("no agent from the host; starting one")
+                self.external = False
+                self.start_agent()
+        elif not pid_running(self.external_pid):
+            log("agent (pid %d) is gone; starting one" % self.external_pid)
+            self.external = False
+            self.start_agent()
 
     def tick(self):
+        if self.external:
+            self._watch_external()
         if self.respawn_at is not None and time.monotonic() >= self.respawn_at:
             self.respawn_at = None
             self.start_agent()
 
     def next_timeout(self):
+        if self.external:
+            return 0.005 if self.external_pid is None else 0.5
         if self.respawn_at is None:
             return None
         return max(0.0, self.respawn_at - time.monotonic())
+
+
+def pid_running(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def listen(run_dir):
@@ -174,14 +209,9 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
     server = listen(run_dir)
-    supervisor = Supervisor(run_dir, agent_argv)
-    if external_agent:
-        # The host forks the agent in; if it dies we start our own the slow way.
-        pass
-    else:
+    supervisor = Supervisor(run_dir, agent_argv, external=external_agent)
+    if not external_agent:
         supervisor.start_agent()
-    with open(os.path.join(run_dir, "init.json"), "w") as f:
-        json.dump({"pid": os.getpid(), "started": time.time()}, f)
 
     while True:
         try:

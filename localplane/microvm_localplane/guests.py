@@ -15,6 +15,8 @@ A checkpoint is a directory with `workspace/` and `rootfs/<layer>/upper/`.
 Interface additions (beyond the brief's interface, nothing changed):
 - Guest.hostname, Guest.sandbox_id are plain attributes.
 - GuestManager.code: the host code paths bound into guests (hostpaths.CodePaths).
+- Env MICROVM_LOCALPLANE_ZYGOTE=0 turns off the warm agent zygote (zygote.py):
+  each guest's PID 1 then starts its own agent (slower boot, more memory).
 """
 import asyncio
 import contextlib
@@ -23,8 +25,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import asdict, dataclass
 
@@ -128,6 +132,62 @@ async def dial_bridge(run_dir, port, timeout=DIAL_TIMEOUT):
     raise DialError(reason or "dial failed")
 
 
+class Zygote:
+    """Client of zygote.py: a warm process that forks ready agents into guests (see there why)."""
+
+    def __init__(self, code, log_path):
+        self._code = code
+        self._log_path = log_path
+        self._proc = None
+        self._lock = threading.Lock()
+
+    def _start(self):
+        with open(self._log_path, "ab") as log:
+            self._proc = subprocess.Popen([self._code.python, "-m", "microvm_localplane.zygote"],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                          env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+                                               "PYTHONPATH": self._code.pythonpath()},
+                                          start_new_session=True, close_fds=True)
+        if not self._proc.stdout.readline():
+            raise GuestError("the agent zygote did not start (see %s)" % self._log_path)
+
+    def warm(self):
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._start()
+
+    def spawn(self, init_pid, cgroup_procs, session_env):
+        """Blocking: place an agent in the guest whose PID 1 has host pid init_pid; -> answer dict."""
+        request = json.dumps({"init_pid": init_pid, "cgroup_procs": cgroup_procs, "session_env": session_env})
+        with self._lock:
+            for _attempt in (1, 2):
+                if self._proc is None or self._proc.poll() is not None:
+                    self._start()
+                try:
+                    self._proc.stdin.write(request.encode() + b"\n")
+                    self._proc.stdin.flush()
+                    line = self._proc.stdout.readline()
+                except (BrokenPipeError, OSError):
+                    line = b""
+                if line:
+                    return json.loads(line)
+                self._stop_locked()
+            return {"ok": False, "error": "the agent zygote died"}
+
+    def _stop_locked(self):
+        if self._proc is not None:
+            with contextlib.suppress(Exception):
+                self._proc.stdin.close()
+            with contextlib.suppress(Exception):
+                self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+    def stop(self):
+        with self._lock:
+            self._stop_locked()
+
+
 class Guest:
     def __init__(self, manager, layout, session_id, sandbox_id, hostname, pid, pid_start, popen=None):
         self._manager = manager
@@ -181,6 +241,11 @@ class GuestManager:
         self._scope = hashlib.sha256(self.state_dir.encode()).hexdigest()[:12]
         self._guests = {}
         self._locks = {}
+        self._zygote = None
+        if os.environ.get("MICROVM_LOCALPLANE_ZYGOTE", "1") != "0":
+            self._zygote = Zygote(self.code, os.path.join(self.state_dir, "zygote.log"))
+            # Warm it now (its imports take ~0.3 s) so that the first boot is fast too.
+            threading.Thread(target=self._warm_zygote, daemon=True).start()
 
     # ------------------------------------------------------------ helpers
 
@@ -197,6 +262,12 @@ class GuestManager:
 
     def get(self, session_id):
         return self._guests.get(session_id)
+
+    def _warm_zygote(self):
+        try:
+            self._zygote.warm()
+        except Exception:
+            pass  # boot() retries and falls back to the guest starting its own agent
 
     # ------------------------------------------------------------ boot
 
@@ -221,25 +292,30 @@ class GuestManager:
             layout.create(layers)
             rootfs_mod.write_identity(layout, layers, hostname)
             cgroup.create()
-            guest_argv = [self.code.python, "-I", os.path.join(self.code.package_dir, "guest_init.py"),
+            guest_argv = [self.code.python, "-I", "-S", os.path.join(self.code.package_dir, "guest_init.py"),
                           "--run-dir", rootfs_mod.GUEST_RUN_DIR]
+            if self._zygote is not None:
+                guest_argv.append("--external-agent")
             script = rootfs_mod.launch_script(layout, mounts, self.code, hostname, cgroup.procs_files(), guest_argv)
         except (RootfsError, OSError) as e:
             raise GuestError("cannot prepare guest %s: %s" % (session_id, e))
 
+        session_env = {str(k): str(v) for k, v in (env or {}).items()}
         launch_env = {
             "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "LANG": "C.UTF-8",
             "PYTHONPATH": self.code.pythonpath(),
             "PYTHONDONTWRITEBYTECODE": "1",
             # The session's env reaches the agent's command baseline; never logged.
-            "MICROVM_SESSION_ENV": json.dumps({str(k): str(v) for k, v in (env or {}).items()}),
+            "MICROVM_SESSION_ENV": json.dumps(session_env),
         }
         with open(layout.log_file, "ab") as log:
             popen = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script],
                                      stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=launch_env,
                                      start_new_session=True, close_fds=True)
         try:
+            if self._zygote is not None:
+                await self._place_agent(layout, popen, cgroup, session_env)
             pid, pid_start = await self._wait_ready(layout, popen)
         except BaseException:
             await asyncio.to_thread(self._kill, layout, cgroup, popen)
@@ -250,6 +326,32 @@ class GuestManager:
         guest = Guest(self, layout, session_id, sandbox_id, hostname, pid, pid_start, popen)
         self._guests[session_id] = guest
         return guest
+
+    async def _place_agent(self, layout, popen, cgroup, session_env):
+        """Fork the warm agent into the guest once bwrap has built it; on failure the guest starts its own."""
+        deadline = time.monotonic() + BOOT_TIMEOUT
+        init_pid = None
+        while True:
+            if popen.poll() is not None:
+                raise GuestError("guest exited during boot (status %s): %s" % (popen.returncode, _log_tail(layout)))
+            if time.monotonic() > deadline:
+                raise GuestError("guest did not start within %.0f s: %s" % (BOOT_TIMEOUT, _log_tail(layout)))
+            if init_pid is None:
+                init_pid = _read_child_pid(layout)
+            # bwrap execs PID 1 only after the mounts, pivot_root and capabilities are done:
+            # once /proc/<pid>/exe is no longer bwrap, the namespaces are ready to enter.
+            if init_pid is not None and _exe_name(init_pid) not in ("bwrap", None):
+                break
+            await asyncio.sleep(0.001)
+        try:
+            answer = await asyncio.to_thread(self._zygote.spawn, init_pid, cgroup.procs_files(), session_env)
+        except Exception as e:
+            answer = {"ok": False, "error": str(e)}
+        if not answer.get("ok"):
+            with open(layout.log_file, "a") as log:
+                log.write("zygote could not place the agent (%s); the guest starts its own\n" % answer.get("error"))
+            with open(os.path.join(layout.run, "agent.fallback"), "w"):
+                pass
 
     async def _wait_ready(self, layout, popen):
         deadline = time.monotonic() + BOOT_TIMEOUT
@@ -266,9 +368,8 @@ class GuestManager:
                     raise GuestError("guest agent did not answer within %.0f s: %s" % (BOOT_TIMEOUT, _log_tail(layout)))
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 0.02)
-        with open(layout.info_file) as f:
-            pid = int(json.load(f)["child-pid"])
-        start = _proc_start_time(pid)
+        pid = _read_child_pid(layout)
+        start = _proc_start_time(pid) if pid else None
         if start is None:
             raise GuestError("guest init exited during boot: %s" % _log_tail(layout))
         return pid, start
@@ -313,13 +414,25 @@ class GuestManager:
             await asyncio.to_thread(self._kill, layout, self._cgroup(session_id), guest._popen if guest else None)
 
     def _kill(self, layout, cgroup, popen):
+        # The guest's PID 1 first: the kernel then kills its whole PID namespace and bwrap
+        # reaps it, so no guest process is left as a zombie of the host's init.
+        meta = layout.read_meta() or {}
+        init_pid = _read_child_pid(layout) or meta.get("pid")
+        if init_pid and _proc_start_time(init_pid) is not None and (
+                popen is not None or _proc_start_time(init_pid) == meta.get("pid_start")):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(init_pid, signal.SIGKILL)
+            cgroup.thaw()  # a frozen task only dies once thawed
+            deadline = time.monotonic() + 5
+            while _proc_start_time(init_pid) is not None and time.monotonic() < deadline:
+                time.sleep(0.002)
         cgroup.kill_all()
         if popen is not None:
             with contextlib.suppress(Exception):
                 popen.kill()
             popen.wait()
         cgroup.remove()
-        for name in ("bridge.sock", "init.json", "agent.pid"):
+        for name in ("bridge.sock", "agent.pid", "agent.fallback"):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(layout.run, name))
 
@@ -392,6 +505,8 @@ class GuestManager:
             for session_id in list(self._guests):
                 await self.stop(session_id)
         self._guests.clear()
+        if self._zygote is not None:
+            await asyncio.to_thread(self._zygote.stop)
 
 
 async def _run(*argv):
@@ -423,6 +538,22 @@ async def _replace_state(src_dir, layout):
         for layer in sorted(os.listdir(src_rootfs)):
             os.makedirs(os.path.join(layout.rootfs, layer))
             await _run("cp", "-a", "--reflink=auto", os.path.join(src_rootfs, layer, "upper"), layout.upper(layer))
+
+
+def _read_child_pid(layout):
+    """The host pid of the guest's PID 1, from bwrap's --info-fd file (None until written)."""
+    try:
+        with open(layout.info_file) as f:
+            return int(json.load(f)["child-pid"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _exe_name(pid):
+    try:
+        return os.path.basename(os.readlink("/proc/%d/exe" % pid))
+    except OSError:
+        return None
 
 
 def _log_tail(layout, limit=2000):

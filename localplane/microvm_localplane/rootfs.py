@@ -82,6 +82,15 @@ class SessionLayout:
             shutil.rmtree(self.work(layer), ignore_errors=True)
             os.makedirs(self.work(layer))
         os.makedirs(os.path.join(self.workspace, "home"), exist_ok=True)
+        for stale in ("bridge.sock", "agent.pid", "agent.fallback"):
+            try:
+                os.unlink(os.path.join(self.run, stale))
+            except FileNotFoundError:
+                pass
+        try:
+            os.unlink(self.info_file)
+        except FileNotFoundError:
+            pass
 
     def read_meta(self):
         try:

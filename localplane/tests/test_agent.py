@@ -290,8 +290,7 @@ def test_large_transfer_streams(stub):
 
 
 def _agent_rss(stub):
-    out = sh(stub, "for p in /proc/[0-9]*; do if grep -q microvm_localplane.agent $p/cmdline 2>/dev/null; "
-                   "then grep VmRSS $p/status; fi; done").stdout.split()
+    out = sh(stub, "grep VmRSS /proc/$(cat /run/localplane/agent.pid)/status").stdout.split()
     return int(out[1]) * 1024
 
 

@@ -67,7 +67,10 @@ def test_guest_cannot_see_state_dirs_or_host_home(plane, pair):
               os.path.join(REPO_DIR, ".local", "plane"), os.path.join(REPO_DIR, "Makefile"), "/work/shared"]
     r = run(sa, ["sh", "-c", 'for p in "$@"; do test -e "$p" && echo "visible $p"; done;'
              ' ls -A /home; ls /run/localplane', "sh"] + hidden)
-    assert r.stdout.split() == [b"bridge.sock", b"init.json"]
+    assert b"visible" not in r.stdout
+    listing = r.stdout.split()
+    assert b"bridge.sock" in listing  # /home is empty; /run/localplane holds only the guest's own run files
+    assert set(listing) <= {b"bridge.sock", b"agent.pid", b"agent.log"}
 
 
 def test_host_code_is_read_only_in_guest(pair):
@@ -151,7 +154,7 @@ def test_stop_leaves_no_process_behind(plane):
     pids = cgroup.pids()
     assert len(pids) >= 4  # bwrap, init, agent, the sleeps
     plane.run(plane.manager.stop("stopper"))
-    assert not any(pid_alive(p) for p in pids)
+    assert not any(os.path.exists("/proc/%d" % p) for p in pids)  # not even a zombie
     assert not g.alive()
     assert not os.path.exists(cgroup.path("freezer")) and not os.path.exists(cgroup.path("memory"))
     with pytest.raises(DialError):
