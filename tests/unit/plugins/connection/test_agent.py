@@ -1,0 +1,226 @@
+"""The connection plugin's option handling, scratch defaults, error mapping and become interaction.
+
+The mux is replaced by a fake here (unit tests only); tests/integration runs the real stack.
+"""
+import pytest
+from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound
+from ansible.playbook.play_context import PlayContext
+from ansible.plugins.loader import become_loader, connection_loader, init_plugin_loader
+
+from ansible_collections.microvm.sandbox.plugins.connection import agent as agent_plugin
+from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
+
+init_plugin_loader()
+NAME = "microvm.sandbox.agent"
+
+
+def new_connection(pid="4242"):
+    """The plugin as ansible-core's loader makes it (the tests import the collection as a plain package)."""
+    connection_loader._load_config_defs(NAME, agent_plugin, agent_plugin.__file__)
+    conn = agent_plugin.Connection(PlayContext(), task_uuid="u", ansible_playbook_pid=pid)
+    conn._load_name = NAME
+    return conn
+
+
+@pytest.fixture
+def conn(monkeypatch):
+    monkeypatch.delenv("ANSIBLE_PIPELINING", raising=False)
+    monkeypatch.delenv("MICROVM_SCRATCH_DIR", raising=False)
+    c = new_connection()
+    c.set_options(var_options={"inventory_hostname": "box", "ansible_host": "my-session"})
+    c._shell.set_options(var_options={})
+    return c
+
+
+def test_defaults(conn):
+    assert conn.has_pipelining and conn.get_option("pipelining") is True
+    assert conn.is_pipelining_enabled()
+    assert conn.get_option("remote_addr") == "my-session"
+    assert conn.get_option("route_prefix") == "/v2/agents"
+    assert conn.get_option("agent_port") == 8443
+    assert conn.get_option("scratch_dir") == "/workspace/.scratch"
+    assert conn.get_option("command_timeout") == 0
+    assert conn.transport == "microvm.sandbox.agent"
+
+
+def test_remote_tmp_defaults_under_the_scratch_dir(conn):
+    assert conn._shell.get_option("remote_tmp") == "/workspace/.scratch/ansible-tmp"
+
+
+def test_remote_tmp_follows_a_custom_scratch_dir():
+    c = new_connection("1")
+    c.set_options(var_options={"ansible_microvm_scratch_dir": "/workspace/my-scratch"})
+    c._shell.set_options(var_options={})
+    assert c._shell.get_option("remote_tmp") == "/workspace/my-scratch/ansible-tmp"
+
+
+def test_user_remote_tmp_is_kept_and_checked(conn):
+    conn._shell.set_options(var_options={"ansible_remote_tmp": "/tmp/elsewhere"})
+    assert conn._shell.get_option("remote_tmp") == "/tmp/elsewhere"
+    with pytest.raises(profile.TransferPathError, match=r"remote_tmp '/tmp/elsewhere' must be .* inside /workspace"):
+        conn._check_paths()
+
+
+def test_home_relative_remote_tmp_is_inside_the_workspace(conn):
+    conn._shell.set_options(var_options={"ansible_remote_tmp": "~/.ansible/custom"})
+    conn._check_paths()
+
+
+def test_scratch_outside_workspace_fails_at_connect_before_any_mux(monkeypatch):
+    c = new_connection("1")
+    c.set_options(var_options={"ansible_microvm_scratch_dir": "/tmp/scratch", "ansible_microvm_api_token": "t"})
+    c._shell.set_options(var_options={})
+    monkeypatch.setattr("ansible_collections.microvm.sandbox.plugins.connection.agent.MuxClient",
+                        lambda *a, **k: pytest.fail("no mux may be started"))
+    with pytest.raises(AnsibleError, match=r"scratch dir '/tmp/scratch' must be an absolute directory inside /workspace"):
+        c._connect()
+
+
+def test_missing_token_is_unreachable_and_names_the_options(conn, monkeypatch):
+    monkeypatch.delenv("DO_AGENTS_API_TOKEN", raising=False)
+    with pytest.raises(AnsibleConnectionFailure, match="api_token.*DO_AGENTS_API_TOKEN"):
+        conn._connect()
+
+
+def test_tmpdir_is_set_last_in_the_module_environment(conn):
+    prefix = conn._shell.env_prefix(TMPDIR="/tmp", LANG="C")
+    run_dir = conn._run_info()["dir"]
+    assert prefix.endswith("TMPDIR=%s" % run_dir)
+    assert "TMPDIR=/tmp" not in prefix and prefix.startswith("LANG=C ")
+    assert run_dir.startswith("/workspace/.scratch/run.")
+    assert "-4242-" in run_dir  # the run is named after the ansible-playbook process
+
+
+def test_run_identity_is_shared_by_the_tasks_of_a_run():
+    a = new_connection("77")
+    b = new_connection("77")
+    for c in (a, b):
+        c.set_options(var_options={})
+    assert a._run_info() == b._run_info()
+
+
+class FakeMux:
+    def __init__(self, result=None, error=None):
+        self.result = result or (0, b"out", b"err", {"rc": 0})
+        self.error = error
+        self.calls = []
+
+    def exec(self, argv, **kw):
+        self.calls.append(("exec", argv, kw))
+        if self.error:
+            raise self.error
+        return self.result
+
+    def put(self, local, remote, run=None):
+        self.calls.append(("put", local, remote))
+        if self.error:
+            raise self.error
+
+    def fetch(self, remote, local, run=None):
+        self.calls.append(("fetch", remote, local))
+        if self.error:
+            raise self.error
+
+    def close(self):
+        pass
+
+
+def connected(conn, mux):
+    conn._mux = mux
+    conn._connected = True
+    return conn
+
+
+def test_exec_sends_argv_tmpdir_and_stdin(conn):
+    mux = FakeMux()
+    rc, out, err = connected(conn, mux).exec_command("echo hi", in_data=b"payload")
+    assert (rc, out, err) == (0, b"out", b"err")
+    _, argv, kw = mux.calls[0]
+    assert argv == ["/bin/sh", "-c", "echo hi"]
+    assert kw["stdin"] == b"payload" and kw["env"]["TMPDIR"] == conn._run_info()["dir"]
+    assert kw["interact"] is None
+
+
+def test_command_timeout_names_the_option(conn):
+    conn.set_options(var_options={"ansible_microvm_command_timeout": 5})
+    with pytest.raises(AnsibleError, match=r"timed out after 5s \(option command_timeout\)"):
+        connected(conn, FakeMux(result=(143, b"", b"", {"rc": 143, "timed_out": True}))).exec_command("sleep 9")
+
+
+@pytest.mark.parametrize("kind, exc", [
+    (mp.ERR_LOST, AnsibleConnectionFailure), (mp.ERR_GONE, AnsibleConnectionFailure),
+    (mp.ERR_UNREACHABLE, AnsibleConnectionFailure), (mp.ERR_NOT_FOUND, AnsibleFileNotFound),
+    (mp.ERR_DENIED, AnsibleError), (mp.ERR_PATH, AnsibleError), (mp.ERR_FAILED, AnsibleError)])
+def test_mux_errors_map_to_ansible_outcomes(conn, kind, exc):
+    c = connected(conn, FakeMux(error=mp.MuxError(kind, "session box is DESTROYED")))
+    with pytest.raises(exc, match="session box is DESTROYED") as e:
+        c.fetch_file("/workspace/x", "/tmp/x")
+    if exc is AnsibleError:
+        assert not isinstance(e.value, AnsibleConnectionFailure)
+
+
+def test_mux_socket_failure_is_unreachable(conn):
+    with pytest.raises(AnsibleConnectionFailure, match="lost the multiplexer"):
+        connected(conn, FakeMux(error=BrokenPipeError(32, "Broken pipe"))).exec_command("true")
+
+
+def test_put_of_a_missing_local_file(conn, tmp_path):
+    with pytest.raises(AnsibleFileNotFound):
+        connected(conn, FakeMux()).put_file(str(tmp_path / "nope"), "/workspace/x")
+
+
+def test_put_and_fetch_pass_any_guest_path(conn, tmp_path):
+    f = tmp_path / "a file ☃"
+    f.write_text("x")
+    mux = FakeMux()
+    connected(conn, mux)
+    conn.put_file(str(f), "/etc/x")
+    conn.fetch_file("/var/log/x", str(tmp_path / "y"))
+    assert mux.calls[0] == ("put", str(f), "/etc/x")
+    assert mux.calls[1] == ("fetch", "/var/log/x", str(tmp_path / "y"))
+
+
+def become(conn, method, password):
+    b = become_loader.get(method)
+    b.set_options(direct={"become_pass": password} if password else {})
+    conn.set_become_plugin(b)
+    b.build_become_command("/bin/sh -c true", conn._shell)
+    return b
+
+
+def test_sudo_password_prompt_is_answered_once_then_stdin_released(conn):
+    bp = become(conn, "ansible.builtin.sudo", "pw")
+    prompted = []
+    interact = conn._become_interaction(prompted)
+    assert interact(b"", b"") is None
+    assert interact(b"", enc("[sudo via ansible, key=%s] password:" % bp._id)) == b"pw\n"
+    assert interact(b"", enc("[sudo via ansible, key=%s] password:" % bp._id)) is None  # never twice
+    assert interact(enc("%s\n" % bp.success), b"") is True
+
+
+def enc(text):
+    return text.encode()
+
+
+def test_become_without_password_needs_no_interaction(conn):
+    become(conn, "ansible.builtin.sudo", None)
+    mux = FakeMux()
+    connected(conn, mux).exec_command("sudo ...", in_data=b"x")
+    assert mux.calls[0][2]["interact"] is None
+
+
+def test_become_with_password_interacts(conn):
+    become(conn, "ansible.builtin.sudo", "pw")
+    mux = FakeMux()
+    connected(conn, mux).exec_command("sudo ...", in_data=b"x")
+    assert mux.calls[0][2]["interact"] is not None
+
+
+def test_documentation_parses():
+    import yaml
+    doc = yaml.safe_load(agent_plugin.DOCUMENTATION)
+    assert doc["name"] == "agent"
+    assert doc["options"]["pipelining"]["default"] is True
+    assert doc["options"]["api_token"]["env"] == [{"name": "DO_AGENTS_API_TOKEN"}]
+    assert all(isinstance(n, str) for n in doc["notes"])
