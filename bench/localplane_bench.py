@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""Benchmark of the local control plane (not a timed test).
+
+Measures, against a fresh plane on a temporary state dir:
+- create-to-READY: median and p95 over N sequential creates (REST create, then GET polled every 5 ms);
+- 50 concurrent sessions: time until all are READY, every one proven usable by a gRPC Exec through
+  its port-forward, and the memory per idle guest (the guest's memory cgroup, as Guest.memory_bytes reads it);
+- Exec round trip through the port-forward: gRPC Exec `true` over one warm WebSocket tunnel, and the
+  first Exec of a fresh tunnel (WebSocket upgrade + guest dial + HTTP/2 handshake).
+
+Prints a table and writes bench/results/localplane.json.
+Usage: PYTHONPATH=.local/collections:localplane .venv/bin/python bench/localplane_bench.py [--creates 20] [--concurrent 50]
+"""
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for p in (os.path.join(ROOT, ".local", "collections"), os.path.join(ROOT, "localplane")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import grpc  # noqa: E402
+import requests  # noqa: E402
+
+from ansible_collections.microvm.sandbox.plugins.plugin_utils.agent_pb import (  # noqa: E402
+    sandbox_agent_pb2 as pb,
+    sandbox_agent_pb2_grpc as pb_grpc,
+)
+from microvm_localplane.freezer import GuestCgroup  # noqa: E402
+from microvm_localplane.sessions import guest_state_dir  # noqa: E402
+from microvm_localplane.testing import start_local_plane, stop_local_plane  # noqa: E402
+
+
+def pct(values, q):
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+class Rest:
+    def __init__(self, handle):
+        self.base = handle.url + "/v2/agents"
+        self.http = requests.Session()
+        self.http.headers["Authorization"] = "Bearer " + handle.token
+
+    def create(self, name):
+        r = self.http.post(self.base + "/sessions", data="name: %s\nagent: none\nidle_timeout: 1h\n" % name,
+                           headers={"Content-Type": "application/yaml"})
+        r.raise_for_status()
+        return r.json()["session"]["session_id"]
+
+    def status(self, sid):
+        return self.http.get(self.base + "/sessions/" + sid).json()["session"]["status"]
+
+    def wait_ready(self, sid, timeout=300, poll=0.005):
+        deadline = time.monotonic() + timeout
+        while True:
+            s = self.status(sid)
+            if s == "SESSION_STATUS_READY":
+                return
+            if s in ("SESSION_STATUS_FAILED", "SESSION_STATUS_DESTROYED") or time.monotonic() > deadline:
+                raise RuntimeError("session %s is %s" % (sid, s))
+            time.sleep(poll)
+
+    def delete(self, sid):
+        self.http.delete(self.base + "/sessions/" + sid)
+
+
+class Tunnel:
+    """Loopback TCP -> one port-forward WebSocket per connection (a thread with its own loop)."""
+
+    def __init__(self, handle, sid, port=8443):
+        from websockets.asyncio.client import connect
+        self.connect = connect
+        self.url = handle.ws_url(sid, port)
+        self.headers = handle.auth_headers
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        threading.Thread(target=self._run, args=(started,), daemon=True).start()
+        started.wait(10)
+
+    def _run(self, started):
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.port = self.server.sockets[0].getsockname()[1]
+        started.set()
+        self.loop.run_forever()
+
+    async def _handle(self, reader, writer):
+        try:
+            async with self.connect(self.url, additional_headers=self.headers, max_size=None) as ws:
+                async def up():
+                    while data := await reader.read(65536):
+                        await ws.send(data)
+                    await ws.close()
+
+                async def down():
+                    async for msg in ws:
+                        if isinstance(msg, bytes):
+                            writer.write(msg)
+                            await writer.drain()
+                tasks = [asyncio.ensure_future(up()), asyncio.ensure_future(down())]
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for t in tasks:
+                    t.cancel()
+        except Exception:
+            pass
+        finally:
+            writer.close()
+
+    def close(self):
+        async def shutdown():
+            self.server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def grpc_exec(stub, argv):
+    def reqs():
+        yield pb.ExecRequest(start=pb.ExecStart(argv=argv))
+    code = None
+    for frame in stub.Exec(reqs(), timeout=60):
+        if frame.WhichOneof("output") == "exit":
+            code = frame.exit.exit_code
+    return code
+
+
+def bench_create(rest, n):
+    times = []
+    for i in range(n):
+        start = time.monotonic()
+        sid = rest.create("bench-create-%d" % i)
+        rest.wait_ready(sid)
+        times.append(time.monotonic() - start)
+        rest.delete(sid)
+    return {"count": n, "median_ms": statistics.median(times) * 1000, "p95_ms": pct(times, 0.95) * 1000,
+            "min_ms": min(times) * 1000, "max_ms": max(times) * 1000}
+
+
+def bench_concurrent(handle, rest, n):
+    start = time.monotonic()
+    sids = [rest.create("bench-many-%d" % i) for i in range(n)]
+    created = time.monotonic() - start
+    errors = []
+
+    def wait(sid):
+        try:
+            rest.wait_ready(sid, poll=0.05)
+        except Exception as e:
+            errors.append(str(e))
+    threads = [threading.Thread(target=wait, args=(s,)) for s in sids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    all_ready = time.monotonic() - start
+    usable = 0
+    for sid in sids:
+        tunnel = Tunnel(handle, sid)
+        channel = grpc.insecure_channel("127.0.0.1:%d" % tunnel.port)
+        try:
+            if grpc_exec(pb_grpc.SandboxAgentServiceStub(channel), ["true"]) == 0:
+                usable += 1
+        except grpc.RpcError as e:
+            errors.append("%s: %s" % (sid, e.code()))
+        finally:
+            channel.close()
+            tunnel.close()
+    time.sleep(2)  # let the guests settle to idle
+    scope = hashlib.sha256(os.path.abspath(guest_state_dir(handle.state_dir)).encode()).hexdigest()[:12]
+    mem = [GuestCgroup(scope, sid).memory_bytes() for sid in sids]
+    mem = [m for m in mem if m]
+    result = {"count": n, "submit_s": created, "all_ready_s": all_ready, "usable": usable, "errors": errors[:5],
+              "idle_guest_memory_mib_median": statistics.median(mem) / 2**20 if mem else None,
+              "idle_guest_memory_mib_max": max(mem) / 2**20 if mem else None}
+    for sid in sids:
+        rest.delete(sid)
+    return result
+
+
+def bench_exec(handle, rest, n):
+    sid = rest.create("bench-exec")
+    rest.wait_ready(sid)
+    firsts = []
+    for _ in range(5):
+        tunnel = Tunnel(handle, sid)
+        channel = grpc.insecure_channel("127.0.0.1:%d" % tunnel.port)
+        start = time.monotonic()
+        grpc_exec(pb_grpc.SandboxAgentServiceStub(channel), ["true"])
+        firsts.append(time.monotonic() - start)
+        channel.close()
+        tunnel.close()
+    tunnel = Tunnel(handle, sid)
+    channel = grpc.insecure_channel("127.0.0.1:%d" % tunnel.port)
+    stub = pb_grpc.SandboxAgentServiceStub(channel)
+    grpc_exec(stub, ["true"])
+    warm = []
+    for _ in range(n):
+        start = time.monotonic()
+        assert grpc_exec(stub, ["true"]) == 0
+        warm.append(time.monotonic() - start)
+    channel.close()
+    tunnel.close()
+    rest_times = []
+    for _ in range(10):
+        start = time.monotonic()
+        r = rest.http.post(rest.base + "/sessions/%s/sandbox/exec" % sid, json={"argv": ["true"]})
+        r.raise_for_status()
+        rest_times.append(time.monotonic() - start)
+    rest.delete(sid)
+    return {"warm_count": n, "warm_median_ms": statistics.median(warm) * 1000, "warm_p95_ms": pct(warm, 0.95) * 1000,
+            "first_on_new_tunnel_median_ms": statistics.median(firsts) * 1000,
+            "rest_exec_median_ms": statistics.median(rest_times) * 1000}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--creates", type=int, default=20)
+    parser.add_argument("--concurrent", type=int, default=50)
+    parser.add_argument("--execs", type=int, default=100)
+    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "localplane.json"))
+    args = parser.parse_args()
+    state = tempfile.mkdtemp(prefix="mvlp-bench-")
+    handle = start_local_plane(state)
+    try:
+        rest = Rest(handle)
+        results = {"machine": {"cpus": os.cpu_count(), "load_at_start": os.getloadavg()[0]},
+                   "create_to_ready": bench_create(rest, args.creates),
+                   "exec_through_port_forward": bench_exec(handle, rest, args.execs),
+                   "concurrent_sessions": bench_concurrent(handle, rest, args.concurrent)}
+    finally:
+        stop_local_plane(handle)
+        shutil.rmtree(state, ignore_errors=True)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=2)
+    c, e, m = results["create_to_ready"], results["exec_through_port_forward"], results["concurrent_sessions"]
+    rows = [
+        ("create to READY, median (%d creates)" % c["count"], "%.0f ms" % c["median_ms"]),
+        ("create to READY, p95", "%.0f ms" % c["p95_ms"]),
+        ("gRPC Exec `true`, warm tunnel, median", "%.1f ms" % e["warm_median_ms"]),
+        ("gRPC Exec `true`, warm tunnel, p95", "%.1f ms" % e["warm_p95_ms"]),
+        ("gRPC Exec on a fresh tunnel (upgrade+dial+h2)", "%.1f ms" % e["first_on_new_tunnel_median_ms"]),
+        ("REST exec `true`, median", "%.1f ms" % e["rest_exec_median_ms"]),
+        ("%d concurrent sessions: all READY" % m["count"], "%.1f s" % m["all_ready_s"]),
+        ("%d concurrent sessions: usable (Exec ok)" % m["count"], "%d/%d" % (m["usable"], m["count"])),
+        ("memory per idle guest, median / max",
+         "%.1f / %.1f MiB" % (m["idle_guest_memory_mib_median"] or 0, m["idle_guest_memory_mib_max"] or 0)),
+    ]
+    width = max(len(r[0]) for r in rows)
+    print("local control plane benchmark (%d cpus, load %.1f at start)" % (os.cpu_count(), results["machine"]["load_at_start"]))
+    for name, value in rows:
+        print("  %-*s  %s" % (width, name, value))
+    print("wrote", args.out)
+    return 0 if m["usable"] == m["count"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
