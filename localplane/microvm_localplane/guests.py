@@ -292,11 +292,15 @@ class GuestManager:
             layout.create(layers)
             rootfs_mod.write_identity(layout, layers, hostname)
             cgroup.create()
-            guest_argv = [self.code.python, "-I", "-S", os.path.join(self.code.package_dir, "guest_init.py"),
-                          "--run-dir", rootfs_mod.GUEST_RUN_DIR]
+            own_userland = rootfs.kind == "host"
+            python = self.code.python_argv(own_userland)
+            guest_argv = python + ["-I", "-S", os.path.join(self.code.package_dir, "guest_init.py"),
+                                   "--run-dir", rootfs_mod.GUEST_RUN_DIR]
             if self._zygote is not None:
                 guest_argv.append("--external-agent")
-            script = rootfs_mod.launch_script(layout, mounts, self.code, hostname, cgroup.procs_files(), guest_argv)
+            guest_argv += ["--"] + python + ["-m", "microvm_localplane.agent"]
+            script = rootfs_mod.launch_script(layout, mounts, self.code, hostname, cgroup.procs_files(), guest_argv,
+                                              host_libs=not own_userland)
         except (RootfsError, OSError) as e:
             raise GuestError("cannot prepare guest %s: %s" % (session_id, e))
 

@@ -5,8 +5,13 @@ read-only into the guest at the same paths (so no path is ever rewritten).
 Only these code paths are bound: never the repo root, which may hold a state dir.
 """
 import os
+import struct
 import sys
 from dataclasses import dataclass
+
+# Where the host's dynamic loader and C libraries appear inside a "dir" guest, whose own
+# userland may be anything (musl, distroless): the host's Python runs through them there.
+GUEST_HOSTLIB_DIR = "/run/localplane-hostlib"
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))          # .../localplane/microvm_localplane
 LOCALPLANE_DIR = os.path.dirname(PACKAGE_DIR)                      # .../localplane
@@ -22,6 +27,20 @@ class CodePaths:
     localplane_dir: str      # PYTHONPATH entry for microvm_localplane
     plugins_dir: str         # the collection's plugins (agent_pb stubs)
     collections_dir: str     # .local/collections (ansible_collections/microvm/sandbox -> repo)
+    loader: str | None = None  # the host's ELF interpreter for `python` (real path)
+
+    @property
+    def host_lib_dir(self):
+        return os.path.dirname(self.loader) if self.loader else None
+
+    def python_argv(self, own_userland):
+        """argv prefix that runs the host Python in a guest; through the host's loader unless
+        the guest's userland is the host's (kind "host")."""
+        if own_userland or not self.loader:
+            return [self.python]
+        guest_loader = os.path.join(GUEST_HOSTLIB_DIR, os.path.basename(self.loader))
+        libs = GUEST_HOSTLIB_DIR + ":" + os.path.join(self.base_prefix, "lib")
+        return [guest_loader, "--library-path", libs, self.python]
 
     def read_only_binds(self):
         """Host paths to bind read-only into every guest at the same path."""
@@ -37,8 +56,29 @@ class CodePaths:
         return os.pathsep.join([self.collections_dir, self.localplane_dir])
 
 
+def elf_interpreter(path):
+    """PT_INTERP of a 64-bit little-endian ELF executable (e.g. /lib64/ld-linux-x86-64.so.2), or None."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+                return None
+            phoff, = struct.unpack_from("<Q", head, 0x20)
+            phentsize, phnum = struct.unpack_from("<HH", head, 0x36)
+            for i in range(phnum):
+                f.seek(phoff + i * phentsize)
+                p_type, _, p_offset, _, _, p_filesz = struct.unpack("<IIQQQQ", f.read(40))
+                if p_type == 3:  # PT_INTERP
+                    f.seek(p_offset)
+                    return f.read(p_filesz).rstrip(b"\0").decode()
+    except (OSError, struct.error, UnicodeDecodeError):
+        return None
+    return None
+
+
 def code_paths():
     base_prefix = os.path.realpath(sys.base_prefix)
+    interp = elf_interpreter(os.path.realpath(sys.executable))
     return CodePaths(
         python=sys.executable,
         venv=os.path.abspath(sys.prefix),
@@ -47,4 +87,5 @@ def code_paths():
         localplane_dir=LOCALPLANE_DIR,
         plugins_dir=os.path.join(REPO_DIR, "plugins"),
         collections_dir=os.path.join(REPO_DIR, ".local", "collections"),
+        loader=os.path.realpath(interp) if interp else None,
     )

@@ -24,7 +24,7 @@ import shutil
 import stat
 import tempfile
 
-from .hostpaths import CodePaths
+from .hostpaths import GUEST_HOSTLIB_DIR, CodePaths
 
 GUEST_RUN_DIR = "/run/localplane"
 WORKSPACE = "/workspace"
@@ -112,14 +112,17 @@ def check_mount_path(path):
     return path
 
 
-def _mountpoints(code: CodePaths):
-    return [WORKSPACE, GUEST_RUN_DIR, "/tmp", "/proc", "/dev"] + code.read_only_binds()
+def _mountpoints(code: CodePaths, kind):
+    points = [WORKSPACE, GUEST_RUN_DIR, "/tmp", "/proc", "/dev"] + code.read_only_binds()
+    if kind == "dir" and code.host_lib_dir:
+        points.append(GUEST_HOSTLIB_DIR)
+    return points
 
 
 def skeleton(state_dir, kind, code: CodePaths):
     """The shared, read-only top layer of a template; built once per state dir and content."""
     links = {n: os.readlink("/" + n) for n in MERGED_USR_LINKS if kind == "host" and os.path.islink("/" + n)}
-    dirs = (list(SKELETON_DIRS) if kind == "host" else []) + [p.lstrip("/") for p in _mountpoints(code)]
+    dirs = (list(SKELETON_DIRS) if kind == "host" else []) + [p.lstrip("/") for p in _mountpoints(code, kind)]
     spec = json.dumps({"kind": kind, "links": links, "dirs": sorted(set(dirs))}, sort_keys=True)
     path = os.path.join(state_dir, "skel", "%s-%s" % (kind, hashlib.sha256(spec.encode()).hexdigest()[:12]))
     if os.path.isdir(path):
@@ -167,7 +170,7 @@ def write_identity(layout, layers, hostname):
             f.write("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n" % hostname)
 
 
-def launch_script(layout, mounts, code: CodePaths, hostname, cgroup_procs, guest_argv, net_setup=""):
+def launch_script(layout, mounts, code: CodePaths, hostname, cgroup_procs, guest_argv, net_setup="", host_libs=False):
     """The shell run as `unshare --mount --propagation private sh -c SCRIPT`."""
     q = shlex.quote
     lines = ["set -e"]
@@ -187,6 +190,8 @@ def launch_script(layout, mounts, code: CodePaths, hostname, cgroup_procs, guest
              "--bind", layout.run, GUEST_RUN_DIR]
     for p in code.read_only_binds():
         bwrap += ["--ro-bind", p, p]
+    if host_libs and code.host_lib_dir:
+        bwrap += ["--ro-bind", code.host_lib_dir, GUEST_HOSTLIB_DIR]
     bwrap += ["--unshare-pid", "--unshare-uts", "--unshare-ipc", "--unshare-net", "--unshare-cgroup-try",
               "--hostname", hostname, "--as-pid-1", "--new-session", "--chdir", "/", "--cap-drop", "ALL"]
     for cap in GUEST_CAPS:

@@ -291,3 +291,94 @@ def test_checkpoint_of_stopped_session(plane, tmp_path):
 def test_two_managers_do_not_share_cgroups(tmp_path):
     a, b = GuestManager(str(tmp_path / "a")), GuestManager(str(tmp_path / "b"))
     assert a._cgroup("same").path("freezer") != b._cgroup("same").path("freezer")
+
+
+# ------------------------------------------------------------------ "dir" rootfs (an unpacked OCI image)
+
+def _mini_rootfs(root):
+    """A tiny glibc userland: sh, cat, ls, echo and their libraries, plus an os-release marker."""
+    import shutil
+    import subprocess
+    for tool in ("sh", "cat", "ls", "mkdir", "rm"):
+        src = os.path.realpath(shutil.which(tool))
+        deps = [src] + [w for w in subprocess.run(["ldd", src], capture_output=True, text=True).stdout.split()
+                        if w.startswith("/")]
+        for dep in deps:
+            dest = os.path.join(root, "usr", "bin", tool) if dep == src else os.path.join(root, dep.lstrip("/"))
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copy2(os.path.realpath(dep), dest)
+    os.symlink("usr/bin", os.path.join(root, "bin"))
+    os.makedirs(os.path.join(root, "etc"))
+    with open(os.path.join(root, "etc", "os-release"), "w") as f:
+        f.write("ID=mini-test-image\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def dir_guest(plane, tmp_path_factory):
+    rootfs = _mini_rootfs(str(tmp_path_factory.mktemp("mini-rootfs")))
+    g = plane.boot("dir-guest", hostname="dirguest", rootfs=RootfsSpec("dir", rootfs))
+    yield g, plane.stub(g), rootfs
+    plane.run(plane.manager.stop("dir-guest"))
+
+
+def test_dir_rootfs_is_the_images_userland(dir_guest):
+    _, stub, _ = dir_guest
+    r = sh(stub, "cat /etc/os-release; ls /usr/bin; cat /etc/hostname")
+    assert r.stdout.startswith(b"ID=mini-test-image\n")
+    assert b"python3" not in r.stdout and b"apt" not in r.stdout  # not the host's /usr
+    assert r.stdout.endswith(b"dirguest\n")
+
+
+def test_dir_rootfs_changes_go_to_the_session_not_the_image(plane, dir_guest):
+    _, stub, rootfs = dir_guest
+    assert sh(stub, "echo changed > /etc/os-release; mkdir /newdir; rm /usr/bin/ls; cat /etc/os-release").stdout \
+        == b"changed\n"
+    with open(os.path.join(rootfs, "etc", "os-release")) as f:
+        assert f.read() == "ID=mini-test-image\n"  # the template is read-only
+    assert os.path.exists(os.path.join(rootfs, "usr", "bin", "ls"))
+    upper = os.path.join(plane.state_dir, "sessions", "dir-guest", "rootfs", "root", "upper")
+    assert os.path.isdir(os.path.join(upper, "newdir"))
+
+
+def test_dir_rootfs_transfers_and_workspace(dir_guest):
+    _, stub, _ = dir_guest
+    upload(stub, "/workspace/in-dir-guest.txt", b"hello")
+    assert download(stub, "/workspace/in-dir-guest.txt")[1] == b"hello"
+    assert sh(stub, "cat /workspace/in-dir-guest.txt").stdout == b"hello"
+
+
+def test_dir_rootfs_missing_is_refused(plane, tmp_path):
+    with pytest.raises(GuestError, match="rootfs"):
+        plane.boot("no-rootfs", rootfs=RootfsSpec("dir", str(tmp_path / "missing")))
+    with pytest.raises(GuestError, match="kind"):
+        plane.boot("bad-kind", rootfs=RootfsSpec("oci", None))
+
+
+def test_guest_without_zygote_starts_its_own_agent(tmp_path, monkeypatch):
+    monkeypatch.setenv("MICROVM_LOCALPLANE_ZYGOTE", "0")
+    p = Plane(str(tmp_path / "state"))
+    try:
+        g = p.boot("no-zygote", env={"V": "1"})
+        stub = p.stub(g)
+        assert sh(stub, 'echo "$V"; tr "\\0" " " < /proc/$(cat /run/localplane/agent.pid)/cmdline').stdout.startswith(
+            b"1\n")
+        assert b"microvm_localplane.agent" in sh(stub, "cat /proc/$(cat /run/localplane/agent.pid)/cmdline").stdout
+    finally:
+        p.close()
+
+
+def test_agent_that_dies_is_restarted_by_pid1(plane):
+    g = plane.boot("agent-crash")
+    stub = plane.stub(g)
+    import grpc
+    with pytest.raises(grpc.RpcError):
+        sh(stub, "kill -9 $(cat /run/localplane/agent.pid); sleep 5")
+
+    def answers():
+        try:
+            return sh(stub, "echo again").stdout == b"again\n"
+        except grpc.RpcError:
+            return False
+    assert wait_until(answers)
+    plane.run(plane.manager.stop("agent-crash"))
