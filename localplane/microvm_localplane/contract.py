@@ -120,8 +120,10 @@ def parse_status_filter(value):
 
 def name_problem(name, what="session"):
     """Why a name breaks the platform's rules, or None when it is fine."""
-    if not isinstance(name, str) or not name:
+    if name is None or name == "":
         return "%s name is required: 1-64 characters of [A-Za-z0-9._-]" % what
+    if not isinstance(name, str):
+        return "%s name must be a string (quote it), got %s %r" % (what, type(name).__name__, name)
     if len(name) > 64:
         return "%s name %r is too long (%d characters, at most 64)" % (what, name[:80], len(name))
     if not NAME_RE.match(name):

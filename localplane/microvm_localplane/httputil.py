@@ -72,6 +72,8 @@ async def read_document(request, allowed_keys, what, required_type=True):
         mark = getattr(e, "problem_mark", None)
         where = " at line %d column %d" % (mark.line + 1, mark.column + 1) if mark else ""
         raise ApiFailure(400, "malformed %s body%s: %s" % (what, where, getattr(e, "problem", None) or e))
+    except (RecursionError, ValueError, OverflowError) as e:
+        raise ApiFailure(400, "malformed %s body: %s" % (what, type(e).__name__))
     if doc is None:
         return {}
     if not isinstance(doc, dict):

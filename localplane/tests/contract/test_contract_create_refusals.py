@@ -7,7 +7,7 @@ import pytest
 from contract_support import error_message, local_only, unique
 
 BAD_NAMES = ["", "-leading", "trailing-", "has space", "slash/name", "x" * 65, "ünïcode",
-             str(uuid.uuid4()), "a_b!", ".dot"]
+             str(uuid.uuid4()), "a_b!", ".dot", 123, True, None, ["list"]]
 
 
 def test_unknown_key_is_400(api):
@@ -54,7 +54,8 @@ def test_oversized_body_is_413(api):
     assert api.create(body).status_code == 413
 
 
-@pytest.mark.parametrize("body", ["name: [unclosed\n", "{\"name\": ", "- a\n- list\n", ": :\n  - x: {", "just a string"])
+@pytest.mark.parametrize("body", ["name: [unclosed\n", "{\"name\": ", "- a\n- list\n", ": :\n  - x: {", "just a string",
+                                  "[" * 100000, "name: !!python/object:os.system x\n", "\xff\xfe binary"])
 def test_malformed_yaml_or_json_is_400(api, body):
     resp = api.create(body)
     assert resp.status_code == 400, resp.text
