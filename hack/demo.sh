@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# make demo: start the local control plane, run the demo playbook against it,
+# and stop the plane whatever happens. Exits non-zero when the demo fails.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+export PATH="$root/.venv/bin:$PATH"
+export ANSIBLE_COLLECTIONS_PATH="${ANSIBLE_COLLECTIONS_PATH:-$root/.local/collections}"
+export PYTHONPATH="${PYTHONPATH:-$root/.local/collections:$root/localplane}"
+# The image cache (debootstrap base, local registry storage) and the demo's
+# output (the exported workspace) live under .local/.
+export MICROVM_SANDBOX_STATE_DIR="${MICROVM_SANDBOX_STATE_DIR:-$root/.local}"
+export ANSIBLE_FORCE_COLOR="${ANSIBLE_FORCE_COLOR:-1}"
+
+python=python3
+[ -x "$root/.venv/bin/python" ] && python="$root/.venv/bin/python"
+state="$root/.local/plane"
+envfile="$root/.local/env"
+mkdir -p "$state"
+
+stop_plane() {
+  "$python" -m microvm_localplane down --state-dir "$state" >/dev/null 2>&1 || true
+}
+trap stop_plane EXIT
+trap 'exit 130' INT TERM
+
+"$python" -m microvm_localplane up --state-dir "$state" --env-file "$envfile"
+# shellcheck disable=SC1090
+source "$envfile"
+
+start=$(date +%s)
+rc=0
+ansible-playbook microvm.sandbox.demo "$@" || rc=$?
+echo "demo: ansible-playbook exited $rc after $(( $(date +%s) - start )) s"
+exit "$rc"
