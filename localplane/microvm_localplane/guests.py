@@ -32,6 +32,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
+from . import netns
 from . import rootfs as rootfs_mod
 from .freezer import GuestCgroup
 from .hostpaths import code_paths
@@ -284,6 +285,10 @@ class GuestManager:
         if not isinstance(hostname, str) or not HOSTNAME_RE.match(hostname):
             raise GuestError("invalid hostname: %r" % (hostname,))
         rootfs = rootfs if isinstance(rootfs, RootfsSpec) else RootfsSpec(**rootfs)
+        try:
+            netns.parse_egress(egress)
+        except netns.EgressError as e:
+            raise GuestError(str(e))
         cgroup = self._cgroup(session_id)
         await asyncio.to_thread(self._clean_leftovers, layout, cgroup)
         try:
@@ -318,8 +323,12 @@ class GuestManager:
                                      stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=launch_env,
                                      start_new_session=True, close_fds=True)
         try:
+            init_pid = await self._wait_exec(layout, popen)
+            # The agent and the network are set up side by side: both only need the namespaces.
+            steps = [self._setup_network(layout, init_pid, egress)]
             if self._zygote is not None:
-                await self._place_agent(layout, popen, cgroup, session_env)
+                steps.append(self._place_agent(layout, init_pid, cgroup, session_env))
+            await asyncio.gather(*steps)
             pid, pid_start = await self._wait_ready(layout, popen)
         except BaseException:
             await asyncio.to_thread(self._kill, layout, cgroup, popen)
@@ -331,8 +340,8 @@ class GuestManager:
         self._guests[session_id] = guest
         return guest
 
-    async def _place_agent(self, layout, popen, cgroup, session_env):
-        """Fork the warm agent into the guest once bwrap has built it; on failure the guest starts its own."""
+    async def _wait_exec(self, layout, popen):
+        """-> host pid of the guest's PID 1 once bwrap has built the guest."""
         deadline = time.monotonic() + BOOT_TIMEOUT
         init_pid = None
         while True:
@@ -345,17 +354,30 @@ class GuestManager:
             # bwrap execs PID 1 only after the mounts, pivot_root and capabilities are done:
             # once /proc/<pid>/exe is no longer bwrap, the namespaces are ready to enter.
             if init_pid is not None and _exe_name(init_pid) not in ("bwrap", None):
-                break
+                return init_pid
             await asyncio.sleep(0.001)
+
+    async def _place_agent(self, layout, init_pid, cgroup, session_env):
+        """Fork the warm agent into the guest; on failure the guest's PID 1 starts its own."""
         try:
             answer = await asyncio.to_thread(self._zygote.spawn, init_pid, cgroup.procs_files(), session_env)
         except Exception as e:
             answer = {"ok": False, "error": str(e)}
         if not answer.get("ok"):
-            with open(layout.log_file, "a") as log:
-                log.write("zygote could not place the agent (%s); the guest starts its own\n" % answer.get("error"))
+            _log(layout, "zygote could not place the agent (%s); the guest starts its own" % answer.get("error"))
             with open(os.path.join(layout.run, "agent.fallback"), "w"):
                 pass
+
+    async def _setup_network(self, layout, init_pid, egress):
+        """eth0 and the egress policy; a guest whose network fails keeps loopback only (never more open)."""
+        net_file = os.path.join(layout.host, "net.json")
+        try:
+            record = await asyncio.to_thread(netns.setup, init_pid, egress, lambda msg: _log(layout, msg))
+        except (netns.EgressError, OSError) as e:
+            _log(layout, "no network for this guest: %s" % e)
+            return
+        with open(net_file, "w") as f:
+            json.dump(record, f)
 
     async def _wait_ready(self, layout, popen):
         deadline = time.monotonic() + BOOT_TIMEOUT
@@ -431,6 +453,13 @@ class GuestManager:
             while _proc_start_time(init_pid) is not None and time.monotonic() < deadline:
                 time.sleep(0.002)
         cgroup.kill_all()
+        net_file = os.path.join(layout.host, "net.json")
+        try:
+            with open(net_file) as f:
+                netns.teardown(json.load(f))
+            os.unlink(net_file)
+        except (OSError, ValueError):
+            pass
         if popen is not None:
             with contextlib.suppress(Exception):
                 popen.kill()
@@ -542,6 +571,11 @@ async def _replace_state(src_dir, layout):
         for layer in sorted(os.listdir(src_rootfs)):
             os.makedirs(os.path.join(layout.rootfs, layer))
             await _run("cp", "-a", "--reflink=auto", os.path.join(src_rootfs, layer, "upper"), layout.upper(layer))
+
+
+def _log(layout, msg):
+    with contextlib.suppress(OSError), open(layout.log_file, "a") as log:
+        log.write("localplane: %s\n" % msg)
 
 
 def _read_child_pid(layout):

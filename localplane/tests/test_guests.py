@@ -382,3 +382,108 @@ def test_agent_that_dies_is_restarted_by_pid1(plane):
             return False
     assert wait_until(answers)
     plane.run(plane.manager.stop("agent-crash"))
+
+
+# ------------------------------------------------------------------ egress
+
+CONNECT = ("import socket,sys\ntry:\n    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()\n"
+           "    print('connected')\nexcept OSError as e:\n    print('failed', e)\n")
+
+
+def _connect(stub, host, port):
+    from guestkit import run
+    return run(stub, ["python3", "-c", CONNECT, host, str(port)], timeout_seconds=30).stdout.decode().strip()
+
+
+def _host_reaches_pypi():
+    import socket
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=3).close()
+        return True
+    except OSError:
+        return False
+
+
+needs_internet = pytest.mark.skipif(not _host_reaches_pypi(), reason="this host cannot reach pypi.org:443")
+
+
+@pytest.fixture(scope="module")
+def open_guest(plane):
+    g = plane.boot("egress-open")
+    return g, plane.stub(g)
+
+
+def test_open_egress_gives_eth0_and_a_default_route(open_guest):
+    _, stub = open_guest
+    r = sh(stub, "ip -4 -o addr show eth0; ip route show default")
+    assert b"eth0" in r.stdout and b"default via" in r.stdout
+
+
+@needs_internet
+def test_open_egress_reaches_the_internet(open_guest):
+    assert _connect(open_guest[1], "pypi.org", 443) == "connected"
+
+
+@needs_internet
+def test_allow_list_allows_listed_hosts_only(plane):
+    allowed = plane.boot("egress-allow", egress=["pypi.org"])
+    assert _connect(plane.stub(allowed), "pypi.org", 443) == "connected"
+    denied = plane.boot("egress-deny", egress=["192.0.2.123"])
+    assert _connect(plane.stub(denied), "pypi.org", 443).startswith("failed")
+    for sid in ("egress-allow", "egress-deny"):
+        plane.run(plane.manager.stop(sid))
+
+
+def test_guest_cannot_reach_the_host_or_another_guest(plane, open_guest):
+    import socket
+    _, stub = open_guest
+    listener = socket.socket()
+    listener.bind(("0.0.0.0", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        gateway = sh(stub, "ip route show default | cut -d' ' -f3").stdout.decode().strip()
+        assert gateway
+        assert _connect(stub, gateway, port).startswith("failed")   # the host, through the guest's gateway
+        for addr in _host_addresses():
+            assert _connect(stub, addr, port).startswith("failed")  # the host's own addresses
+    finally:
+        listener.close()
+    # another guest's listener
+    other = plane.boot("egress-other")
+    o_stub = plane.stub(other)
+    from guestkit import Interactive
+    server = Interactive(o_stub, ["python3", "-c", "import socket,time; s=socket.socket(); s.bind(('0.0.0.0',9100));"
+                                  " s.listen(); print('up', flush=True); time.sleep(60)"], timeout_seconds=60)
+    assert server.next_frame().stdout == b"up\n"
+    other_ip = sh(o_stub, "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1").stdout.decode().strip()
+    assert _connect(stub, other_ip, 9100).startswith("failed")
+    assert _connect(o_stub, "127.0.0.1", 9100) == "connected"  # the listener itself is fine
+    server.call.cancel()
+    plane.run(plane.manager.stop("egress-other"))
+
+
+def _host_addresses():
+    import subprocess
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True).stdout
+    return [line.split()[3].split("/")[0] for line in out.splitlines() if not line.split()[1].startswith("mvl")]
+
+
+def test_stop_removes_the_guests_network(plane):
+    g = plane.boot("egress-stop", egress=["192.0.2.77"])
+    net_file = os.path.join(plane.state_dir, "sessions", "egress-stop", "host", "net.json")
+    import json
+    with open(net_file) as f:
+        record = json.load(f)
+    assert os.path.exists("/sys/class/net/" + record["host_if"])
+    plane.run(plane.manager.stop("egress-stop"))
+    assert not os.path.exists("/sys/class/net/" + record["host_if"])
+    import subprocess
+    listing = subprocess.run(["nft", "list", "table", "ip", "microvm_localplane"], capture_output=True, text=True).stdout
+    assert record["guest_ip"] + " " not in listing and record["guest_ip"] + "," not in listing
+    assert not g.alive()
+
+
+def test_invalid_egress_is_refused(plane):
+    with pytest.raises(GuestError, match="egress"):
+        plane.boot("egress-bad", egress="sometimes")

@@ -1,0 +1,228 @@
+"""Guest egress: a veth pair per guest, NAT to the host's uplink, nftables allow-lists.
+
+Every guest has its own network namespace (bwrap --unshare-net): loopback only
+until this module gives it an `eth0`. Egress modes (the session's `egress`):
+
+- None or "unrestricted": open egress, NAT through the host's default route.
+- a list of hosts (names or IPv4 addresses): resolved once at boot; the guest
+  reaches only those addresses, plus the host's DNS resolvers on port 53 so
+  that names resolve inside the guest. Names that do not resolve are skipped
+  (logged to the guest's log).
+
+Whatever the mode, a guest can reach neither the host itself (no service of
+the control plane, no other listener) nor another guest. If anything fails
+the guest keeps no network at all: never more open than asked.
+
+Addressing: guest i gets 10.213.0.0/16's i-th /30 (host side .1, guest .2);
+interfaces are `mvl<i>` on the host and `eth0` in the guest. The veth pair
+vanishes with the guest's namespace; the nftables elements are removed on stop.
+Slots are machine-wide (several control planes may run), taken under a lock.
+"""
+import fcntl
+import ipaddress
+import os
+import re
+import socket
+import subprocess
+
+TABLE = "microvm_localplane"
+SUBNET = ipaddress.ip_network("10.213.0.0/16")
+IF_PREFIX = "mvl"
+SLOTS = SUBNET.num_addresses // 4
+LOCK_FILE = "/run/microvm-localplane-net.lock"
+TOOLS = {"ip": "/usr/sbin/ip", "nft": "/usr/sbin/nft", "nsenter": "/usr/bin/nsenter"}
+
+RULESET = """
+table ip %(table)s {
+    set restricted { type ipv4_addr; }
+    set allowed { type ipv4_addr . ipv4_addr; }
+    set resolvers { type ipv4_addr; }
+    chain forward {
+        type filter hook forward priority 0; policy accept;
+        iifname "%(prefix)s*" oifname "%(prefix)s*" drop
+        iifname "%(prefix)s*" ip saddr != %(subnet)s drop
+        oifname "%(prefix)s*" ct state established,related accept
+        oifname "%(prefix)s*" drop
+        iifname "%(prefix)s*" ip saddr @restricted ip daddr @resolvers meta l4proto { tcp, udp } th dport 53 accept
+        iifname "%(prefix)s*" ip saddr . ip daddr @allowed accept
+        iifname "%(prefix)s*" ip saddr @restricted drop
+    }
+    chain input {
+        type filter hook input priority 0; policy accept;
+        iifname "%(prefix)s*" ct state established,related accept
+        iifname "%(prefix)s*" drop
+    }
+    chain postrouting {
+        type nat hook postrouting priority 100; policy accept;
+        ip saddr %(subnet)s oifname != "%(prefix)s*" masquerade
+    }
+}
+"""
+
+
+class EgressError(Exception):
+    pass
+
+
+def parse_egress(egress):
+    """-> None for open egress, else the list of allowed hosts. Refuses anything else."""
+    if egress is None or egress == "unrestricted":
+        return None
+    if isinstance(egress, (list, tuple)) and all(isinstance(h, str) and h.strip() for h in egress):
+        return [h.strip() for h in egress]
+    raise EgressError("egress must be omitted, \"unrestricted\" or a list of hosts, got %r" % (egress,))
+
+
+def available():
+    return all(os.access(p, os.X_OK) for p in TOOLS.values())
+
+
+def _run(argv, stdin=None, check=True):
+    proc = subprocess.run(argv, input=stdin, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise EgressError("%s failed: %s" % (" ".join(argv[:3]), (proc.stderr or proc.stdout).strip()[-300:]))
+    return proc
+
+
+def resolvers():
+    found = []
+    try:
+        with open("/etc/resolv.conf") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 2 and parts[0] == "nameserver":
+                    try:
+                        if ipaddress.ip_address(parts[1]).version == 4:
+                            found.append(parts[1])
+                    except ValueError:
+                        pass
+    except OSError:
+        pass
+    return found
+
+
+def resolve(hosts, log):
+    """Allowed hosts -> sorted IPv4 addresses (resolved now, once)."""
+    addresses = set()
+    for host in hosts:
+        try:
+            addresses.add(str(ipaddress.IPv4Address(host)))
+            continue
+        except ValueError:
+            pass
+        try:
+            infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError) as e:
+            log("egress: %s does not resolve (%s); not allowed" % (host, e))
+            continue
+        addresses.update(info[4][0] for info in infos)
+    return sorted(addresses)
+
+
+def uplink_mtu():
+    try:
+        with open("/proc/net/route") as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[1] == "00000000":
+                    with open("/sys/class/net/%s/mtu" % fields[0]) as m:
+                        return int(m.read())
+    except (OSError, ValueError, IndexError):
+        pass
+    return 1500
+
+
+_host_ready = False
+
+
+def ensure_host_setup():
+    """Forwarding on, our nftables table present (idempotent; checked once per process)."""
+    global _host_ready
+    if _host_ready:
+        return
+    with open("/proc/sys/net/ipv4/ip_forward") as f:
+        if f.read().strip() != "1":
+            with open("/proc/sys/net/ipv4/ip_forward", "w") as w:
+                w.write("1")
+    if _run([TOOLS["nft"], "list", "table", "ip", TABLE], check=False).returncode != 0:
+        _run([TOOLS["nft"], "-f", "-"], stdin=RULESET % {"table": TABLE, "prefix": IF_PREFIX, "subnet": SUBNET})
+    dns = resolvers()
+    if dns:
+        _run([TOOLS["nft"], "add", "element", "ip", TABLE, "resolvers", "{ %s }" % ", ".join(dns)])
+    _host_ready = True
+
+
+def slot_addresses(slot):
+    base = int(SUBNET.network_address) + slot * 4
+    return str(ipaddress.IPv4Address(base + 1)), str(ipaddress.IPv4Address(base + 2))
+
+
+def _policy_batch(guest_ip, allowed, stale):
+    """One nft transaction: forget whatever an earlier guest with this address left, then
+    restrict this one if it has an allow-list. (add-then-delete never fails on a missing element.)"""
+    lines = ["add element ip %s restricted { %s }" % (TABLE, guest_ip),
+             "delete element ip %s restricted { %s }" % (TABLE, guest_ip)]
+    for old in stale:
+        lines.append("delete element ip %s allowed { %s . %s }" % (TABLE, guest_ip, old))
+    if allowed is not None:
+        lines.append("add element ip %s restricted { %s }" % (TABLE, guest_ip))
+        if allowed:
+            lines.append("add element ip %s allowed { %s }" % (TABLE, ", ".join("%s . %s" % (guest_ip, a) for a in allowed)))
+    return "\n".join(lines) + "\n"
+
+
+def stale_allowed(guest_ip):
+    listing = _run([TOOLS["nft"], "list", "set", "ip", TABLE, "allowed"], check=False).stdout
+    return sorted({b for a, b in re.findall(r"(\d+\.\d+\.\d+\.\d+) \. (\d+\.\d+\.\d+\.\d+)", listing)
+                   if a == guest_ip})
+
+
+def clear_elements(guest_ip, allowed):
+    """Remove a guest's policy entries on stop."""
+    batch = ["add element ip %s restricted { %s }" % (TABLE, guest_ip),
+             "delete element ip %s restricted { %s }" % (TABLE, guest_ip)]
+    for a in allowed or []:
+        batch += ["add element ip %s allowed { %s . %s }" % (TABLE, guest_ip, a),
+                  "delete element ip %s allowed { %s . %s }" % (TABLE, guest_ip, a)]
+    _run([TOOLS["nft"], "-f", "-"], stdin="\n".join(batch) + "\n", check=False)
+
+
+def setup(pid, egress, log):
+    """Give the guest whose PID 1 is pid its eth0 and egress policy; -> record for teardown()."""
+    hosts = parse_egress(egress)
+    if not available():
+        raise EgressError("ip, nft and nsenter are needed for guest networking")
+    allowed = resolve(hosts, log) if hosts is not None else None
+    ensure_host_setup()
+    os.makedirs(os.path.dirname(LOCK_FILE), exist_ok=True)
+    with open(LOCK_FILE, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        slot = next((i for i in range(SLOTS) if not os.path.exists("/sys/class/net/%s%d" % (IF_PREFIX, i))), None)
+        if slot is None:
+            raise EgressError("no free guest network slot")
+        host_if = "%s%d" % (IF_PREFIX, slot)
+        host_ip, guest_ip = slot_addresses(slot)
+        mtu = uplink_mtu()
+        # The policy goes in before the guest has a route, so it never sees an open moment.
+        # Stale allow entries only matter to a restricted guest (an open one is not filtered).
+        stale = stale_allowed(guest_ip) if allowed is not None else []
+        _run([TOOLS["nft"], "-f", "-"], stdin=_policy_batch(guest_ip, allowed, stale))
+        _run([TOOLS["ip"], "-batch", "-"], stdin=(
+            "link add %s mtu %d type veth peer name eth0 mtu %d netns %d\n"
+            "addr add %s/30 dev %s\nlink set %s up\n" % (host_if, mtu, mtu, pid, host_ip, host_if, host_if)))
+    record = {"slot": slot, "host_if": host_if, "guest_ip": guest_ip, "allowed": allowed}
+    try:
+        _run([TOOLS["nsenter"], "--net=/proc/%d/ns/net" % pid, TOOLS["ip"], "-batch", "-"],
+             stdin="addr add %s/30 dev eth0\nlink set eth0 up\nroute add default via %s\n" % (guest_ip, host_ip))
+    except Exception:
+        teardown(record)
+        raise
+    return record
+
+
+def teardown(record):
+    if not record:
+        return
+    if os.path.exists("/sys/class/net/%s" % record["host_if"]):  # gone already when the guest's namespace died
+        _run([TOOLS["ip"], "link", "del", record["host_if"]], check=False)
+    clear_elements(record["guest_ip"], record.get("allowed"))
