@@ -24,6 +24,7 @@ import os
 import re
 import socket
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 TABLE = "microvm_localplane"
 SUBNET = ipaddress.ip_network("10.213.0.0/16")
@@ -101,21 +102,26 @@ def resolvers():
     return found
 
 
+def _lookup(host):
+    try:
+        return [str(ipaddress.IPv4Address(host))], None
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+        return [info[4][0] for info in infos], None
+    except (socket.gaierror, UnicodeError, OSError) as e:
+        return [], e
+
+
 def resolve(hosts, log):
-    """Allowed hosts -> sorted IPv4 addresses (resolved now, once)."""
+    """Allowed hosts -> sorted IPv4 addresses (resolved now, once; names in parallel)."""
     addresses = set()
-    for host in hosts:
-        try:
-            addresses.add(str(ipaddress.IPv4Address(host)))
-            continue
-        except ValueError:
-            pass
-        try:
-            infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
-        except (socket.gaierror, UnicodeError) as e:
-            log("egress: %s does not resolve (%s); not allowed" % (host, e))
-            continue
-        addresses.update(info[4][0] for info in infos)
+    with ThreadPoolExecutor(max_workers=min(8, max(1, len(hosts)))) as pool:
+        for host, (found, error) in zip(hosts, pool.map(_lookup, hosts)):
+            if error is not None:
+                log("egress: %s does not resolve (%s); not allowed" % (host, error))
+            addresses.update(found)
     return sorted(addresses)
 
 
