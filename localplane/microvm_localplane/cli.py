@@ -120,7 +120,7 @@ async def serve_forever(args):
     token = load_or_make_token(state_dir, args.token)
     plane = Plane(state_dir, token)
     app = make_app(plane)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()
@@ -138,7 +138,7 @@ async def serve_forever(args):
     logging.getLogger("microvm_localplane").info("stopping: closing connections and stopping guests")
     with contextlib.suppress(OSError):
         os.unlink(info_path(state_dir))
-    await runner.shutdown()
+    await site.stop()  # no new connections; open port-forwards are closed with 4001 by plane.stop
     await plane.stop(stop_guests=True)
     await runner.cleanup()
     lock.close()

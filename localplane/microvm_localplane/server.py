@@ -46,6 +46,8 @@ class Plane:
     async def stop(self, stop_guests=True):
         if self.idle_task:
             self.idle_task.cancel()
+        for sid in list(self.sessions.activity.connections):
+            self.sessions.activity.kill_all(sid, "the control plane is stopping")
         for task in list(self.templates.tasks):
             task.cancel()
         await self.sessions.shutdown(stop_guests)

@@ -153,3 +153,32 @@ def test_a_guest_that_dies_is_booted_again_with_its_workspace(tmp_path):
     finally:
         stop_local_plane(handle)
     assert processes_mentioning(state) == []
+
+
+def test_stopping_the_plane_closes_port_forwards_with_4001(tmp_path):
+    import asyncio
+
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    state = str(tmp_path / "plane")
+    os.makedirs(state)
+    handle = start_local_plane(state)
+    try:
+        rest = Rest(handle.url, handle.token)
+        sid = rest.create("stopping")
+        rest.wait(sid, "READY")
+
+        async def hold():
+            async with connect(handle.ws_url(sid, 8443), additional_headers=handle.auth_headers) as ws:
+                handle.process.send_signal(signal.SIGTERM)
+                try:
+                    while True:  # the agent's HTTP/2 server speaks first (SETTINGS); read until the close
+                        await asyncio.wait_for(ws.recv(), 30)
+                except ConnectionClosed as e:
+                    return e.rcvd.code if e.rcvd else None
+        assert asyncio.run(hold()) == 4001
+        handle.process.wait(60)
+    finally:
+        stop_local_plane(handle)
+    assert processes_mentioning(state) == []
