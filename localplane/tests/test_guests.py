@@ -214,6 +214,40 @@ def test_adopt_reattaches_after_the_manager_is_discarded(tmp_path):
         second.close()
 
 
+RESTART_SCRIPT = """
+import asyncio, os, sys
+from microvm_localplane.guests import GuestManager, RootfsSpec
+async def main():
+    m = GuestManager(sys.argv[1])
+    g = await m.boot("crashy", "sb-1", RootfsSpec("host"), {"K": "crash"}, None, "crashy")
+    print(g.pid, flush=True)
+    os._exit(0)   # the control plane dies without any shutdown
+asyncio.run(main())
+"""
+
+
+def test_adopt_after_the_control_plane_process_dies(tmp_path):
+    import subprocess
+    import sys
+    state = str(tmp_path / "state")
+    out = subprocess.run([sys.executable, "-c", RESTART_SCRIPT, state], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    pid = int(out.stdout.split()[0])
+    assert pid_alive(pid)
+    p = Plane(state)
+    try:
+        g = p.run(p.manager.adopt("crashy", "sb-1", RootfsSpec("host"), {"K": "crash"}, None, "crashy"))
+        assert g.pid == pid
+        stub = p.stub(g)
+        assert sh(stub, 'echo "$K"; hostname').stdout == b"crash\ncrashy\n"
+        pids = g._cgroup.pids()
+        p.run(p.manager.stop("crashy"))
+        assert pids and not any(pid_alive(x) for x in pids)
+    finally:
+        p.close()
+
+
 def test_shutdown_with_stop_kills_guests(tmp_path):
     p = Plane(str(tmp_path / "state"))
     g = p.boot("bye")
