@@ -1,0 +1,265 @@
+"""The session modules through the real stack: ansible-playbook -> module -> REST -> local plane -> guest."""
+import json
+import os
+import sys
+import uuid
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ansible_runner_util import run_playbook  # noqa: E402
+
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError  # noqa: E402
+
+
+def unique(prefix):
+    return "%s-%s" % (prefix, uuid.uuid4().hex[:8])
+
+
+@pytest.fixture
+def cleanup(plane):
+    """Names of sessions to delete after the test, whatever happened."""
+    names = []
+    yield names
+    client = plane.client()
+    for name in names:
+        try:
+            s = client.find_session(name)
+            if s:
+                client.delete_session(s["session_id"])
+        except ApiError:
+            pass
+
+
+def live(plane, name):
+    s = plane.client().find_session(name)
+    return s if s and not s["status"].endswith(("DESTROYING", "DESTROYED", "FAILED")) else None
+
+
+def test_session_lifecycle_is_idempotent(plane, tmp_path, cleanup):
+    name = unique("life")
+    cleanup.append(name)
+    run = run_playbook(plane, tmp_path, """
+        - hosts: localhost
+          gather_facts: false
+          vars:
+            n: %s
+          tasks:
+            - name: create
+              microvm.sandbox.session: {name: "{{ n }}", idle_timeout: 10m, size: standard}
+            - name: create again
+              microvm.sandbox.session: {name: "{{ n }}", idle_timeout: 600s, size: standard}
+            - name: pause in check mode
+              microvm.sandbox.session: {name: "{{ n }}", state: paused}
+              check_mode: true
+            - name: info after check mode
+              microvm.sandbox.session_info: {session: "{{ n }}"}
+            - name: pause
+              microvm.sandbox.session: {name: "{{ n }}", state: paused}
+            - name: pause again
+              microvm.sandbox.session: {name: "{{ n }}", state: paused}
+            - name: present keeps it paused
+              microvm.sandbox.session: {name: "{{ n }}"}
+            - name: resume
+              microvm.sandbox.session: {name: "{{ n }}", state: running}
+            - name: resume again
+              microvm.sandbox.session: {name: "{{ n }}", state: running}
+            - name: delete
+              microvm.sandbox.session: {name: "{{ n }}", state: absent}
+            - name: delete again
+              microvm.sandbox.session: {name: "{{ n }}", state: absent}
+    """ % name)
+    assert run.rc == 0, run
+    created = run.result("create")
+    assert created["changed"] and created["session"]["status"] == "SESSION_STATUS_READY"
+    assert created["session"]["idle_timeout_seconds"] == 600
+    assert not run.changed("create again")
+    assert run.changed("pause in check mode")
+    assert run.result("info after check mode")["sessions"][0]["status"] == "SESSION_STATUS_READY"
+    assert run.result("pause")["session"]["status"] == "SESSION_STATUS_PAUSED"
+    assert run.result("pause")["session"]["pause_reason"] == "manual"
+    assert not run.changed("pause again")
+    assert not run.changed("present keeps it paused")
+    assert run.changed("resume") and run.result("resume")["session"]["status"] == "SESSION_STATUS_READY"
+    assert not run.changed("resume again")
+    assert run.changed("delete")
+    assert run.result("delete")["session"]["status"] == "SESSION_STATUS_DESTROYED"
+    assert not run.changed("delete again")
+    assert live(plane, name) is None
+
+
+def test_check_mode_and_diff_create_nothing(plane, tmp_path):
+    name = unique("check")
+    run = run_playbook(plane, tmp_path, """
+        - hosts: localhost
+          gather_facts: false
+          tasks:
+            - name: create in check mode
+              microvm.sandbox.session: {name: %s, size: standard}
+    """ % name, args=["--check", "--diff"])
+    assert run.rc == 0, run
+    assert run.changed("create in check mode")
+    assert live(plane, name) is None
+    # The diff shows the object that would appear.
+    assert '+    "name": "%s"' % name in run.stdout, run
+
+
+def test_diff_shows_before_and_after(plane, tmp_path, cleanup):
+    name = unique("diff")
+    cleanup.append(name)
+    run = run_playbook(plane, tmp_path, """
+        - hosts: localhost
+          gather_facts: false
+          tasks:
+            - name: create
+              microvm.sandbox.session: {name: %s}
+            - name: pause
+              microvm.sandbox.session: {name: %s, state: paused}
+    """ % (name, name), args=["--diff"])
+    assert run.rc == 0, run
+    assert '-    "status": "SESSION_STATUS_READY"' in run.stdout, run
+    assert '+    "status": "SESSION_STATUS_PAUSED"' in run.stdout, run
+    diff = run.result("pause")["diff"]
+    assert diff["before"]["status"] == "SESSION_STATUS_READY" and diff["after"]["status"] == "SESSION_STATUS_PAUSED"
+
+
+def test_differing_settings_fail_then_recreate(plane, tmp_path, cleanup):
+    name = unique("differ")
+    cleanup.append(name)
+    run = run_playbook(plane, tmp_path, """
+        - hosts: localhost
+          gather_facts: false
+          tasks:
+            - name: create
+              microvm.sandbox.session: {name: %(n)s, idle_timeout: 300}
+            - name: different timeout
+              microvm.sandbox.session: {name: %(n)s, idle_timeout: 900}
+              ignore_errors: true
+            - name: recreate
+              microvm.sandbox.session: {name: %(n)s, idle_timeout: 900, recreate: true}
+            - name: recreated is stable
+              microvm.sandbox.session: {name: %(n)s, idle_timeout: 900}
+    """ % {"n": name})
+    assert run.rc == 0, run
+    differ = run.result("different timeout")
+    assert differ["failed"]
+    assert "idle_timeout_seconds: is 300, wanted 900" in differ["msg"] and "recreate: true" in differ["msg"]
+    recreated = run.result("recreate")
+    assert recreated["changed"]
+    assert recreated["session"]["session_id"] != run.result("create")["session"]["session_id"]
+    assert not run.changed("recreated is stable")
+
+
+def test_bad_arguments_and_unknown_names(plane, tmp_path):
+    ghost_id = str(uuid.uuid4())
+    run = run_playbook(plane, tmp_path, """
+        - hosts: localhost
+          gather_facts: false
+          tasks:
+            - name: bad state
+              microvm.sandbox.session: {name: x, state: sideways}
+              ignore_errors: true
+            - name: bad name
+              microvm.sandbox.session: {name: "no spaces allowed"}
+              ignore_errors: true
+            - name: unknown option
+              microvm.sandbox.session: {name: x, colour: blue}
+              ignore_errors: true
+            - name: unknown id
+              microvm.sandbox.session: {name: %(g)s, state: paused}
+              ignore_errors: true
+            - name: checkpoint of an unknown session
+              microvm.sandbox.checkpoint: {session: ghost-session, label: x}
+              ignore_errors: true
+            - name: info of an unknown session
+              microvm.sandbox.session_info: {session: ghost-session}
+            - name: server refuses a bad size
+              microvm.sandbox.session: {name: bad-size-x, size: "NOT_A_SLUG"}
+              ignore_errors: true
+    """ % {"g": ghost_id})
+    assert run.rc == 0, run
+    assert "value of state must be one of" in run.result("bad state")["msg"]
+    assert "Cannot create a session named 'no spaces allowed'" in run.result("bad name")["msg"]
+    assert "colour" in run.result("unknown option")["msg"]
+    assert "must not look like a UUID" in run.result("unknown id")["msg"]
+    msg = run.result("checkpoint of an unknown session")["msg"]
+    assert "No session with id or name 'ghost-session'" in msg
+    assert run.result("info of an unknown session")["sessions"] == []
+    bad_size = run.result("server refuses a bad size")
+    assert bad_size["http_status"] == 400 and "size must be a size slug" in bad_size["msg"]
+
+
+def test_wrong_token_is_explained(plane, tmp_path):
+    run = run_playbook(plane, tmp_path, """
+        - hosts: localhost
+          gather_facts: false
+          tasks:
+            - name: list
+              microvm.sandbox.session_info: {api_token: wrong-token}
+              ignore_errors: true
+    """)
+    result = run.result("list")
+    assert result["failed"] and result["http_status"] == 401
+    assert "refused the API token" in result["msg"] and "DO_AGENTS_API_TOKEN" in result["msg"]
+    assert "wrong-token" not in run.stdout + json.dumps(run.records)
+
+
+def test_module_defaults_group_sets_api_options_once(plane, tmp_path):
+    name = unique("defaults")
+    # No DO_AGENTS_* in the environment: only module_defaults supplies them.
+    run = run_playbook(plane, tmp_path, """
+        - hosts: localhost
+          gather_facts: false
+          module_defaults:
+            group/microvm.sandbox.api:
+              api_url: %(url)s
+              api_token: %(token)s
+              wait_timeout: 120
+              request_timeout: 20
+          tasks:
+            - name: create
+              microvm.sandbox.session: {name: %(n)s}
+            - name: info
+              microvm.sandbox.session_info: {session: %(n)s}
+            - name: checkpoint
+              microvm.sandbox.checkpoint: {session: %(n)s, label: first}
+            - name: checkpoints
+              microvm.sandbox.checkpoint_info: {session: %(n)s}
+            - name: templates
+              microvm.sandbox.template_info: {name: base}
+            - name: delete
+              microvm.sandbox.session: {name: %(n)s, state: absent}
+    """ % {"url": plane.url, "token": plane.token, "n": name}, with_plane_env=False)
+    assert run.rc == 0, run
+    assert run.result("info")["sessions"][0]["name"] == name
+    assert run.result("checkpoints")["checkpoints"][0]["label"] == "first"
+    assert run.result("templates")["templates"][0]["name"] == "base"
+    assert plane.token not in run.stdout + run.stderr
+
+
+def test_secrets_and_braces_reach_the_sandbox_literally(plane, tmp_path, cleanup):
+    """secret_env is hidden even at -vvv; a value holding {{ ... }} (marked !unsafe) is passed through unevaluated."""
+    name = unique("secret")
+    cleanup.append(name)
+    secret = "s3cr3t-" + uuid.uuid4().hex
+    run = run_playbook(plane, tmp_path, """
+        - hosts: localhost
+          gather_facts: false
+          tasks:
+            - name: create
+              microvm.sandbox.session:
+                name: %s
+                env:
+                  TEMPLATED: !unsafe "{{ lookup('env', 'HOME') }}"
+                secret_env:
+                  MY_SECRET: %s
+    """ % (name, secret), args=["-vvv"])
+    assert run.rc == 0, run
+    assert secret not in run.stdout + run.stderr
+    session = run.result("create")["session"]
+    client = plane.client()
+    out = client.request("POST", "/sessions/%s/sandbox/exec" % session["session_id"],
+                         body={"argv": ["sh", "-c", 'printf "%s|%s" "$TEMPLATED" "$MY_SECRET"']})
+    assert out["exit_code"] == 0, out
+    assert out["stdout"] == "{{ lookup('env', 'HOME') }}|" + secret
