@@ -109,3 +109,14 @@ def test_atomic_write_is_private(tmp_path):
     write_json_atomic(path, {"a": 1})
     assert json.load(open(path)) == {"a": 1}
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+
+
+def test_rest_exec_clamps_and_defaults():
+    from microvm_localplane.agentrpc import parse_exec
+    assert parse_exec({"argv": ["true"]}) == (["true"], "/workspace", 60, b"")
+    assert parse_exec({"argv": ["true"], "timeout_seconds": 999})[2] == 240
+    assert parse_exec({"argv": ["true"], "timeout_seconds": 0})[2] == 60
+    assert parse_exec({"argv": ["cat"], "stdin": "aGk="})[3] == b"hi"
+    for bad in ({"argv": ["x"], "timeout_seconds": 1.5}, {"argv": ["x"], "workdir": "rel"}, {"argv": [1]}):
+        with pytest.raises(ApiFailure):
+            parse_exec(bad)

@@ -1,4 +1,6 @@
 """Checkpoints, rollback and fork: files are restored exactly, ids behave as on the platform."""
+import threading
+import time
 import uuid
 
 import pytest
@@ -115,3 +117,17 @@ def test_fork_copies_the_files(plane, api, sandbox, agent):
     finally:
         for child in children:
             client.delete_session(child["session_id"])
+
+
+def test_checkpoint_while_a_command_is_in_flight_is_409(api, sandbox):
+    sid = sandbox["session_id"]
+    done = {}
+    t = threading.Thread(target=lambda: done.update(r=api.call("POST", "/sessions/%s/sandbox/exec" % sid,
+                                                                   json={"argv": ["sleep", "3"]})))
+    t.start()
+    time.sleep(1)
+    resp = api.call("POST", "/sessions/%s/checkpoints" % sid, json={})
+    t.join()
+    assert resp.status_code == 409, resp.text
+    assert done["r"].status_code == 200
+    assert api.call("POST", "/sessions/%s/checkpoints" % sid, json={}).status_code == 200

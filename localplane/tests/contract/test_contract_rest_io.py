@@ -124,3 +124,19 @@ def test_symlink_out_of_workspace_is_refused(api, sandbox):
     assert exec_(api, sid, {"argv": ["ln", "-sfn", "/etc", "/workspace/etc-link"]}).json()["exit_code"] == 0
     resp, _ = download(api, sid, "/workspace/etc-link/hostname")
     assert resp.status_code == 403
+
+
+def test_upload_over_500_mib_is_413(plane, sandbox):
+    import http.client
+    from urllib.parse import urlsplit
+    u = urlsplit(plane.url)
+    conn = (http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection)(u.hostname, u.port, timeout=60)
+    conn.putrequest("POST", (u.path.rstrip("/") + "/v2/agents/sessions/%s/workspace/upload?path=/workspace/big.bin"
+                             % sandbox["session_id"]))
+    conn.putheader("Authorization", "Bearer " + plane.token)
+    conn.putheader("Content-Type", "application/octet-stream")
+    conn.putheader("Content-Length", str(501 * 1024 * 1024))
+    conn.endheaders()
+    resp = conn.getresponse()
+    assert resp.status == 413
+    conn.close()
