@@ -331,15 +331,16 @@ class AgentService(pb2_grpc.SandboxAgentServiceServicer):
         return pb2.UploadResponse(path=header.path, bytes_written=written)
 
     def _receive(self, request_iterator, out):
-        """Write chunks to `out` until UploadEnd; -> (bytes, sha256 hex). Refuses a stream without an end."""
+        """Write chunks to `out` until UploadEnd; -> bytes written. Refuses a stream without an end."""
         digest = hashlib.sha256()
         size = 0
         for req in request_iterator:
             kind = req.WhichOneof("request")
             if kind == "chunk":
-                out.write(req.chunk)
-                digest.update(req.chunk)
-                size += len(req.chunk)
+                chunk = req.chunk  # each attribute access copies the bytes: take them once
+                out.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
             elif kind == "end":
                 check_sha256(req.end.sha256, digest.hexdigest())
                 return size
