@@ -6,6 +6,7 @@ import signal
 import tarfile
 
 import grpc
+import hypothesis
 import pytest
 from guestkit import Interactive, Plane, download, guests_supported, rpc_error, run, sh, upload, wait_until
 
@@ -425,3 +426,65 @@ def test_symlink_inside_workspace_is_followed(stub):
     sh(stub, "mkdir -p /workspace/real && ln -sfn /workspace/real /workspace/alias")
     upload(stub, "/workspace/alias/through.txt", b"via link")
     assert sh(stub, "cat /workspace/real/through.txt").stdout == b"via link"
+
+
+# ------------------------------------------------------------------ robustness
+
+def test_garbage_on_the_agent_port_does_not_hurt_it(plane, guest, stub):
+    async def send_garbage():
+        reader, writer = await guest.dial(8443)
+        writer.write(os.urandom(4096) + b"GET / HTTP/1.1\r\n\r\n" + b"\0" * 1000)
+        await writer.drain()
+        try:
+            await reader.read()  # the agent hangs up on a broken HTTP/2 preface
+        except ConnectionError:
+            pass
+        writer.close()
+    for _ in range(3):
+        plane.run(send_garbage())
+    assert sh(stub, "echo still-here").stdout == b"still-here\n"
+
+
+def test_garbage_on_the_port_bridge_gets_errors(plane, guest, stub):
+    import asyncio
+    import socket
+
+    async def ask(payload):
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_UNIX)
+        sock.setblocking(False)
+        dir_fd = os.open(guest._layout.run, os.O_PATH)
+        try:
+            await loop.sock_connect(sock, "/proc/self/fd/%d/bridge.sock" % dir_fd)
+        finally:
+            os.close(dir_fd)
+        await loop.sock_sendall(sock, payload)
+        sock.shutdown(socket.SHUT_WR)
+        answer = await loop.sock_recv(sock, 200)
+        sock.close()
+        return answer
+    for payload in (b"hello\n", b"port 0\n", b"port 99999\n", b"port -1\n", b"\xff" * 70, b"", b"port 8443 extra\n"):
+        assert plane.run(ask(payload)).startswith(b"ERR"), payload
+    assert sh(stub, "echo bridge-ok").stdout == b"bridge-ok\n"
+
+
+SEGMENTS = ["workspace", "..", ".", "tmp", "x", "etc", ""]
+
+
+@hypothesis.settings(max_examples=60, deadline=None,
+                     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
+@hypothesis.given(parts=hypothesis.strategies.lists(hypothesis.strategies.sampled_from(SEGMENTS), max_size=6))
+def test_confinement_matches_the_guests_own_path_resolution(stub, parts):
+    # /workspace holds no symlink named like these segments, so the guest's resolution is the lexical one
+    path = "/" + "/".join(parts)
+    normalized = os.path.normpath(path)
+    inside = normalized == "/workspace" or normalized.startswith("/workspace/")
+    try:
+        list(stub.Download(pb2.DownloadRequest(path=path)))
+        code, msg = None, ""
+    except grpc.RpcError as e:
+        code, msg = e.code(), e.details()
+    if inside:
+        assert code in (None, CODE.NOT_FOUND, CODE.FAILED_PRECONDITION), (path, code, msg)
+    else:
+        assert (code, msg) == (CODE.PERMISSION_DENIED, 'path outside workspace: "%s"' % path)
