@@ -285,6 +285,9 @@ class GuestManager:
         if not isinstance(hostname, str) or not HOSTNAME_RE.match(hostname):
             raise GuestError("invalid hostname: %r" % (hostname,))
         rootfs = rootfs if isinstance(rootfs, RootfsSpec) else RootfsSpec(**rootfs)
+        missing = [p for p in self.code.read_only_binds() if not os.path.exists(p)]
+        if missing:
+            raise GuestError("cannot boot guests: missing %s (run `make collection`)" % ", ".join(missing))
         try:
             netns.parse_egress(egress)
         except netns.EgressError as e:
@@ -355,7 +358,7 @@ class GuestManager:
             # once /proc/<pid>/exe is no longer bwrap, the namespaces are ready to enter.
             if init_pid is not None and _exe_name(init_pid) not in ("bwrap", None):
                 return init_pid
-            await asyncio.sleep(0.001)
+            await asyncio.sleep(0.002)
 
     async def _place_agent(self, layout, init_pid, cgroup, session_env):
         """Fork the warm agent into the guest; on failure the guest's PID 1 starts its own."""
