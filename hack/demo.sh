@@ -15,8 +15,12 @@ export ANSIBLE_FORCE_COLOR="${ANSIBLE_FORCE_COLOR:-1}"
 
 python=python3
 [ -x "$root/.venv/bin/python" ] && python="$root/.venv/bin/python"
-state="$root/.local/plane"
-envfile="$root/.local/env"
+# MICROVM_DEMO_PLANE_DIR / MICROVM_DEMO_LISTEN let a second plane run beside `make local-up`.
+state="${MICROVM_DEMO_PLANE_DIR:-$root/.local/plane}"
+envfile="$state/../env"
+[ -z "${MICROVM_DEMO_PLANE_DIR:-}" ] && envfile="$root/.local/env"
+listen=()
+[ -n "${MICROVM_DEMO_LISTEN:-}" ] && listen=(--listen "$MICROVM_DEMO_LISTEN")
 mkdir -p "$state"
 
 stop_plane() {
@@ -25,7 +29,7 @@ stop_plane() {
 trap stop_plane EXIT
 trap 'exit 130' INT TERM
 
-"$python" -m microvm_localplane up --state-dir "$state" --env-file "$envfile"
+"$python" -m microvm_localplane up --state-dir "$state" --env-file "$envfile" "${listen[@]}"
 # shellcheck disable=SC1090
 source "$envfile"
 
