@@ -167,8 +167,15 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
 
     @staticmethod
     def _host_name(session, taken):
-        """The session name; a gone session sharing a live one's name gets its id appended."""
-        name = session.get("name") or session.get("session_id")
+        """The session name; a gone session sharing a live one's name gets its id appended.
+
+        A name the platform would never issue (wrong characters, such as template
+        braces) is not used as a host name: the session id is, and the name stays
+        available, unsafe, in the host variables.
+        """
+        name = session.get("name") or ""
+        if profile.session_name_problem(name):
+            name = str(session.get("session_id"))
         if name.lower() in taken:
             name = "%s_%s" % (name, session.get("session_id"))
         taken.add(name.lower())

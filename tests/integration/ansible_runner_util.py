@@ -102,8 +102,9 @@ def ansible_env(plane=None, tmp_path=None, extra=None):
     return env
 
 
-def run_playbook(plane, tmp_path, playbook, args=(), env=None, with_plane_env=True, timeout=300):
-    """Write `playbook` (YAML text) and run it on localhost; returns a PlaybookRun."""
+def run_playbook(plane, tmp_path, playbook, args=(), env=None, with_plane_env=True, timeout=300,
+                 inventory="localhost,"):
+    """Write `playbook` (YAML text) and run it (on localhost by default); returns a PlaybookRun."""
     play = tmp_path / "play.yml"
     play.write_text(textwrap.dedent(playbook))
     callbacks = tmp_path / "callbacks"
@@ -115,7 +116,7 @@ def run_playbook(plane, tmp_path, playbook, args=(), env=None, with_plane_env=Tr
     extra = {"ANSIBLE_CALLBACK_PLUGINS": str(callbacks), "ANSIBLE_CALLBACKS_ENABLED": "microvm_recorder",
              "MICROVM_RECORD": str(record)}
     extra.update(env or {})
-    proc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", str(play)]
+    proc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", inventory, "-c", "local", str(play)]
                           + list(args), env=ansible_env(plane if with_plane_env else None, tmp_path, extra),
                           capture_output=True, text=True, timeout=timeout, cwd=str(tmp_path))
     records = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
