@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark of the local control plane (not a timed test).
 
 Measures, against a fresh plane on a temporary state dir:
@@ -194,7 +193,7 @@ def bench_exec(handle, rest, n):
     sid = rest.create("bench-exec")
     rest.wait_ready(sid)
     firsts = []
-    for _ in range(5):
+    for _attempt in range(5):
         tunnel = Tunnel(handle, sid)
         channel = grpc.insecure_channel("127.0.0.1:%d" % tunnel.port)
         start = time.monotonic()
@@ -207,14 +206,14 @@ def bench_exec(handle, rest, n):
     stub = pb_grpc.SandboxAgentServiceStub(channel)
     grpc_exec(stub, ["true"])
     warm = []
-    for _ in range(n):
+    for _attempt in range(n):
         start = time.monotonic()
         assert grpc_exec(stub, ["true"]) == 0
         warm.append(time.monotonic() - start)
     channel.close()
     tunnel.close()
     rest_times = []
-    for _ in range(10):
+    for _attempt in range(10):
         start = time.monotonic()
         r = rest.http.post(rest.base + "/sessions/%s/sandbox/exec" % sid, json={"argv": ["true"]})
         r.raise_for_status()
@@ -226,7 +225,7 @@ def bench_exec(handle, rest, n):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--creates", type=int, default=20)
     parser.add_argument("--concurrent", type=int, default=50)
     parser.add_argument("--execs", type=int, default=100)

@@ -113,11 +113,11 @@ class Checkpoints:
         await self.sessions.wait_booted(sid)
         self._require_snapshot_state(session, "fork")
         children = []
-        for _ in range(count):
+        for _child in range(count):
             spec = {"name": fork_name(session["name"]), "template": session["template"],
                     "size_slug": session["size_slug"], "idle_timeout_seconds": session["idle_timeout_seconds"],
                     "env": dict(session["env"]), "egress": session["egress"]}
-            rec, _ = self.sessions.new_record(spec, parent_session_id=sid)
+            rec, _warnings = self.sessions.new_record(spec, parent_session_id=sid)
             rec["rootfs"] = dict(session["rootfs"])
             children.append(rec)
         for rec in children:

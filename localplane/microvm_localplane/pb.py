@@ -12,6 +12,8 @@ def _ensure_collection_path():
         sys.path.append(collections)
 
 
+__all__ = ["pb2", "pb2_grpc"]
+
 try:
     from ansible_collections.microvm.sandbox.plugins.plugin_utils.agent_pb import (  # noqa: F401
         sandbox_agent_pb2 as pb2,

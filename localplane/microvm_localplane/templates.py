@@ -29,11 +29,11 @@ def parse_oci_ref(ref):
                          "or oci:/path/to/layout:tag")
     if ref.startswith("oci:"):
         rest = ref[4:]
-        path, _, tag = rest.partition(":")
+        path, _sep, tag = rest.partition(":")
         if not path.startswith("/"):
             raise ValueError("an OCI layout reference needs an absolute path: oci:/path/to/layout:tag")
-        return "oci:%s:%s" % (path, tag or "latest"), {"registry": "oci", "repository": path,
-                                                        "tag": tag or "latest", "digest": ""}
+        image = {"registry": "oci", "repository": path, "tag": tag or "latest", "digest": ""}
+        return "oci:%s:%s" % (path, image["tag"]), image
     name = ref[len("docker://"):] if ref.startswith("docker://") else ref
     digest = ""
     if "@" in name:

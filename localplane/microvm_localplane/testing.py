@@ -139,5 +139,3 @@ def sandbox(plane):
         from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError
         with contextlib.suppress(ApiError):
             client.delete_session(session["session_id"])
-
-

@@ -13,7 +13,7 @@ def write(stub, path, text):
 
 
 def read(stub, path):
-    code, out, _ = run_exec(stub, ["cat", path])
+    code, out, _err = run_exec(stub, ["cat", path])
     return out.decode() if code == 0 else None
 
 
@@ -92,8 +92,8 @@ def test_fork_count_outside_1_to_4_is_400(api, sandbox, count):
 
 def test_fork_from_an_unknown_checkpoint_creates_nothing(api, sandbox):
     before = len(api.call("GET", "/sessions", params={"page_size": 200}).json()["sessions"])
-    resp = api.call("POST", "/sessions/%s/fork" % sandbox["session_id"], json={"from_checkpoint_id": str(uuid.uuid4()),
-                                                                              "count": 2})
+    body = {"from_checkpoint_id": str(uuid.uuid4()), "count": 2}
+    resp = api.call("POST", "/sessions/%s/fork" % sandbox["session_id"], json=body)
     assert resp.status_code in (400, 404)
     after = len(api.call("GET", "/sessions", params={"page_size": 200}).json()["sessions"])
     assert after == before
@@ -122,8 +122,10 @@ def test_fork_copies_the_files(plane, api, sandbox, agent):
 def test_checkpoint_while_a_command_is_in_flight_is_409(api, sandbox):
     sid = sandbox["session_id"]
     done = {}
-    t = threading.Thread(target=lambda: done.update(r=api.call("POST", "/sessions/%s/sandbox/exec" % sid,
-                                                                   json={"argv": ["sleep", "3"]})))
+
+    def slow_command():
+        done["r"] = api.call("POST", "/sessions/%s/sandbox/exec" % sid, json={"argv": ["sleep", "3"]})
+    t = threading.Thread(target=slow_command)
     t.start()
     time.sleep(1)
     resp = api.call("POST", "/sessions/%s/checkpoints" % sid, json={})

@@ -173,7 +173,7 @@ def test_a_dial_wakes_a_paused_session(plane, api, sandbox, agent):
     assert api.call("POST", "/sessions/%s/pause" % sid, json={}).status_code == 204
     api.wait(sid, ("PAUSED",))
     stub = agent(sid)
-    code, out, _ = run_exec(stub, ["echo", "awake"])
+    code, out, _err = run_exec(stub, ["echo", "awake"])
     assert (code, out) == (0, b"awake\n")
     assert api.wait(sid, ("READY", "DETACHED"))["status"] != "SESSION_STATUS_PAUSED"
 
@@ -213,4 +213,3 @@ def test_garbage_does_not_hurt_the_server_or_other_sessions(plane, api, sandbox,
     stub = agent(sandbox["session_id"])
     assert run_exec(stub, ["true"])[0] == 0
     assert api.call("GET", "/sessions").status_code == 200
-

@@ -79,7 +79,7 @@ def test_upload_download_round_trip_with_footer(api, sandbox):
     resp = upload(api, sid, "/workspace/up/data.bin", data, sha=hashlib.sha256(data).hexdigest())
     assert resp.status_code == 200, resp.text
     assert resp.json()["bytes_written"] == len(data)
-    _, payload = download(api, sid, "/workspace/up/data.bin")
+    _resp, payload = download(api, sid, "/workspace/up/data.bin")
     assert payload == data
 
 
@@ -91,9 +91,9 @@ def test_upload_archive_and_download_archive(api, sandbox):
         info.size = 5
         tar.addfile(info, io.BytesIO(b"hello"))
     assert upload(api, sid, "/workspace/tree", buf.getvalue(), archive=True).status_code == 200
-    _, payload = download(api, sid, "/workspace/tree/a/b.txt")
+    _resp, payload = download(api, sid, "/workspace/tree/a/b.txt")
     assert payload == b"hello"
-    _, tar_bytes = download(api, sid, "/workspace/tree", archive=True)
+    _resp, tar_bytes = download(api, sid, "/workspace/tree", archive=True)
     with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
         assert any(m.name.endswith("b.txt") for m in tar.getmembers())
 
@@ -102,27 +102,27 @@ def test_upload_checksum_mismatch_is_400_and_writes_nothing(api, sandbox):
     sid = sandbox["session_id"]
     resp = upload(api, sid, "/workspace/bad.bin", b"payload", sha="0" * 64)
     assert resp.status_code == 400
-    resp, _ = download(api, sid, "/workspace/bad.bin")
+    resp, _payload = download(api, sid, "/workspace/bad.bin")
     assert resp.status_code == 404
 
 
 @pytest.mark.parametrize("path", ["/tmp/x", "/workspace/../tmp/x", "/etc/passwd", "/"])
 def test_transfers_outside_workspace_are_403(api, sandbox, path):
     assert upload(api, sandbox["session_id"], path, b"x").status_code == 403
-    resp, _ = download(api, sandbox["session_id"], path)
+    resp, _payload = download(api, sandbox["session_id"], path)
     assert resp.status_code == 403
     assert "outside workspace" in error_message(resp)
 
 
 def test_download_of_a_missing_file_is_404(api, sandbox):
-    resp, _ = download(api, sandbox["session_id"], "/workspace/missing-%s" % uuid.uuid4().hex)
+    resp, _payload = download(api, sandbox["session_id"], "/workspace/missing-%s" % uuid.uuid4().hex)
     assert resp.status_code == 404
 
 
 def test_symlink_out_of_workspace_is_refused(api, sandbox):
     sid = sandbox["session_id"]
     assert exec_(api, sid, {"argv": ["ln", "-sfn", "/etc", "/workspace/etc-link"]}).json()["exit_code"] == 0
-    resp, _ = download(api, sid, "/workspace/etc-link/hostname")
+    resp, _payload = download(api, sid, "/workspace/etc-link/hostname")
     assert resp.status_code == 403
 
 

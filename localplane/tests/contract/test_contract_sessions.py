@@ -34,7 +34,7 @@ def test_create_returns_provisioning_then_ready(plane, api):
 def test_create_to_ready_is_fast(plane, api):
     client = plane.client()
     times = []
-    for _ in range(3):
+    for _attempt in range(3):
         start = time.monotonic()
         s = client.create_session({"name": unique()})
         client.wait_session(s["session_id"], timeout=60)
