@@ -609,7 +609,10 @@ def record_pid(run_dir=RUN_DIR):
 
 def serve(listen=LISTEN):
     env = session_env()
-    os.makedirs(HOME, exist_ok=True)
+    try:
+        os.makedirs(HOME, exist_ok=True)
+    except OSError:
+        pass  # the guest may have replaced its home with anything; commands still run
     server = build_server(listen, env)
     server.start()
     record_pid()

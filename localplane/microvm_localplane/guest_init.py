@@ -3,8 +3,10 @@
 Runs inside the guest (bubblewrap, `--as-pid-1`) with the standard library only,
 started with `python -I -S` and few imports, so it is up in a few milliseconds.
 
-Port bridge: the host connects to the unix socket <run dir>/bridge.sock (bound
-into the guest at /run/localplane) and sends one line `port N\\n`. PID 1
+Port bridge: the host creates a listening unix socket in a host-only directory
+and passes it to this process (`--bridge-fd N`): the guest can neither see nor
+replace the socket file, so the host never follows a path the guest controls.
+The host connects to it and sends one line `port N\\n`. PID 1
 connects to 127.0.0.1:N inside the guest's network namespace and answers
 `OK\\n` with the connected socket attached (SCM_RIGHTS), or `ERR <reason>\\n`.
 The socket keeps its namespace, so the host then talks to the guest port
@@ -19,7 +21,6 @@ import threading
 import time
 
 RUN_DIR = "/run/localplane"
-BRIDGE_SOCKET = "bridge.sock"
 AGENT_PID_FILE = "agent.pid"
 REQUEST_MAX = 64
 REQUEST_TIMEOUT = 5.0
@@ -174,16 +175,9 @@ def pid_running(pid):
         return False
 
 
-def listen(run_dir):
-    path = os.path.join(run_dir, BRIDGE_SOCKET)
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(path)
-    os.chmod(path, 0o600)
-    sock.listen(128)
+def inherited_listener(fd):
+    sock = socket.socket(fileno=fd)
+    os.set_inheritable(fd, False)  # nothing PID 1 starts may hold the bridge
     return sock
 
 
@@ -191,12 +185,15 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     run_dir = RUN_DIR
     external_agent = False
+    bridge_fd = None
     while argv and argv[0].startswith("--"):
         opt = argv.pop(0)
         if opt == "--run-dir":
             run_dir = argv.pop(0)
         elif opt == "--external-agent":
             external_agent = True
+        elif opt == "--bridge-fd":
+            bridge_fd = int(argv.pop(0))
         elif opt == "--":
             break
     agent_argv = argv or [sys.executable, "-m", "microvm_localplane.agent"]
@@ -208,7 +205,10 @@ def main(argv=None):
     # PID 1 ignores signals it has no handler for; stop on SIGTERM like an init would.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
-    server = listen(run_dir)
+    if bridge_fd is None:
+        log("--bridge-fd is required")
+        sys.exit(2)
+    server = inherited_listener(bridge_fd)
     supervisor = Supervisor(run_dir, agent_argv, external=external_agent)
     if not external_agent:
         supervisor.start_agent()

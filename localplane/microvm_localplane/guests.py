@@ -95,21 +95,44 @@ async def _recv_fd(loop, sock):
         loop.remove_reader(sock.fileno())
 
 
-async def dial_bridge(run_dir, port, timeout=DIAL_TIMEOUT):
-    """Ask the guest's PID 1 (through <run_dir>/bridge.sock) for a socket connected to guest port."""
+def _short_path(dir_fd, name):
+    # Unix socket paths are limited to 107 bytes; the state dir may be deep, so go through a dir fd.
+    return "/proc/self/fd/%d/%s" % (dir_fd, name)
+
+
+def listen_bridge(layout):
+    """The guest's bridge socket, created by the host in its host-only dir; -> listening socket."""
+    path = os.path.join(layout.host, layout.bridge_name)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    dir_fd = os.open(layout.host, os.O_PATH | os.O_DIRECTORY)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(_short_path(dir_fd, layout.bridge_name))
+        os.chmod(path, 0o600)
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        os.close(dir_fd)
+    return sock
+
+
+async def dial_bridge(host_dir, port, timeout=DIAL_TIMEOUT):
+    """Ask the guest's PID 1 (through <host_dir>/bridge.sock) for a socket connected to guest port."""
     if not isinstance(port, int) or not 1 <= port <= 65535:
         raise DialError("invalid port: %r" % (port,))
     loop = asyncio.get_running_loop()
     try:
-        # Unix socket paths are limited to 107 bytes; the state dir may be deep, so go through a dir fd.
-        dir_fd = os.open(run_dir, os.O_PATH | os.O_DIRECTORY)
+        dir_fd = os.open(host_dir, os.O_PATH | os.O_DIRECTORY)
     except OSError:
         raise DialError("guest is not running")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
     try:
         try:
-            await loop.sock_connect(sock, "/proc/self/fd/%d/bridge.sock" % dir_fd)
+            await loop.sock_connect(sock, _short_path(dir_fd, "bridge.sock"))
         except (FileNotFoundError, ConnectionRefusedError):
             raise DialError("guest is not running")
         finally:
@@ -203,7 +226,7 @@ class Guest:
 
     async def dial(self, port):
         """TCP connection to 127.0.0.1:port inside the guest; DialError on refusal."""
-        sock = await dial_bridge(self._layout.run, port)
+        sock = await dial_bridge(self._layout.host, port)
         try:
             return await asyncio.open_connection(sock=sock)
         except Exception:
@@ -306,6 +329,8 @@ class GuestManager:
                                    "--run-dir", rootfs_mod.GUEST_RUN_DIR]
             if self._zygote is not None:
                 guest_argv.append("--external-agent")
+            bridge = listen_bridge(layout)
+            guest_argv += ["--bridge-fd", str(bridge.fileno())]
             guest_argv += ["--"] + python + ["-m", "microvm_localplane.agent"]
             script = rootfs_mod.launch_script(layout, mounts, self.code, hostname, cgroup.procs_files(), guest_argv,
                                               host_libs=not own_userland)
@@ -321,10 +346,13 @@ class GuestManager:
             # The session's env reaches the agent's command baseline; never logged.
             "MICROVM_SESSION_ENV": json.dumps(session_env),
         }
-        with open(layout.log_file, "ab") as log:
-            popen = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script],
-                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=launch_env,
-                                     start_new_session=True, close_fds=True)
+        try:
+            with open(layout.log_file, "ab") as log:
+                popen = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script],
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=launch_env,
+                                         start_new_session=True, close_fds=True, pass_fds=(bridge.fileno(),))
+        finally:
+            bridge.close()  # the guest's PID 1 holds it now
         try:
             init_pid = await self._wait_exec(layout, popen)
             # The agent and the network are set up side by side: both only need the namespaces.
@@ -368,8 +396,10 @@ class GuestManager:
             answer = {"ok": False, "error": str(e)}
         if not answer.get("ok"):
             _log(layout, "zygote could not place the agent (%s); the guest starts its own" % answer.get("error"))
-            with open(os.path.join(layout.run, "agent.fallback"), "w"):
-                pass
+            # the run dir is writable by the guest: never follow what may be a planted symlink
+            with contextlib.suppress(OSError):
+                os.close(os.open(os.path.join(layout.run, "agent.fallback"),
+                                 os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
 
     async def _setup_network(self, layout, init_pid, egress):
         """eth0 and the egress policy; a guest whose network fails keeps loopback only (never more open)."""
@@ -389,7 +419,7 @@ class GuestManager:
             if popen.poll() is not None:
                 raise GuestError("guest exited during boot (status %s): %s" % (popen.returncode, _log_tail(layout)))
             try:
-                sock = await dial_bridge(layout.run, AGENT_PORT, timeout=DIAL_TIMEOUT)
+                sock = await dial_bridge(layout.host, AGENT_PORT, timeout=DIAL_TIMEOUT)
                 sock.close()
                 break
             except DialError:
@@ -427,7 +457,7 @@ class GuestManager:
     async def _answers(self, layout):
         for _ in range(3):
             try:
-                (await dial_bridge(layout.run, AGENT_PORT)).close()
+                (await dial_bridge(layout.host, AGENT_PORT)).close()
                 return True
             except DialError:
                 await asyncio.sleep(0.2)
@@ -468,9 +498,11 @@ class GuestManager:
                 popen.kill()
             popen.wait()
         cgroup.remove()
-        for name in ("bridge.sock", "agent.pid", "agent.fallback"):
+        for name in ("agent.pid", "agent.fallback"):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(layout.run, name))
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(layout.host, layout.bridge_name))
 
     def _clean_leftovers(self, layout, cgroup):
         """A crash may leave processes or a cgroup behind; a boot starts from a clean slate."""

@@ -55,6 +55,7 @@ class SessionLayout:
         self.meta_file = os.path.join(self.host, "meta.json")
         self.info_file = os.path.join(self.host, "bwrap-info.json")
         self.log_file = os.path.join(self.host, "guest.log")
+        self.bridge_name = "bridge.sock"                   # in host/: the guest cannot see or replace it
 
     def upper(self, layer):
         return os.path.join(self.rootfs, layer, "upper")
@@ -81,8 +82,10 @@ class SessionLayout:
             # overlayfs needs an empty work dir; a stale one (crash, restore) is recreated.
             shutil.rmtree(self.work(layer), ignore_errors=True)
             os.makedirs(self.work(layer))
-        os.makedirs(os.path.join(self.workspace, "home"), exist_ok=True)
-        for stale in ("bridge.sock", "agent.pid", "agent.fallback"):
+        home = os.path.join(self.workspace, "home")
+        if not os.path.lexists(home):  # whatever the guest left there is its own business
+            os.mkdir(home)
+        for stale in ("agent.pid", "agent.fallback"):
             try:
                 os.unlink(os.path.join(self.run, stale))
             except FileNotFoundError:
@@ -159,18 +162,36 @@ def overlays(state_dir, layout, rootfs, code: CodePaths):
 
 
 def write_identity(layout, layers, hostname):
-    """/etc/hostname and /etc/hosts name the guest, not the host (written into the upper dir)."""
-    etc = layout.upper("etc") if "etc" in layers else os.path.join(layout.upper("root"), "etc")
-    os.makedirs(etc, exist_ok=True)
-    with open(os.path.join(etc, "hostname"), "w") as f:
-        f.write(hostname + "\n")
-    hosts = os.path.join(etc, "hosts")
-    if not os.path.lexists(hosts):
-        with open(hosts, "w") as f:
-            f.write("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n" % hostname)
+    """/etc/hostname and /etc/hosts name the guest, not the host (written into the upper dir).
+
+    The upper dir is the guest's own content: never follow a symlink in it (the
+    guest may have left one pointing anywhere on the host). The guest is not
+    running at this point, so checking then writing is race-free.
+    """
+    if "etc" in layers:
+        etc = layout.upper("etc")
+    else:
+        etc = os.path.join(layout.upper("root"), "etc")
+        if not os.path.lexists(etc):
+            os.mkdir(etc, 0o755)
+    if os.path.islink(etc) or not os.path.isdir(etc):
+        return  # the guest replaced its /etc: leave it alone
+    _write_own_file(os.path.join(etc, "hostname"), hostname + "\n", replace=True)
+    _write_own_file(os.path.join(etc, "hosts"), "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+                    "127.0.1.1\t%s\n" % hostname, replace=False)
 
 
-def launch_script(layout, mounts, code: CodePaths, hostname, cgroup_procs, guest_argv, net_setup="", host_libs=False):
+def _write_own_file(path, text, replace):
+    if os.path.lexists(path):
+        if not replace or os.path.isdir(path) and not os.path.islink(path):
+            return
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def launch_script(layout, mounts, code: CodePaths, hostname, cgroup_procs, guest_argv, host_libs=False):
     """The shell run as `unshare --mount --propagation private sh -c SCRIPT`."""
     q = shlex.quote
     lines = ["set -e"]
@@ -182,8 +203,6 @@ def launch_script(layout, mounts, code: CodePaths, hostname, cgroup_procs, guest
             ":".join(check_mount_path(p) for p in lowers), check_mount_path(layout.upper(layer)),
             check_mount_path(layout.work(layer)))
         lines.append("mount -t overlay overlay -o %s %s" % (q(opts), q(target)))
-    if net_setup:
-        lines.append(net_setup)
     bwrap = ["bwrap", "--bind", layout.merged, "/",
              "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
              "--bind", layout.workspace, WORKSPACE,

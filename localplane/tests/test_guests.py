@@ -69,14 +69,32 @@ def test_guest_cannot_see_state_dirs_or_host_home(plane, pair):
              ' ls -A /home; ls /run/localplane', "sh"] + hidden)
     assert b"visible" not in r.stdout
     listing = r.stdout.split()
-    assert b"bridge.sock" in listing  # /home is empty; /run/localplane holds only the guest's own run files
-    assert set(listing) <= {b"bridge.sock", b"agent.pid", b"agent.log"}
+    assert b"agent.pid" in listing  # /home is empty; /run/localplane holds only the guest's own run files
+    assert set(listing) <= {b"agent.pid", b"agent.log"}
 
 
 def test_host_code_is_read_only_in_guest(pair):
     (_, sa), _ = pair
     r = sh(sa, "touch /work/main/plugins/x 2>&1; echo rc=$?")
     assert b"rc=1" in r.stdout and b"Read-only" in r.stdout
+
+
+def test_host_never_follows_a_symlink_the_guest_planted(plane, tmp_path):
+    canary = tmp_path / "host-canary"
+    canary.write_text("host data\n")
+    canary_dir = tmp_path / "host-dir"
+    canary_dir.mkdir()
+    g = plane.boot("planter")
+    stub = plane.stub(g)
+    sh(stub, 'ln -sfn "%s" /etc/hostname; rm -f /etc/hosts; ln -s "%s/hosts" /etc/hosts;'
+             ' rm -rf /workspace/home; ln -s "%s" /workspace/home;'
+             ' ln -sfn "%s" /run/localplane/agent.fallback' % (canary, canary_dir, canary_dir, canary))
+    plane.run(plane.manager.stop("planter"))
+    g = plane.boot("planter", hostname="planter2")
+    assert canary.read_text() == "host data\n"
+    assert list(canary_dir.iterdir()) == []
+    assert sh(plane.stub(g), "cat /etc/hostname").stdout == b"planter2\n"
+    plane.run(plane.manager.stop("planter"))
 
 
 def test_each_guest_has_its_own_network(plane, pair):
@@ -140,7 +158,7 @@ def test_freeze_stops_every_process_and_thaw_resumes(plane):
 
 async def _dial_quick(guest):
     from microvm_localplane.guests import dial_bridge
-    sock = await dial_bridge(guest._layout.run, 8443, timeout=0.5)
+    sock = await dial_bridge(guest._layout.host, 8443, timeout=0.5)
     sock.close()
 
 
