@@ -51,7 +51,7 @@ BASELINE_ENV = {
     "LOGNAME": "root",
     "SHELL": "/bin/sh",
 }
-SESSION_ENV_VAR = "MICROVM_SESSION_ENV"
+SESSION_ENV_FILE = "session-env.json"   # in RUN_DIR, written by the host at every boot
 EXIT_NOT_FOUND, EXIT_CANNOT_EXECUTE = 127, 126
 KILL_GRACE = 2.0            # seconds between SIGTERM and SIGKILL on timeout
 DRAIN_GRACE = 1.0           # how long to keep relaying output after the command exits (background children holding the pipe)
@@ -573,14 +573,13 @@ def extract_archive(fileobj, target, given):
 
 # ---------------------------------------------------------------- server
 
-def session_env():
-    raw = os.environ.pop(SESSION_ENV_VAR, "")
-    if not raw:
-        return {}
+def session_env(run_dir=RUN_DIR):
+    """The session's env (create body `env`), part of every command's baseline."""
     try:
-        env = json.loads(raw)
+        with open(os.path.join(run_dir, SESSION_ENV_FILE)) as f:
+            env = json.load(f)
         return {str(k): str(v) for k, v in env.items()}
-    except (ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError):
         return {}
 
 

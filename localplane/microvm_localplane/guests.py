@@ -180,9 +180,9 @@ class Zygote:
             if self._proc is None or self._proc.poll() is not None:
                 self._start()
 
-    def spawn(self, init_pid, cgroup_procs, session_env):
+    def spawn(self, init_pid, cgroup_procs):
         """Blocking: place an agent in the guest whose PID 1 has host pid init_pid; -> answer dict."""
-        request = json.dumps({"init_pid": init_pid, "cgroup_procs": cgroup_procs, "session_env": session_env})
+        request = json.dumps({"init_pid": init_pid, "cgroup_procs": cgroup_procs})
         with self._lock:
             for _attempt in (1, 2):
                 if self._proc is None or self._proc.poll() is not None:
@@ -322,6 +322,8 @@ class GuestManager:
             layers = [m[0] for m in mounts]
             layout.create(layers)
             rootfs_mod.write_identity(layout, layers, hostname)
+            # The session's env reaches the agent's command baseline through the guest's own run dir; never logged.
+            rootfs_mod.write_session_env(layout, {str(k): str(v) for k, v in (env or {}).items()})
             cgroup.create()
             own_userland = rootfs.kind == "host"
             python = self.code.python_argv(own_userland)
@@ -337,14 +339,11 @@ class GuestManager:
         except (RootfsError, OSError) as e:
             raise GuestError("cannot prepare guest %s: %s" % (session_id, e))
 
-        session_env = {str(k): str(v) for k, v in (env or {}).items()}
         launch_env = {
             "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "LANG": "C.UTF-8",
             "PYTHONPATH": self.code.pythonpath(),
             "PYTHONDONTWRITEBYTECODE": "1",
-            # The session's env reaches the agent's command baseline; never logged.
-            "MICROVM_SESSION_ENV": json.dumps(session_env),
         }
         try:
             with open(layout.log_file, "ab") as log:
@@ -358,7 +357,7 @@ class GuestManager:
             # The agent and the network are set up side by side: both only need the namespaces.
             steps = [self._setup_network(layout, init_pid, egress)]
             if self._zygote is not None:
-                steps.append(self._place_agent(layout, init_pid, cgroup, session_env))
+                steps.append(self._place_agent(layout, init_pid, cgroup))
             await asyncio.gather(*steps)
             pid, pid_start = await self._wait_ready(layout, popen)
         except BaseException:
@@ -388,10 +387,10 @@ class GuestManager:
                 return init_pid
             await asyncio.sleep(0.002)
 
-    async def _place_agent(self, layout, init_pid, cgroup, session_env):
+    async def _place_agent(self, layout, init_pid, cgroup):
         """Fork the warm agent into the guest; on failure the guest's PID 1 starts its own."""
         try:
-            answer = await asyncio.to_thread(self._zygote.spawn, init_pid, cgroup.procs_files(), session_env)
+            answer = await asyncio.to_thread(self._zygote.spawn, init_pid, cgroup.procs_files())
         except Exception as e:
             answer = {"ok": False, "error": str(e)}
         if not answer.get("ok"):

@@ -181,6 +181,17 @@ def write_identity(layout, layers, hostname):
                     "127.0.1.1\t%s\n" % hostname, replace=False)
 
 
+def write_session_env(layout, env):
+    path = os.path.join(layout.run, "session-env.json")
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(env, f)
+
+
 def _write_own_file(path, text, replace):
     if os.path.lexists(path):
         if not replace or os.path.isdir(path) and not os.path.islink(path):

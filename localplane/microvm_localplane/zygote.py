@@ -20,7 +20,10 @@ guest's PID 1 (which still starts one itself if this path fails, see
 guest_init --external-agent).
 
 Protocol on stdin/stdout: one JSON line per request
-{"init_pid", "cgroup_procs", "session_env"} -> one JSON line {"ok": true, "pid"} or {"ok": false, "error"}.
+{"init_pid", "cgroup_procs"} -> one JSON line {"ok": true, "pid"} or {"ok": false, "error"}.
+No session data ever passes through the zygote: every agent is a copy of its
+memory, so whatever it held would be readable in the next session's guest.
+The agent reads the session's env from its own guest's run dir.
 """
 import ctypes
 import json
@@ -89,7 +92,7 @@ def enter_guest(init_pid, cgroup_procs):
             os.close(fd)
 
 
-def become_agent(session_env):
+def become_agent():
     """In the grandchild, a member of the guest: detach, confine, serve. Never returns."""
     code = 0
     try:
@@ -103,7 +106,6 @@ def become_agent(session_env):
         os.closerange(3, 65536)
         drop_capabilities(GUEST_CAPS)
         libc.prctl(PR_SET_NAME, ctypes.c_char_p(b"sandbox-agent"), 0, 0, 0)
-        os.environ[agent.SESSION_ENV_VAR] = json.dumps(session_env)
         agent.serve()
     except BaseException as e:  # noqa: B036 - a forked child must never return into the zygote's loop
         try:
@@ -136,7 +138,7 @@ def spawn(request):
                 agent_pid = os.fork()
                 if agent_pid == 0:
                     os.close(w)
-                    become_agent(request.get("session_env") or {})
+                    become_agent()
                 os.write(w, json.dumps({"ok": True, "pid": agent_pid}).encode())
                 os._exit(0)
             status = 0 if os.waitpid(b, 0)[1] == 0 else 1

@@ -70,7 +70,7 @@ def test_guest_cannot_see_state_dirs_or_host_home(plane, pair):
     assert b"visible" not in r.stdout
     listing = r.stdout.split()
     assert b"agent.pid" in listing  # /home is empty; /run/localplane holds only the guest's own run files
-    assert set(listing) <= {b"agent.pid", b"agent.log"}
+    assert set(listing) <= {b"agent.pid", b"agent.log", b"session-env.json"}
 
 
 def test_host_code_is_read_only_in_guest(pair):
@@ -95,6 +95,41 @@ def test_host_never_follows_a_symlink_the_guest_planted(plane, tmp_path):
     assert list(canary_dir.iterdir()) == []
     assert sh(plane.stub(g), "cat /etc/hostname").stdout == b"planter2\n"
     plane.run(plane.manager.stop("planter"))
+
+
+MEMORY_SCAN = """
+import re, sys
+pid = int(open('/run/localplane/agent.pid').read())
+needle = bytes.fromhex(sys.argv[1])  # hex: the request itself must not carry the needle
+found = scanned = 0
+with open('/proc/%d/maps' % pid) as maps, open('/proc/%d/mem' % pid, 'rb', 0) as mem:
+    for line in maps:
+        m = re.match(r'([0-9a-f]+)-([0-9a-f]+) r', line)
+        if not m:
+            continue
+        start, end = int(m.group(1), 16), int(m.group(2), 16)
+        try:
+            mem.seek(start)
+            data = mem.read(end - start)
+        except (OSError, ValueError, OverflowError):
+            continue
+        scanned += len(data)
+        found += data.count(needle)
+print(scanned, found)
+"""
+
+
+def test_no_session_env_leaks_into_another_guests_agent(plane):
+    secret = "s3cr3t-%s" % os.urandom(6).hex()
+    a = plane.boot("leak-a", env={"TOKEN": secret})
+    assert sh(plane.stub(a), 'echo "$TOKEN"').stdout.decode().strip() == secret
+    b = plane.boot("leak-b")
+    from guestkit import run
+    scanned, found = map(int, run(plane.stub(b), ["python3", "-c", MEMORY_SCAN, secret.encode().hex()]).stdout.split())
+    assert scanned > 1 << 20  # the scan really read the agent's memory
+    assert found == 0
+    for sid in ("leak-a", "leak-b"):
+        plane.run(plane.manager.stop(sid))
 
 
 def test_each_guest_has_its_own_network(plane, pair):
