@@ -27,8 +27,9 @@ class FakeAgent(pb_grpc.SandboxAgentServiceServicer):
         self.calls.append(("exec", list(start.argv)))
         if self.mode == "unavailable":
             context.abort(grpc.StatusCode.UNAVAILABLE, "guest gone")
-        stdin = b"".join(r.stdin for r in request_iterator if r.WhichOneof("request") == "stdin")
+        # like sudo's prompt: some output before stdin is read
         yield pb.ExecOutput(stdout=b"argv=" + " ".join(start.argv).encode() + b"\n")
+        stdin = b"".join(r.stdin for r in request_iterator if r.WhichOneof("request") == "stdin")
         yield pb.ExecOutput(stdout=stdin)
         yield pb.ExecOutput(stderr=("TMPDIR=%s" % start.env.get("TMPDIR", "")).encode())
         if self.mode == "no-exit":
