@@ -180,9 +180,9 @@ class Zygote:
             if self._proc is None or self._proc.poll() is not None:
                 self._start()
 
-    def spawn(self, init_pid, cgroup_procs):
+    def spawn(self, init_pid):
         """Blocking: place an agent in the guest whose PID 1 has host pid init_pid; -> answer dict."""
-        request = json.dumps({"init_pid": init_pid, "cgroup_procs": cgroup_procs})
+        request = json.dumps({"init_pid": init_pid})
         with self._lock:
             for _attempt in (1, 2):
                 if self._proc is None or self._proc.poll() is not None:
@@ -357,7 +357,7 @@ class GuestManager:
             # The agent and the network are set up side by side: both only need the namespaces.
             steps = [self._setup_network(layout, init_pid, egress)]
             if self._zygote is not None:
-                steps.append(self._place_agent(layout, init_pid, cgroup))
+                steps.append(self._place_agent(layout, init_pid))
             await asyncio.gather(*steps)
             pid, pid_start = await self._wait_ready(layout, popen)
         except BaseException:
@@ -387,10 +387,10 @@ class GuestManager:
                 return init_pid
             await asyncio.sleep(0.002)
 
-    async def _place_agent(self, layout, init_pid, cgroup):
+    async def _place_agent(self, layout, init_pid):
         """Fork the warm agent into the guest; on failure the guest's PID 1 starts its own."""
         try:
-            answer = await asyncio.to_thread(self._zygote.spawn, init_pid, cgroup.procs_files())
+            answer = await asyncio.to_thread(self._zygote.spawn, init_pid)
         except Exception as e:
             answer = {"ok": False, "error": str(e)}
         if not answer.get("ok"):

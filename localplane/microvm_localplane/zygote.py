@@ -20,7 +20,7 @@ guest's PID 1 (which still starts one itself if this path fails, see
 guest_init --external-agent).
 
 Protocol on stdin/stdout: one JSON line per request
-{"init_pid", "cgroup_procs"} -> one JSON line {"ok": true, "pid"} or {"ok": false, "error"}.
+{"init_pid"} -> one JSON line {"ok": true, "pid"} or {"ok": false, "error"}.
 No session data ever passes through the zygote: every agent is a copy of its
 memory, so whatever it held would be readable in the next session's guest.
 The agent reads the session's env from its own guest's run dir.
@@ -36,6 +36,7 @@ from .rootfs import GUEST_CAPS, GUEST_RUN_DIR
 NAMESPACES = (("uts", 0x04000000), ("ipc", 0x08000000), ("net", 0x40000000), ("cgroup", 0x02000000),
               ("pid", 0x20000000), ("mnt", 0x00020000))
 PR_SET_NAME = 15
+CGROUP_CONTROLLERS = ("freezer", "memory")
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAPBSET_DROP = 24
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE = 47, 2
@@ -78,9 +79,22 @@ def drop_capabilities(keep):
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
-def enter_guest(init_pid, cgroup_procs):
+def guest_cgroups(init_pid):
+    """cgroup.procs of the freezer and memory groups the guest's PID 1 is in (read, not told:
+    nothing about other sessions needs to pass through the zygote)."""
+    paths = []
+    with open("/proc/%d/cgroup" % init_pid) as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for c in controllers.split(","):
+                if c in CGROUP_CONTROLLERS:
+                    paths.append(os.path.join("/sys/fs/cgroup", c, path.lstrip("/"), "cgroup.procs"))
+    return paths
+
+
+def enter_guest(init_pid):
     """In the forked child: join cgroups and namespaces of the guest whose PID 1 is init_pid (host pid)."""
-    for path in cgroup_procs:
+    for path in guest_cgroups(init_pid):
         with open(path, "w") as f:
             f.write(str(os.getpid()))
     fds = [(os.open("/proc/%d/ns/%s" % (init_pid, name), os.O_RDONLY), flag) for name, flag in NAMESPACES]
@@ -132,7 +146,7 @@ def spawn(request):
         status = 1
         try:
             os.close(r)
-            enter_guest(int(request["init_pid"]), request.get("cgroup_procs", []))
+            enter_guest(int(request["init_pid"]))
             b = os.fork()
             if b == 0:
                 agent_pid = os.fork()
