@@ -321,7 +321,7 @@ class GuestManager:
             mounts = rootfs_mod.overlays(self.state_dir, layout, rootfs, self.code)
             layers = [m[0] for m in mounts]
             layout.create(layers)
-            rootfs_mod.write_identity(layout, layers, hostname)
+            rootfs_mod.write_identity(layout, mounts, hostname)
             # The session's env reaches the agent's command baseline through the guest's own run dir; never logged.
             rootfs_mod.write_session_env(layout, {str(k): str(v) for k, v in (env or {}).items()})
             cgroup.create()

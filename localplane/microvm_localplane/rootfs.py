@@ -161,17 +161,21 @@ def overlays(state_dir, layout, rootfs, code: CodePaths):
     raise RootfsError("unknown rootfs kind: %r" % rootfs.kind)
 
 
-def write_identity(layout, layers, hostname):
+def write_identity(layout, mounts, hostname):
     """/etc/hostname and /etc/hosts name the guest, not the host (written into the upper dir).
 
     The upper dir is the guest's own content: never follow a symlink in it (the
     guest may have left one pointing anywhere on the host). The guest is not
     running at this point, so checking then writing is race-free.
     """
+    layers = {layer: lowers for layer, lowers, _ in mounts}
     if "etc" in layers:
         etc = layout.upper("etc")
     else:
         etc = os.path.join(layout.upper("root"), "etc")
+        image_etc = [os.path.join(lower, "etc") for lower in layers["root"]]
+        if any(os.path.islink(p) for p in image_etc):
+            return  # an image whose /etc is a link: a real dir in the upper layer would hide it
         if not os.path.lexists(etc):
             os.mkdir(etc, 0o755)
     if os.path.islink(etc) or not os.path.isdir(etc):
