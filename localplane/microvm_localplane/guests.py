@@ -425,7 +425,7 @@ class GuestManager:
                 if time.monotonic() > deadline:
                     raise GuestError("guest agent did not answer within %.0f s: %s" % (BOOT_TIMEOUT, _log_tail(layout)))
             await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 0.02)
+            delay = min(delay * 1.5, 0.005)
         pid = _read_child_pid(layout)
         start = _proc_start_time(pid) if pid else None
         if start is None:

@@ -31,6 +31,12 @@ import os
 import sys
 
 from . import agent
+
+# What grpc.server() imports on first use: import it here once, not in every agent.
+import concurrent.futures.thread  # noqa: E402,F401
+import queue  # noqa: E402,F401
+
+import grpc._server  # noqa: E402,F401
 from .rootfs import GUEST_CAPS, GUEST_RUN_DIR
 
 NAMESPACES = (("uts", 0x04000000), ("ipc", 0x08000000), ("net", 0x40000000), ("cgroup", 0x02000000),
