@@ -316,7 +316,8 @@ class GuestManager:
         except netns.EgressError as e:
             raise GuestError(str(e))
         cgroup = self._cgroup(session_id)
-        await asyncio.to_thread(self._clean_leftovers, layout, cgroup)
+        if cgroup.exists():  # a crash may have left processes or a cgroup behind
+            await asyncio.to_thread(self._clean_leftovers, layout, cgroup)
         try:
             mounts = rootfs_mod.overlays(self.state_dir, layout, rootfs, self.code)
             layers = [m[0] for m in mounts]
