@@ -110,7 +110,7 @@ class Tunnel:
                 await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 for t in tasks:
                     t.cancel()
-        except Exception:
+        except (Exception, asyncio.CancelledError):  # noqa: B014 - a cancelled handler ends quietly (Python 3.11 streams)
             pass
         finally:
             writer.close()

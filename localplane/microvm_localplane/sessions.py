@@ -175,6 +175,14 @@ class Sessions:
         return True
 
     async def wait_booted(self, session_id):
+        """Wait for an adoption (after a restart) or a reboot still under way.
+
+        A PROVISIONING session is not waited for: the platform refuses calls
+        on it until it is usable, and so does the local plane.
+        """
+        rec = self.store.sessions.get(session_id)
+        if rec is not None and rec["status"] == contract.PROVISIONING:
+            return
         task = self.boots.get(session_id)
         if task is not None and not task.done():
             try:
@@ -256,7 +264,8 @@ class Sessions:
             if rec["status"] in contract.GONE:
                 raise ApiFailure(410, "session %s is %s" % (sid, contract.status_string(rec["status"])))
             if rec["status"] not in contract.USABLE:
-                raise ApiFailure(409, "session %s is %s; cannot %s" % (sid, contract.status_string(rec["status"]), what))
+                raise ApiFailure(409, "session %s is %s; cannot %s until it is READY" % (
+                    sid, contract.status_string(rec["status"]), what))
             guest = self.guests.get(sid)
             if guest is None or not guest.alive():
                 raise ApiFailure(502, "the sandbox of session %s is not running" % sid)
