@@ -277,6 +277,9 @@ class AgentService(pb2_grpc.SandboxAgentServiceServicer):
         """Stream stdout/stderr as produced; the exit frame last, exactly once."""
         streams = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr"}
         pidfd = os.pidfd_open(proc.pid)
+        poller = select.poll()  # not select(): no limit on fd numbers
+        for fd in (*streams, pidfd):
+            poller.register(fd, select.POLLIN)
         deadline = started + timeout if timeout > 0 else None
         timed_out = False
         kill_at = None
@@ -296,16 +299,19 @@ class AgentService(pb2_grpc.SandboxAgentServiceServicer):
                     break
                 waits = [t for t in (None if timed_out else deadline, kill_at,
                                      exited_at + DRAIN_GRACE if exited_at is not None else None) if t is not None]
-                wait = max(0.0, min(waits) - now) if waits else None
-                fds = list(streams) + ([pidfd] if exited_at is None else [])
-                ready, _, _ = select.select(fds, [], [], wait)
-                for fd in ready:
+                wait_ms = max(0, int((min(waits) - now) * 1000) + 1) if waits else None
+                for fd, _ in poller.poll(wait_ms):
                     if fd == pidfd:
                         proc.wait()
                         exited_at = time.monotonic()
+                        poller.unregister(pidfd)
+                        if timed_out:
+                            # the leader is gone; whatever it left in its group goes too
+                            kill_group(proc.pid, signal.SIGKILL)
                         continue
                     data = os.read(fd, READ_SIZE)
                     if not data:
+                        poller.unregister(fd)
                         del streams[fd]
                     elif streams[fd] == "stdout":
                         yield pb2.ExecOutput(stdout=data)

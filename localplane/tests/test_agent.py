@@ -126,6 +126,13 @@ def test_timeout_escalates_to_sigkill(stub):
     assert r.code == 128 + signal.SIGKILL
 
 
+def test_timeout_also_kills_group_members_that_ignore_sigterm(stub):
+    r = sh(stub, "(trap '' TERM; sleep 300) & echo $! > /workspace/stubborn.pid; wait", timeout_seconds=1)
+    assert r.exit.timed_out is True
+    stubborn = int(download(stub, "/workspace/stubborn.pid")[1])
+    assert wait_until(lambda: sh(stub, "kill -0 %d" % stubborn).code != 0)
+
+
 def test_no_timeout_means_not_timed_out(stub):
     r = run(stub, ["true"])
     assert r.exit.timed_out is False and r.exit.duration_ms >= 0
