@@ -1,0 +1,269 @@
+"""The collection's roles and playbooks through the real stack: ansible-playbook -> modules and the
+microvm.sandbox.agent connection -> local control plane -> guest.
+
+One session (started with the provision playbook, deleted with the teardown playbook) serves the
+credentials and workspace_export tests, so the suite stays lean on a small machine.
+"""
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import tarfile
+import uuid
+
+import pytest
+
+
+def _runner():
+    """run_playbook from this directory's conftest.py (module-scoped fixtures cannot use its function-scoped fixture)."""
+    spec = importlib.util.spec_from_file_location("microvm_integration_runner",
+                                                  os.path.join(os.path.dirname(os.path.abspath(__file__)), "conftest.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.run_playbook
+
+SECRET_MARK = "s3cr3t-" + uuid.uuid4().hex  # never allowed in any output
+
+
+def unique(prefix):
+    return "%s-%s" % (prefix, uuid.uuid4().hex[:8])
+
+
+def inventory(name, session_id):
+    return ("[sbx]\n%s ansible_host=%s\n\n[sbx:vars]\nansible_connection=microvm.sandbox.agent\n"
+            "ansible_python_interpreter=/usr/bin/python3\n" % (name, session_id))
+
+
+LOCALHOST = "localhost ansible_connection=local ansible_python_interpreter={{ ansible_playbook_python }}\n"
+
+
+def markers(output, tag):
+    """Values printed by `debug: msg="TAG=<json>"` tasks, in order."""
+    found = []
+    for m in re.finditer(r'^\s*"msg": "%s=(.*)"\s*$' % re.escape(tag), output, re.M):
+        value = json.loads('"%s"' % m.group(1))
+        while isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                break
+        found.append(value)
+    return found
+
+
+@pytest.fixture(scope="module")
+def roles_env(plane, tmp_path_factory):
+    mux = tmp_path_factory.mktemp("roles-mux")
+    return dict(plane.env, MICROVM_MUX_DIR=str(mux), MICROVM_PERSIST="20")
+
+
+@pytest.fixture(scope="module")
+def provisioned(plane, roles_env, tmp_path_factory):
+    """A session from the provision playbook (by FQCN), torn down by the teardown playbook."""
+    run_playbook = _runner()
+    name = unique("roles")
+    work = tmp_path_factory.mktemp("provision")
+    res = run_playbook("- ansible.builtin.import_playbook: microvm.sandbox.provision\n", LOCALHOST, roles_env,
+                       extra_args=["-e", "session_name=%s" % name, "-e", "session_template=base",
+                                   "-e", "checkpoint_label=provisioned"], workdir=str(work))
+    try:
+        assert res.rc == 0, res.output[-4000:]
+        session = plane.client().find_session(name)
+        assert session and session["status"].endswith("READY"), session
+        labels = [c.get("label") for c in plane.client().list_checkpoints(session["session_id"])]
+        assert "provisioned" in labels
+        yield {"name": name, "id": session["session_id"]}
+    finally:
+        down = run_playbook("- ansible.builtin.import_playbook: microvm.sandbox.teardown\n", LOCALHOST, roles_env,
+                            extra_args=["-e", "session_name=%s" % name], workdir=str(work))
+        assert down.rc == 0, down.output[-4000:]
+        left = plane.client().find_session(name)
+        assert not left or left["status"].endswith(("DESTROYING", "DESTROYED")), left
+
+
+CREDENTIALS_FAILING_PLAY = """
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - name: Seed a credential directory left by a crashed run, and a recent one
+      ansible.builtin.shell: |
+        mkdir -p /workspace/.scratch/credentials.crashed1/home/.aws /workspace/.scratch/credentials.recent1/home
+        echo old > /workspace/.scratch/credentials.crashed1/home/.aws/credentials
+        touch -d '3 hours ago' /workspace/.scratch/credentials.crashed1
+      changed_when: true
+    - name: Work with credentials
+      block:
+        - name: Stage
+          ansible.builtin.include_role:
+            name: microvm.sandbox.credentials
+          vars:
+            credentials_files:
+              - path: .aws/credentials
+                content: "[default]\\naws_access_key_id = AKIATEST\\naws_secret_access_key = {{ secret }}\\n"
+              - path: .config/tool/token
+                src: "{{ token_file }}"
+                env_var: TOOL_TOKEN_FILE
+                env: {TOOL_PROFILE: ci}
+        - name: Use them
+          ansible.builtin.command:
+            argv:
+              - python3
+              - -c
+              - |
+                import json, os, stat
+                env = {k: os.environ.get(k, "") for k in ("HOME", "AWS_SHARED_CREDENTIALS_FILE", "TOOL_TOKEN_FILE", "TOOL_PROFILE")}
+                aws = open(env["AWS_SHARED_CREDENTIALS_FILE"]).read()
+                modes = {}
+                for root, dirs, files in os.walk(os.path.dirname(env["HOME"])):
+                    for n in dirs + files:
+                        p = os.path.join(root, n)
+                        modes[p] = oct(stat.S_IMODE(os.stat(p).st_mode))
+                modes[os.path.dirname(env["HOME"])] = oct(stat.S_IMODE(os.stat(os.path.dirname(env["HOME"])).st_mode))
+                print(json.dumps({"env": env, "aws_has_secret": "{{ secret }}" in aws,
+                                  "token_ok": open(env["TOOL_TOKEN_FILE"]).read() == "{{ secret }}-token\\n", "modes": modes}))
+          environment: "{{ credentials_env }}"
+          register: used
+          no_log: true
+        - name: Report
+          ansible.builtin.debug:
+            msg: "USED={{ used.stdout | replace(secret, '<hidden>') | to_json }}"
+        - name: The work fails after staging
+          ansible.builtin.fail:
+            msg: the work failed
+      always:
+        - name: Remove the credentials
+          ansible.builtin.include_role:
+            name: microvm.sandbox.credentials
+            tasks_from: cleanup
+"""
+
+CHECK_SCRATCH_PLAY = """
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - name: List the scratch dir
+      ansible.builtin.find:
+        paths: /workspace/.scratch
+        patterns: "credentials.*,export.*"
+        file_type: any
+        hidden: true
+      register: left
+    - name: Report
+      ansible.builtin.debug:
+        msg: "LEFT={{ left.files | map(attribute='path') | map('basename') | sort | to_json }}"
+"""
+
+
+def test_credentials_removed_when_the_work_fails(provisioned, roles_env, tmp_path, playbook_runner):
+    secret = SECRET_MARK
+    token = tmp_path / "token"
+    token.write_text(secret + "-token\n")
+    inv = inventory("sbx1", provisioned["id"])
+    res = playbook_runner(CREDENTIALS_FAILING_PLAY, inv, roles_env, workdir=str(tmp_path), extra_args=[
+        "-vvv", "--diff", "-e", "secret=%s" % secret, "-e", "token_file=%s" % token])
+    assert res.rc != 0, res
+    assert "the work failed" in res.output
+    assert secret not in res.output, "a credential leaked into the output"
+    used = markers(res.stdout, "USED")
+    assert used, res
+    info = used[0]
+    env = info["env"]
+    assert re.match(r"^/workspace/\.scratch/credentials\.[a-z0-9]+/home$", env["HOME"]), env
+    assert env["AWS_SHARED_CREDENTIALS_FILE"] == env["HOME"] + "/.aws/credentials"
+    assert env["TOOL_TOKEN_FILE"] == env["HOME"] + "/.config/tool/token"
+    assert env["TOOL_PROFILE"] == "ci"
+    assert info["aws_has_secret"] and info["token_ok"]
+    staged = os.path.dirname(env["HOME"])
+    for path, mode in info["modes"].items():
+        is_file = path.endswith(("/credentials", "/token"))
+        assert mode == ("0o600" if is_file else "0o700"), (path, mode)
+    assert staged in info["modes"]
+
+    check = playbook_runner(CHECK_SCRATCH_PLAY, inv, roles_env, workdir=str(tmp_path))
+    assert check.rc == 0, check
+    left = markers(check.stdout, "LEFT")[0]
+    assert os.path.basename(staged) not in left, "the staged credentials survived the failed play"
+    assert "credentials.crashed1" not in left, "the sweep missed a directory older than 120 minutes"
+    assert "credentials.recent1" in left, "the sweep removed a recent directory"
+
+
+def test_credentials_scratch_outside_workspace_fails_at_once(provisioned, roles_env, tmp_path, playbook_runner):
+    play = """
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - ansible.builtin.include_role:
+        name: microvm.sandbox.credentials
+      vars:
+        credentials_scratch_dir: /tmp/creds
+        credentials_files:
+          - path: .netrc
+            content: "machine example login me password {{ secret }}"
+"""
+    res = playbook_runner(play, inventory("sbx2", provisioned["id"]), roles_env, workdir=str(tmp_path),
+                          extra_args=["-e", "secret=%s" % SECRET_MARK])
+    assert res.rc != 0
+    assert "/tmp/creds" in res.output and "only transfers files under /workspace" in res.output, res
+    assert SECRET_MARK not in res.output
+
+
+EXPORT_PLAY = """
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - name: Make a project with caches and a credential directory
+      ansible.builtin.shell: |
+        set -e
+        mkdir -p /workspace/home/proj/.cache /workspace/home/proj/pkg/__pycache__ /workspace/data /workspace/.scratch/credentials.x1/home
+        echo hello > /workspace/home/proj/a.txt
+        echo data > /workspace/data/d.txt
+        echo junk > /workspace/home/proj/.cache/junk
+        echo pyc > /workspace/home/proj/pkg/__pycache__/m.cpython-311.pyc
+        echo code > /workspace/home/proj/pkg/m.py
+        echo secret > /workspace/.scratch/credentials.x1/home/token
+      changed_when: true
+    - name: Export
+      ansible.builtin.include_role:
+        name: microvm.sandbox.workspace_export
+      vars:
+        workspace_export_paths: ["{{ paths }}"]
+        workspace_export_dest: "{{ dest }}"
+    - name: Report
+      ansible.builtin.debug:
+        msg: "RESULT={{ workspace_export_result | to_json }}"
+    - name: Remove the seeded credential directory
+      ansible.builtin.file:
+        path: /workspace/.scratch/credentials.x1
+        state: absent
+"""
+
+
+@pytest.mark.parametrize("paths", [".", "home"])
+def test_workspace_export(provisioned, roles_env, tmp_path, playbook_runner, paths):
+    dest = tmp_path / "out" / "ws.tar.gz"
+    inv = inventory("sbx3", provisioned["id"])
+    res = playbook_runner(EXPORT_PLAY, inv, roles_env, workdir=str(tmp_path),
+                          extra_args=["-e", "dest=%s" % dest, "-e", "paths=%s" % paths])
+    assert res.rc == 0, res
+    result = markers(res.stdout, "RESULT")[0]
+    assert result["dest"] == str(dest)
+    digest = hashlib.sha256(dest.read_bytes()).hexdigest()
+    assert result["sha256"] == digest
+    with tarfile.open(str(dest)) as tar:
+        names = [n[2:] if n.startswith("./") else n for n in tar.getnames()]
+    assert "home/proj/a.txt" in names and "home/proj/pkg/m.py" in names, names
+    assert not [n for n in names if ".cache" in n or "__pycache__" in n or ".scratch" in n or "credentials." in n], names
+    assert ("data/d.txt" in names) == (paths == "."), names
+
+    check = playbook_runner(CHECK_SCRATCH_PLAY, inv, roles_env, workdir=str(tmp_path))
+    assert check.rc == 0, check
+    left = markers(check.stdout, "LEFT")[0]
+    assert not [n for n in left if n.startswith("export.")], "an export archive was left in the guest: %s" % left
+
+
+def test_workspace_export_refuses_paths_outside_workspace(provisioned, roles_env, tmp_path, playbook_runner):
+    res = playbook_runner(EXPORT_PLAY, inventory("sbx4", provisioned["id"]), roles_env, workdir=str(tmp_path),
+                          extra_args=["-e", "dest=%s" % (tmp_path / "x.tgz"), "-e", "paths=/etc"])
+    assert res.rc != 0
+    assert "/etc" in res.output and "only transfers files under /workspace" in res.output, res
