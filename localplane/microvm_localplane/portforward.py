@@ -14,7 +14,7 @@ from . import contract
 from .httputil import ApiFailure
 
 log = logging.getLogger("microvm_localplane.portforward")
-READ_CHUNK = 64 * 1024
+READ_CHUNK = 1024 * 1024
 
 
 def parse_port(text):
@@ -115,7 +115,9 @@ async def handle(request, sessions, session_id, port_text):
     guest = await sessions.usable_guest(rec, "open a port-forward")
     reader, writer = await dial(guest, port)
     sid = rec["session_id"]
-    ws = web.WebSocketResponse(protocols=(), autoping=True, heartbeat=None, max_msg_size=contract.WS_MAX_FRAME)
+    # No permessage-deflate: the bytes are opaque (often already compressed) and zlib would cap throughput.
+    ws = web.WebSocketResponse(protocols=(), autoping=True, heartbeat=None, max_msg_size=contract.WS_MAX_FRAME,
+                               compress=False)
     try:
         await ws.prepare(request)
     except Exception:
