@@ -6,17 +6,6 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import re
-
-from ansible.errors import AnsibleError
-from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
-from ansible.utils.unsafe_proxy import wrap_var
-
-from ansible_collections.microvm.sandbox.plugins.module_utils import profile
-from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import describe_error
-from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError
-from ansible_collections.microvm.sandbox.plugins.module_utils.views import expand_statuses, select_sessions
-
 DOCUMENTATION = r"""
 name: sessions
 short_description: Sandbox sessions of the managed microVM platform as inventory hosts
@@ -33,7 +22,7 @@ description:
     host variables C(ansible_microvm_api_url) and C(ansible_microvm_route_prefix). The API token never is; the
     connection plugin reads it from its own option or E(DO_AGENTS_API_TOKEN).
 author:
-  - microvm.sandbox contributors
+  - microvm.sandbox maintainers (@microvm)
 extends_documentation_fragment:
   - microvm.sandbox.api.plugin
   - ansible.builtin.constructed
@@ -92,6 +81,17 @@ cache_plugin: ansible.builtin.jsonfile
 cache_connection: ~/.cache/microvm-inventory
 cache_timeout: 60
 """
+
+import re  # noqa: E402
+
+from ansible.errors import AnsibleError  # noqa: E402
+from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable  # noqa: E402
+from ansible.utils.unsafe_proxy import wrap_var  # noqa: E402
+
+from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import describe_error  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.views import expand_statuses, select_sessions  # noqa: E402
 
 CONNECTION_VARS = {
     # option -> host variable read by the connection plugin

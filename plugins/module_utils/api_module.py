@@ -15,6 +15,7 @@ __metaclass__ = type
 import re
 
 from ansible.module_utils.basic import env_fallback
+from ansible.module_utils.six.moves.urllib.parse import unquote
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, NotFound, WaitTimeout
@@ -77,8 +78,8 @@ def describe_error(error, client=None):
     what = error.what or "object"
     status = error.status
     if isinstance(error, NotFound):
-        msg = "%s. Check the id or name (names are matched among live sessions only; it may have been deleted)." % (
-            _capitalize(error.server_message))
+        where = " (session names are matched among live sessions only)" if "session" in (error.what or "") else ""
+        msg = "%s. Check the id or name%s; it may have been deleted." % (_capitalize(error.server_message), where)
     elif status == 0 and error.path == "-":
         msg = "No API token: set the option api_token or the environment variable %s." % profile.API_TOKEN_ENV
     elif status == 0:
@@ -128,7 +129,6 @@ def _current_state(error, client):
     if not m or client is None:
         return ""
     try:
-        from ansible.module_utils.six.moves.urllib.parse import unquote
         session = client.get_session(unquote(m.group(1)))
     except Exception:  # the report must not fail because the extra lookup did
         return ""

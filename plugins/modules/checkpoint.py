@@ -15,7 +15,7 @@ description:
   - Creates a checkpoint of a session's sandbox, rolls the session back to a checkpoint, or deletes checkpoints.
   - Checkpoints are identified by their O(label) (or O(checkpoint_id)); labels make creation idempotent.
 author:
-  - microvm.sandbox contributors
+  - microvm.sandbox maintainers (@microvm)
 extends_documentation_fragment:
   - microvm.sandbox.api
   - microvm.sandbox.api.attributes

@@ -15,7 +15,7 @@ description:
   - Returns the checkpoints of one session, newest first, following the API's pagination.
   - Fails when the session does not exist; returns an empty list when no checkpoint matches.
 author:
-  - microvm.sandbox contributors
+  - microvm.sandbox maintainers (@microvm)
 extends_documentation_fragment:
   - microvm.sandbox.api
   - microvm.sandbox.api.attributes

@@ -22,7 +22,7 @@ description:
   - O(env), O(secret_env) and O(egress) are only used when the session is created. The platform does not report
     them back, so they are not compared on an existing session.
 author:
-  - microvm.sandbox contributors
+  - microvm.sandbox maintainers (@microvm)
 extends_documentation_fragment:
   - microvm.sandbox.api
   - microvm.sandbox.api.attributes

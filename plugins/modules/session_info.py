@@ -14,7 +14,7 @@ version_added: 0.1.0
 description:
   - Returns one session by id or name, or every session that matches the filters, following the API's pagination.
 author:
-  - microvm.sandbox contributors
+  - microvm.sandbox maintainers (@microvm)
 extends_documentation_fragment:
   - microvm.sandbox.api
   - microvm.sandbox.api.attributes

@@ -19,7 +19,7 @@ description:
     detected. Refer to the image by digest (V(repo@sha256:...)), or use O(force_rebuild=true).
   - A template whose last build failed is rebuilt by V(present), since it does not hold a usable image.
 author:
-  - microvm.sandbox contributors
+  - microvm.sandbox maintainers (@microvm)
 extends_documentation_fragment:
   - microvm.sandbox.api
   - microvm.sandbox.api.attributes

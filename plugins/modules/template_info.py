@@ -14,7 +14,7 @@ version_added: 0.1.0
 description:
   - Returns one template by id or name, or every template, following the API's pagination; optionally with builds.
 author:
-  - microvm.sandbox contributors
+  - microvm.sandbox maintainers (@microvm)
 extends_documentation_fragment:
   - microvm.sandbox.api
   - microvm.sandbox.api.attributes

@@ -118,7 +118,7 @@ def run_playbook(plane, tmp_path, playbook, args=(), env=None, with_plane_env=Tr
     extra.update(env or {})
     proc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", inventory, "-c", "local", str(play)]
                           + list(args), env=ansible_env(plane if with_plane_env else None, tmp_path, extra),
-                          capture_output=True, text=True, timeout=timeout, cwd=str(tmp_path))
+                          capture_output=True, text=True, timeout=timeout, cwd=str(tmp_path), check=False)
     records = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
     return PlaybookRun(proc, records)
 
@@ -130,7 +130,7 @@ def run_inventory(plane, tmp_path, config, filename="test.microvm_sessions.yml",
     path.write_text(textwrap.dedent(config))
     proc = subprocess.run([os.path.join(BIN, "ansible-inventory"), "-i", str(path)] + list(args),
                           env=ansible_env(plane, tmp_path, env), capture_output=True, text=True, timeout=timeout,
-                          cwd=str(tmp_path))
+                          cwd=str(tmp_path), check=False)
     try:
         data = json.loads(proc.stdout) if proc.returncode == 0 else None
     except ValueError:

@@ -75,7 +75,7 @@ def test_inventory_hosts_vars_and_keyed_groups(plane, tmp_path, fleet):
 
 
 def test_inventory_filters(plane, tmp_path, fleet):
-    prefix, _ = fleet
+    prefix = fleet[0]
     proc, data = run_inventory(plane, tmp_path, """
         plugin: microvm.sandbox.sessions
         name_regex: '^%s-(a|b)-1$'
@@ -111,16 +111,16 @@ def test_inventory_cache_and_flush(plane, tmp_path):
 
 
 def test_inventory_errors_are_clear(plane, tmp_path):
-    proc, _ = run_inventory(plane, tmp_path, """
+    proc = run_inventory(plane, tmp_path, """
         plugin: microvm.sandbox.sessions
         api_token: wrong
-    """, env={"ANSIBLE_INVENTORY_UNPARSED_FAILED": "True"})
+    """, env={"ANSIBLE_INVENTORY_UNPARSED_FAILED": "True"})[0]
     assert proc.returncode != 0
     assert "refused the API token" in proc.stderr and "HTTP 401" in proc.stderr
-    proc, _ = run_inventory(plane, tmp_path, """
+    proc = run_inventory(plane, tmp_path, """
         plugin: microvm.sandbox.sessions
         statuses: [sleepy]
-    """, env={"ANSIBLE_INVENTORY_UNPARSED_FAILED": "True"})
+    """, env={"ANSIBLE_INVENTORY_UNPARSED_FAILED": "True"})[0]
     assert proc.returncode != 0 and "unknown session status 'sleepy'" in proc.stderr
 
 

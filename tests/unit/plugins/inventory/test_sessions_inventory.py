@@ -12,7 +12,6 @@ from ansible_collections.microvm.sandbox.plugins.inventory import sessions as pl
 from microvm_fake_plane import FakeClient, FakePlane
 
 
-
 @pytest.fixture
 def plane(monkeypatch):
     plane = FakePlane()

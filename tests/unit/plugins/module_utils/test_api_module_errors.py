@@ -18,17 +18,17 @@ def test_401_points_at_the_token():
 
 
 def test_403_points_at_the_scopes():
-    msg, _ = describe_error(err(403))
+    msg = describe_error(err(403))[0]
     assert "not allowed" in msg and "server says no" in msg
 
 
 def test_404_names_the_id():
-    msg, _ = describe_error(err(404, "session 'abc' not found"))
+    msg = describe_error(err(404, "session 'abc' not found"))[0]
     assert "No session 'abc'" in msg and "session 'abc' not found" in msg
 
 
 def test_not_found_lookup():
-    msg, _ = describe_error(NotFound("session", "web-1", "(looked everywhere)"))
+    msg = describe_error(NotFound("session", "web-1", "(looked everywhere)"))[0]
     assert msg.startswith("No session with id or name 'web-1' (looked everywhere)")
 
 
@@ -39,30 +39,30 @@ def test_409_adds_the_current_state():
     plane.sessions[s["session_id"]]["status"] = "SESSION_STATUS_PROVISIONING"
     e = err(409, "only a READY or DETACHED session can be paused", path="/sessions/%s/pause" % s["session_id"],
             method="POST")
-    msg, _ = describe_error(e, FakeClient("http://x", "t"))
+    msg = describe_error(e, FakeClient("http://x", "t"))[0]
     assert "HTTP 409" in msg and "only a READY" in msg and "'web-1' was in state" in msg
 
 
 def test_409_without_a_client_still_has_the_server_message():
-    msg, _ = describe_error(err(409, "a live session named 'x' already exists", path="/sessions", method="POST"))
+    msg = describe_error(err(409, "a live session named 'x' already exists", path="/sessions", method="POST"))[0]
     assert "already exists" in msg
 
 
 @pytest.mark.parametrize("status", [429, 503])
 def test_rate_limits_and_server_errors_say_retries(status):
-    msg, _ = describe_error(err(status, attempts=6))
+    msg = describe_error(err(status, attempts=6))[0]
     assert "6 attempts" in msg and "retry later" in msg.lower() and "server says no" in msg
 
 
 def test_no_token_and_no_connection():
-    msg, _ = describe_error(ApiError("-", "-", 0, "no API token"))
+    msg = describe_error(ApiError("-", "-", 0, "no API token"))[0]
     assert "No API token" in msg and "DO_AGENTS_API_TOKEN" in msg
-    msg, _ = describe_error(ApiError("GET", "/sessions", 0, "cannot reach http://x: refused", attempts=6))
+    msg = describe_error(ApiError("GET", "/sessions", 0, "cannot reach http://x: refused", attempts=6))[0]
     assert "DO_AGENTS_API_URL" in msg and "refused" in msg and "6 attempts" in msg
 
 
 def test_400_passes_the_server_message():
-    msg, _ = describe_error(err(400, "idle_timeout must be a duration", method="POST", path="/sessions"))
+    msg = describe_error(err(400, "idle_timeout must be a duration", method="POST", path="/sessions"))[0]
     assert "HTTP 400" in msg and "idle_timeout must be a duration" in msg
 
 
@@ -76,7 +76,7 @@ def test_wait_timeout_says_which_state_was_reached():
 
 def test_template_build_failure_keeps_the_build_error():
     e = WaitTimeout("the build of template t failed: skopeo said no", {}, status="FAILED", what="template")
-    msg, _ = describe_error(e)
+    msg = describe_error(e)[0]
     assert "skopeo said no" in msg and "force_rebuild" in msg
 
 

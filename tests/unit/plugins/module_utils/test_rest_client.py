@@ -78,7 +78,7 @@ def test_post_is_not_retried_on_5xx(transport):
 def test_post_is_retried_on_429_and_counts_attempts(transport):
     answers, calls = transport
     c = client()
-    answers.extend([http_error(429, {"id": "too_many_requests", "message": "rate limit"}) for _ in range(c.retries + 1)])
+    answers.extend([http_error(429, {"id": "too_many_requests", "message": "rate limit"}) for _attempt in range(c.retries + 1)])
     with pytest.raises(rest.ApiError) as e:
         c.create_session({"name": "x"})
     assert len(calls) == c.retries + 1
