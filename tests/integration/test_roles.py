@@ -5,51 +5,19 @@ One session (started with the provision playbook, deleted with the teardown play
 credentials and workspace_export tests, so the suite stays lean on a small machine.
 """
 import hashlib
-import importlib.util
-import json
 import os
 import re
+import sys
 import tarfile
 import uuid
 
 import pytest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-def _runner():
-    """run_playbook from this directory's conftest.py (module-scoped fixtures cannot use its function-scoped fixture)."""
-    spec = importlib.util.spec_from_file_location("microvm_integration_runner",
-                                                  os.path.join(os.path.dirname(os.path.abspath(__file__)), "conftest.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.run_playbook
+from roles_util import LOCALHOST, inventory, markers, runner, unique  # noqa: E402
 
 SECRET_MARK = "s3cr3t-" + uuid.uuid4().hex  # never allowed in any output
-
-
-def unique(prefix):
-    return "%s-%s" % (prefix, uuid.uuid4().hex[:8])
-
-
-def inventory(name, session_id):
-    return ("[sbx]\n%s ansible_host=%s\n\n[sbx:vars]\nansible_connection=microvm.sandbox.agent\n"
-            "ansible_python_interpreter=/usr/bin/python3\n" % (name, session_id))
-
-
-LOCALHOST = "localhost ansible_connection=local ansible_python_interpreter={{ ansible_playbook_python }}\n"
-
-
-def markers(output, tag):
-    """Values printed by `debug: msg="TAG=<json>"` tasks, in order."""
-    found = []
-    for m in re.finditer(r'^\s*"msg": "%s=(.*)"\s*$' % re.escape(tag), output, re.M):
-        value = json.loads('"%s"' % m.group(1))
-        while isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError:
-                break
-        found.append(value)
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +29,7 @@ def roles_env(plane, tmp_path_factory):
 @pytest.fixture(scope="module")
 def provisioned(plane, roles_env, tmp_path_factory):
     """A session from the provision playbook (by FQCN), torn down by the teardown playbook."""
-    run_playbook = _runner()
+    run_playbook = runner()
     name = unique("roles")
     work = tmp_path_factory.mktemp("provision")
     res = run_playbook("- ansible.builtin.import_playbook: microvm.sandbox.provision\n", LOCALHOST, roles_env,
