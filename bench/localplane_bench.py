@@ -66,7 +66,8 @@ class Rest:
             if s == "SESSION_STATUS_READY":
                 return
             if s in ("SESSION_STATUS_FAILED", "SESSION_STATUS_DESTROYED") or time.monotonic() > deadline:
-                raise RuntimeError("session %s is %s" % (sid, s))
+                why = self.http.get(self.base + "/sessions/" + sid).json()["session"].get("error_message")
+                raise RuntimeError("session %s is %s: %s" % (sid, s, why))
             time.sleep(poll)
 
     def delete(self, sid):
@@ -134,6 +135,63 @@ def grpc_exec(stub, argv):
         if frame.WhichOneof("output") == "exit":
             code = frame.exit.exit_code
     return code
+
+
+# A one-connection guest server: "sink" reads N bytes then answers "done"; "source" sends N bytes.
+GUEST_PUMP = r"""
+import socket, sys
+n, mode = int(sys.argv[1]), sys.argv[2]
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", 7400)); s.listen(1)
+print("listening", flush=True)
+c, addr = s.accept()
+if mode == "sink":
+    got = 0
+    while got < n:
+        d = c.recv(1 << 20)
+        if not d:
+            break
+        got += len(d)
+    c.sendall(b"done")
+else:
+    buf = b"x" * (1 << 20)
+    for i in range(n >> 20):
+        c.sendall(buf)
+c.close()
+"""
+
+
+def bench_throughput(handle, rest, mib):
+    """Raw bytes through one port-forward WebSocket, each way (the guest side is a Python socket)."""
+    from websockets.asyncio.client import connect
+    sid = rest.create("bench-throughput")
+    rest.wait_ready(sid)
+    n = mib << 20
+    result = {"mib": mib}
+    for mode in ("sink", "source"):
+        server = threading.Thread(target=lambda m=mode: rest.http.post(
+            rest.base + "/sessions/%s/sandbox/exec" % sid, json={"argv": ["python3", "-c", GUEST_PUMP, str(n), m]}))
+        server.start()
+        time.sleep(1.0)
+
+        async def pump(mode=mode):
+            async with connect(handle.ws_url(sid, 7400), additional_headers=handle.auth_headers, max_size=None,
+                               compression=None) as ws:
+                start = time.monotonic()
+                if mode == "sink":
+                    chunk = b"y" * (1 << 20)
+                    for _chunk in range(n >> 20):
+                        await ws.send(chunk)
+                    await ws.recv()
+                else:
+                    got = 0
+                    while got < n:
+                        got += len(await ws.recv())
+                return time.monotonic() - start
+        elapsed = asyncio.run(pump())
+        server.join()
+        result["to_guest_mib_s" if mode == "sink" else "from_guest_mib_s"] = mib / elapsed
+    rest.delete(sid)
+    return result
 
 
 def bench_create(rest, n):
@@ -229,6 +287,7 @@ def main():
     parser.add_argument("--creates", type=int, default=20)
     parser.add_argument("--concurrent", type=int, default=50)
     parser.add_argument("--execs", type=int, default=100)
+    parser.add_argument("--mib", type=int, default=256, help="MiB pushed each way through one port-forward")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "localplane.json"))
     args = parser.parse_args()
     state = tempfile.mkdtemp(prefix="mvlp-bench-")
@@ -238,6 +297,7 @@ def main():
         results = {"machine": {"cpus": os.cpu_count(), "load_at_start": os.getloadavg()[0]},
                    "create_to_ready": bench_create(rest, args.creates),
                    "exec_through_port_forward": bench_exec(handle, rest, args.execs),
+                   "port_forward_throughput": bench_throughput(handle, rest, args.mib),
                    "concurrent_sessions": bench_concurrent(handle, rest, args.concurrent)}
     finally:
         stop_local_plane(handle)
@@ -246,6 +306,7 @@ def main():
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
     c, e, m = results["create_to_ready"], results["exec_through_port_forward"], results["concurrent_sessions"]
+    t = results["port_forward_throughput"]
     rows = [
         ("create to READY, median (%d creates)" % c["count"], "%.0f ms" % c["median_ms"]),
         ("create to READY, p95", "%.0f ms" % c["p95_ms"]),
@@ -253,6 +314,7 @@ def main():
         ("gRPC Exec `true`, warm tunnel, p95", "%.1f ms" % e["warm_p95_ms"]),
         ("gRPC Exec on a fresh tunnel (upgrade+dial+h2)", "%.1f ms" % e["first_on_new_tunnel_median_ms"]),
         ("REST exec `true`, median", "%.1f ms" % e["rest_exec_median_ms"]),
+        ("port-forward %d MiB to / from the guest" % t["mib"], "%.0f / %.0f MiB/s" % (t["to_guest_mib_s"], t["from_guest_mib_s"])),
         ("%d concurrent sessions: all READY" % m["count"], "%.1f s" % m["all_ready_s"]),
         ("%d concurrent sessions: usable (Exec ok)" % m["count"], "%d/%d" % (m["usable"], m["count"])),
         ("memory per idle guest, median / max",
