@@ -140,6 +140,11 @@ class Sessions:
 
     def create(self, spec):
         rec, warnings = self.new_record(spec)
+        wildcards = [h for h in (spec["egress"] or []) if h.startswith("*.")]
+        if wildcards:
+            # The guest runtime resolves allowed hosts to addresses once, at boot; a wildcard matches none.
+            warnings = warnings + ["egress wildcards are not supported by the local control plane and allow nothing: %s"
+                                   % ", ".join(wildcards)]
         self.store.save_session(rec)
         self.boots[rec["session_id"]] = self.spawn(self._boot(rec))
         return rec, warnings
