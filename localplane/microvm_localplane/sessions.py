@@ -164,7 +164,10 @@ class Sessions:
             log.warning("session %s failed to boot: %s", sid, e)
             if rec["status"] not in (contract.DESTROYING, contract.DESTROYED):
                 self.set_status(rec, contract.FAILED, error_message="the sandbox failed to boot: %s" % e)
-                await self._quiet_destroy(sid)
+                if not adopt:
+                    await self._quiet_destroy(sid)
+                # An adopted session keeps its persistent state until it is deleted: nothing is lost
+                # to a failed reboot.
             return False
         if rec["status"] in (contract.DESTROYING, contract.DESTROYED):
             return False
