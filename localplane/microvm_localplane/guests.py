@@ -15,8 +15,10 @@ A checkpoint is a directory with `workspace/` and `rootfs/<layer>/upper/`.
 Interface additions (beyond the brief's interface, nothing changed):
 - Guest.hostname, Guest.sandbox_id are plain attributes.
 - GuestManager.code: the host code paths bound into guests (hostpaths.CodePaths).
-- Env MICROVM_LOCALPLANE_ZYGOTE=0 turns off the warm agent zygote (zygote.py):
-  each guest's PID 1 then starts its own agent (slower boot, more memory).
+- Env MICROVM_LOCALPLANE_WARM=0 turns off the warm helpers (launcher.py,
+  zygote.py): guests then start through a shell script and each guest's PID 1
+  starts its own agent (slower boot, more memory). Each helper falls back to
+  that path on its own when it fails.
 """
 import asyncio
 import contextlib
@@ -32,6 +34,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
+from . import launcher as launcher_mod
 from . import netns
 from . import rootfs as rootfs_mod
 from .freezer import GuestCgroup
@@ -59,15 +62,15 @@ class RootfsSpec:
     path: str | None = None
 
 
-def _proc_start_time(pid):
-    """Kernel start time of pid (field 22 of /proc/pid/stat), None if gone or a zombie."""
+def _proc_start_time(pid, zombies=False):
+    """Kernel start time of pid (field 22 of /proc/pid/stat), None if gone (or a zombie, unless zombies)."""
     try:
         with open("/proc/%d/stat" % pid) as f:
             data = f.read()
     except (OSError, ValueError):
         return None
     fields = data[data.rindex(")") + 2:].split()
-    if fields[0] in ("Z", "X"):
+    if fields[0] in ("Z", "X") and not zombies:
         return None
     return int(fields[19])
 
@@ -156,47 +159,48 @@ async def dial_bridge(host_dir, port, timeout=DIAL_TIMEOUT):
     raise DialError(reason or "dial failed")
 
 
-class Zygote:
-    """Client of zygote.py: a warm process that forks ready agents into guests (see there why)."""
+class WarmProcess:
+    """Client of a warm helper process (zygote.py, launcher.py): one JSON line each way."""
 
-    def __init__(self, code, log_path):
+    def __init__(self, code, module, log_path):
         self._code = code
+        self._module = module
         self._log_path = log_path
         self._proc = None
         self._lock = threading.Lock()
 
     def _start(self):
         with open(self._log_path, "ab") as log:
-            self._proc = subprocess.Popen([self._code.python, "-m", "microvm_localplane.zygote"],
+            self._proc = subprocess.Popen([self._code.python, "-m", self._module],
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                          env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-                                               "PYTHONPATH": self._code.pythonpath()},
+                                          env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
+                                               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": self._code.pythonpath()},
                                           start_new_session=True, close_fds=True)
         if not self._proc.stdout.readline():
-            raise GuestError("the agent zygote did not start (see %s)" % self._log_path)
+            raise GuestError("%s did not start (see %s)" % (self._module, self._log_path))
 
     def warm(self):
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
                 self._start()
 
-    def spawn(self, init_pid):
-        """Blocking: place an agent in the guest whose PID 1 has host pid init_pid; -> answer dict."""
-        request = json.dumps({"init_pid": init_pid})
+    def request(self, message):
+        """Blocking: one request, one answer dict (a dead helper is restarted once)."""
+        line = json.dumps(message).encode() + b"\n"
         with self._lock:
             for _attempt in (1, 2):
                 if self._proc is None or self._proc.poll() is not None:
                     self._start()
                 try:
-                    self._proc.stdin.write(request.encode() + b"\n")
+                    self._proc.stdin.write(line)
                     self._proc.stdin.flush()
-                    line = self._proc.stdout.readline()
+                    answer = self._proc.stdout.readline()
                 except (BrokenPipeError, OSError):
-                    line = b""
-                if line:
-                    return json.loads(line)
+                    answer = b""
+                if answer:
+                    return json.loads(answer)
                 self._stop_locked()
-            return {"ok": False, "error": "the agent zygote died"}
+            return {"ok": False, "error": "%s died" % self._module}
 
     def _stop_locked(self):
         if self._proc is not None:
@@ -212,12 +216,42 @@ class Zygote:
             self._stop_locked()
 
 
+class Launched:
+    """The process that becomes the guest's bwrap monitor: our child (shell path) or the launcher's."""
+
+    def __init__(self, popen=None, pid=None):
+        self.popen = popen
+        self.pid = popen.pid if popen is not None else pid
+        self.start = _proc_start_time(self.pid)
+
+    def running(self):
+        if self.popen is not None:
+            return self.popen.poll() is None
+        return self.start is not None and _proc_start_time(self.pid) == self.start
+
+    def kill(self):
+        if self.popen is not None:
+            with contextlib.suppress(Exception):
+                self.popen.kill()
+            self.popen.wait()
+            return
+        if self.running():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        # the launcher reaps it; wait for that so that nothing, not even a zombie, is left
+        deadline = time.monotonic() + 5
+        while self.start is not None and _proc_start_time(self.pid, zombies=True) == self.start:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.002)
+
+
 class Guest:
-    def __init__(self, manager, layout, session_id, sandbox_id, hostname, pid, pid_start, popen=None):
+    def __init__(self, manager, layout, session_id, sandbox_id, hostname, pid, pid_start, launched=None):
         self._manager = manager
         self._layout = layout
         self._cgroup = manager._cgroup(session_id)
-        self._popen = popen
+        self._launched = launched
         self.session_id = session_id
         self.sandbox_id = sandbox_id
         self.hostname = hostname
@@ -244,8 +278,8 @@ class Guest:
         return self._cgroup.state() != "THAWED"
 
     def alive(self):
-        if self._popen is not None:
-            self._popen.poll()  # reap the launcher if it is ours
+        if self._launched is not None:
+            self._launched.running()  # reaps the shell launcher if it is our child
         return self.pid > 0 and _proc_start_time(self.pid) == self._pid_start
 
     def memory_bytes(self):
@@ -265,11 +299,13 @@ class GuestManager:
         self._scope = hashlib.sha256(self.state_dir.encode()).hexdigest()[:12]
         self._guests = {}
         self._locks = {}
-        self._zygote = None
-        if os.environ.get("MICROVM_LOCALPLANE_ZYGOTE", "1") != "0":
-            self._zygote = Zygote(self.code, os.path.join(self.state_dir, "zygote.log"))
-            # Warm it now (its imports take ~0.3 s) so that the first boot is fast too.
-            threading.Thread(target=self._warm_zygote, daemon=True).start()
+        self._zygote = self._launcher = None
+        if os.environ.get("MICROVM_LOCALPLANE_WARM", "1") != "0":
+            self._zygote = WarmProcess(self.code, "microvm_localplane.zygote", os.path.join(self.state_dir, "zygote.log"))
+            self._launcher = WarmProcess(self.code, "microvm_localplane.launcher",
+                                         os.path.join(self.state_dir, "launcher.log"))
+            # Warm them now (the zygote's imports take ~0.3 s) so that the first boot is fast too.
+            threading.Thread(target=self._warm_helpers, daemon=True).start()
 
     # ------------------------------------------------------------ helpers
 
@@ -287,11 +323,12 @@ class GuestManager:
     def get(self, session_id):
         return self._guests.get(session_id)
 
-    def _warm_zygote(self):
-        try:
-            self._zygote.warm()
-        except Exception:
-            pass  # boot() retries and falls back to the guest starting its own agent
+    def _warm_helpers(self):
+        for helper in (self._launcher, self._zygote):
+            try:
+                helper.warm()
+            except Exception:
+                pass  # boot() retries, and falls back to the shell launch and the guest's own agent
 
     # ------------------------------------------------------------ boot
 
@@ -332,52 +369,73 @@ class GuestManager:
                                    "--run-dir", rootfs_mod.GUEST_RUN_DIR]
             if self._zygote is not None:
                 guest_argv.append("--external-agent")
-            bridge = listen_bridge(layout)
-            guest_argv += ["--bridge-fd", str(bridge.fileno())]
+            guest_argv += ["--bridge-fd", launcher_mod.BRIDGE_FD_PLACEHOLDER]
             guest_argv += ["--"] + python + ["-m", "microvm_localplane.agent"]
-            script = rootfs_mod.launch_script(layout, mounts, self.code, hostname, cgroup.procs_files(), guest_argv,
-                                              host_libs=not own_userland)
+            overlay = rootfs_mod.overlay_mounts(layout, mounts)
+            bwrap = rootfs_mod.bwrap_argv(layout, self.code, hostname, guest_argv, host_libs=not own_userland)
         except (RootfsError, OSError) as e:
             raise GuestError("cannot prepare guest %s: %s" % (session_id, e))
+        launched = await self._launch(layout, cgroup, overlay, bwrap)
+        try:
+            init_pid = await self._wait_exec(layout, launched)
+            # The agent and the network are set up side by side: both only need the namespaces.
+            steps = [self._setup_network(layout, init_pid, egress)]
+            if self._zygote is not None:
+                steps.append(self._place_agent(layout, init_pid))
+            await asyncio.gather(*steps)
+            pid, pid_start = await self._wait_ready(layout, launched)
+        except BaseException:
+            await asyncio.to_thread(self._kill, layout, cgroup, launched)
+            raise
+        meta = {"session_id": session_id, "sandbox_id": sandbox_id, "hostname": hostname, "pid": pid,
+                "pid_start": pid_start, "rootfs": asdict(rootfs), "egress": egress, "booted_at": time.time()}
+        layout.write_meta(meta)
+        guest = Guest(self, layout, session_id, sandbox_id, hostname, pid, pid_start, launched)
+        self._guests[session_id] = guest
+        return guest
 
+    async def _launch(self, layout, cgroup, overlay, bwrap):
+        """Start the guest: through the warm launcher (one exec), else the shell path."""
         launch_env = {
             "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "LANG": "C.UTF-8",
             "PYTHONPATH": self.code.pythonpath(),
             "PYTHONDONTWRITEBYTECODE": "1",
         }
+        if self._launcher is not None:
+            bwrap_path = shutil.which("bwrap", path=launch_env["PATH"]) or "/usr/bin/bwrap"
+            request = {"argv": [bwrap_path] + bwrap[1:], "env": launch_env, "cgroup_procs": cgroup.procs_files(),
+                       "mounts": overlay, "log": layout.log_file, "info": layout.info_file,
+                       "bridge": os.path.join(layout.host, layout.bridge_name)}
+            try:
+                answer = await asyncio.to_thread(self._launcher.request, request)
+            except Exception as e:
+                answer = {"ok": False, "error": str(e)}
+            if answer.get("ok"):
+                return Launched(pid=int(answer["pid"]))
+            _log(layout, "launcher failed (%s); starting the guest the slow way" % answer.get("error"))
         try:
+            bridge = listen_bridge(layout)
+        except OSError as e:
+            raise GuestError("cannot prepare guest: %s" % e)
+        try:
+            argv = [str(bridge.fileno()) if a == launcher_mod.BRIDGE_FD_PLACEHOLDER else a for a in bwrap]
+            script = rootfs_mod.launch_script(layout, cgroup.procs_files(), overlay, argv)
             with open(layout.log_file, "ab") as log:
                 popen = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script],
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=launch_env,
                                          start_new_session=True, close_fds=True, pass_fds=(bridge.fileno(),))
         finally:
             bridge.close()  # the guest's PID 1 holds it now
-        try:
-            init_pid = await self._wait_exec(layout, popen)
-            # The agent and the network are set up side by side: both only need the namespaces.
-            steps = [self._setup_network(layout, init_pid, egress)]
-            if self._zygote is not None:
-                steps.append(self._place_agent(layout, init_pid))
-            await asyncio.gather(*steps)
-            pid, pid_start = await self._wait_ready(layout, popen)
-        except BaseException:
-            await asyncio.to_thread(self._kill, layout, cgroup, popen)
-            raise
-        meta = {"session_id": session_id, "sandbox_id": sandbox_id, "hostname": hostname, "pid": pid,
-                "pid_start": pid_start, "rootfs": asdict(rootfs), "egress": egress, "booted_at": time.time()}
-        layout.write_meta(meta)
-        guest = Guest(self, layout, session_id, sandbox_id, hostname, pid, pid_start, popen)
-        self._guests[session_id] = guest
-        return guest
+        return Launched(popen=popen)
 
-    async def _wait_exec(self, layout, popen):
+    async def _wait_exec(self, layout, launched):
         """-> host pid of the guest's PID 1 once bwrap has built the guest."""
         deadline = time.monotonic() + BOOT_TIMEOUT
         init_pid = None
         while True:
-            if popen.poll() is not None:
-                raise GuestError("guest exited during boot (status %s): %s" % (popen.returncode, _log_tail(layout)))
+            if not launched.running():
+                raise GuestError("guest exited during boot: %s" % _log_tail(layout))
             if time.monotonic() > deadline:
                 raise GuestError("guest did not start within %.0f s: %s" % (BOOT_TIMEOUT, _log_tail(layout)))
             if init_pid is None:
@@ -391,7 +449,7 @@ class GuestManager:
     async def _place_agent(self, layout, init_pid):
         """Fork the warm agent into the guest; on failure the guest's PID 1 starts its own."""
         try:
-            answer = await asyncio.to_thread(self._zygote.spawn, init_pid)
+            answer = await asyncio.to_thread(self._zygote.request, {"init_pid": init_pid})
         except Exception as e:
             answer = {"ok": False, "error": str(e)}
         if not answer.get("ok"):
@@ -412,12 +470,12 @@ class GuestManager:
         with open(net_file, "w") as f:
             json.dump(record, f)
 
-    async def _wait_ready(self, layout, popen):
+    async def _wait_ready(self, layout, launched):
         deadline = time.monotonic() + BOOT_TIMEOUT
         delay = 0.002
         while True:
-            if popen.poll() is not None:
-                raise GuestError("guest exited during boot (status %s): %s" % (popen.returncode, _log_tail(layout)))
+            if not launched.running():
+                raise GuestError("guest exited during boot: %s" % _log_tail(layout))
             try:
                 sock = await dial_bridge(layout.host, AGENT_PORT, timeout=DIAL_TIMEOUT)
                 sock.close()
@@ -470,15 +528,15 @@ class GuestManager:
         layout = self._layout(session_id)
         async with self._lock(session_id):
             guest = self._guests.pop(session_id, None)
-            await asyncio.to_thread(self._kill, layout, self._cgroup(session_id), guest._popen if guest else None)
+            await asyncio.to_thread(self._kill, layout, self._cgroup(session_id), guest._launched if guest else None)
 
-    def _kill(self, layout, cgroup, popen):
+    def _kill(self, layout, cgroup, launched):
         # The guest's PID 1 first: the kernel then kills its whole PID namespace and bwrap
         # reaps it, so no guest process is left as a zombie of the host's init.
         meta = layout.read_meta() or {}
         init_pid = _read_child_pid(layout) or meta.get("pid")
         if init_pid and _proc_start_time(init_pid) is not None and (
-                popen is not None or _proc_start_time(init_pid) == meta.get("pid_start")):
+                launched is not None or _proc_start_time(init_pid) == meta.get("pid_start")):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(init_pid, signal.SIGKILL)
             cgroup.thaw()  # a frozen task only dies once thawed
@@ -493,10 +551,8 @@ class GuestManager:
             os.unlink(net_file)
         except (OSError, ValueError):
             pass
-        if popen is not None:
-            with contextlib.suppress(Exception):
-                popen.kill()
-            popen.wait()
+        if launched is not None:
+            launched.kill()
         cgroup.remove()
         for name in ("agent.pid", "agent.fallback"):
             with contextlib.suppress(OSError):
@@ -573,8 +629,9 @@ class GuestManager:
             for session_id in list(self._guests):
                 await self.stop(session_id)
         self._guests.clear()
-        if self._zygote is not None:
-            await asyncio.to_thread(self._zygote.stop)
+        for helper in (self._zygote, self._launcher):
+            if helper is not None:
+                await asyncio.to_thread(helper.stop)
 
 
 async def _run(*argv):

@@ -206,31 +206,43 @@ def _write_own_file(path, text, replace):
         f.write(text)
 
 
-def launch_script(layout, mounts, code: CodePaths, hostname, cgroup_procs, guest_argv, host_libs=False):
-    """The shell run as `unshare --mount --propagation private sh -c SCRIPT`."""
-    q = shlex.quote
-    lines = ["set -e"]
-    for f in cgroup_procs:
-        lines.append("echo $$ > %s" % q(f))
+def overlay_mounts(layout, mounts):
+    """[(mount options, target)] in mount order."""
+    out = []
     for layer, lowers, sub in mounts:
         target = os.path.join(layout.merged, sub) if sub else layout.merged
         opts = "lowerdir=%s,upperdir=%s,workdir=%s" % (
             ":".join(check_mount_path(p) for p in lowers), check_mount_path(layout.upper(layer)),
             check_mount_path(layout.work(layer)))
-        lines.append("mount -t overlay overlay -o %s %s" % (q(opts), q(target)))
-    bwrap = ["bwrap", "--bind", layout.merged, "/",
-             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-             "--bind", layout.workspace, WORKSPACE,
-             "--bind", layout.run, GUEST_RUN_DIR]
+        out.append((opts, target))
+    return out
+
+
+def bwrap_argv(layout, code: CodePaths, hostname, guest_argv, host_libs=False):
+    """bwrap over the merged root; its --info-fd is fd 3."""
+    argv = ["bwrap", "--bind", layout.merged, "/",
+            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+            "--bind", layout.workspace, WORKSPACE,
+            "--bind", layout.run, GUEST_RUN_DIR]
     for p in code.read_only_binds():
-        bwrap += ["--ro-bind", p, p]
+        argv += ["--ro-bind", p, p]
     if host_libs and code.host_lib_dir:
-        bwrap += ["--ro-bind", code.host_lib_dir, GUEST_HOSTLIB_DIR]
-    bwrap += ["--unshare-pid", "--unshare-uts", "--unshare-ipc", "--unshare-net", "--unshare-cgroup-try",
-              "--hostname", hostname, "--as-pid-1", "--new-session", "--chdir", "/", "--cap-drop", "ALL"]
+        argv += ["--ro-bind", code.host_lib_dir, GUEST_HOSTLIB_DIR]
+    argv += ["--unshare-pid", "--unshare-uts", "--unshare-ipc", "--unshare-net", "--unshare-cgroup-try",
+             "--hostname", hostname, "--as-pid-1", "--new-session", "--chdir", "/", "--cap-drop", "ALL"]
     for cap in GUEST_CAPS:
-        bwrap += ["--cap-add", cap]
-    bwrap += ["--info-fd", "3", "--"] + list(guest_argv)
+        argv += ["--cap-add", cap]
+    return argv + ["--info-fd", "3", "--"] + list(guest_argv)
+
+
+def launch_script(layout, cgroup_procs, overlay, bwrap):
+    """The shell run as `unshare --mount --propagation private sh -c SCRIPT` (when no warm launcher)."""
+    q = shlex.quote
+    lines = ["set -e"]
+    for f in cgroup_procs:
+        lines.append("echo $$ > %s" % q(f))
+    for opts, target in overlay:
+        lines.append("mount -t overlay overlay -o %s %s" % (q(opts), q(target)))
     lines.append("exec %s 3> %s" % (" ".join(q(a) for a in bwrap), q(layout.info_file)))
     return "\n".join(lines) + "\n"
 

@@ -443,7 +443,7 @@ def test_dir_rootfs_missing_is_refused(plane, tmp_path):
 
 
 def test_guest_without_zygote_starts_its_own_agent(tmp_path, monkeypatch):
-    monkeypatch.setenv("MICROVM_LOCALPLANE_ZYGOTE", "0")
+    monkeypatch.setenv("MICROVM_LOCALPLANE_WARM", "0")
     p = Plane(str(tmp_path / "state"))
     try:
         g = p.boot("no-zygote", env={"V": "1"})
