@@ -104,3 +104,12 @@ def test_egress_list_and_unrestricted_are_accepted(api):
         resp = api.create(json.dumps({"name": unique(), "agent": "none", "egress": egress}))
         assert resp.status_code in (200, 201), resp.text
         api.call("DELETE", "/sessions/%s" % resp.json()["session"]["session_id"])
+
+
+@local_only
+def test_egress_wildcards_draw_a_warning(api):
+    resp = api.create(json.dumps({"name": unique(), "agent": "none", "egress": ["*.example.com"]}))
+    assert resp.status_code in (200, 201), resp.text
+    session = resp.json()["session"]
+    assert any("*.example.com" in w for w in session["warnings"])
+    api.call("DELETE", "/sessions/%s" % session["session_id"])
