@@ -443,7 +443,8 @@ class Mux:
             mp.send_frame(conn, mp.ERROR, self.error_frame(e))
             self._drain_stdin(conn)
             return
-        reader = threading.Thread(target=self._pump_stdin, args=(conn, call, feed), name="stdin", daemon=True)
+        done = threading.Event()
+        reader = threading.Thread(target=self._pump_stdin, args=(conn, call, feed, done), name="stdin", daemon=True)
         reader.start()
         # the worker may hold stdin back (a become password prompt), so the final frame goes out
         # before waiting for its STDIN_EOF
@@ -461,6 +462,7 @@ class Mux:
             raise
         except ac.AgentError as e:
             final = (mp.ERROR, self.error_frame(e))
+        done.set()
         mp.send_frame(conn, *final)
         reader.join()
 
@@ -472,7 +474,8 @@ class Mux:
             if frame[0] != mp.STDIN:
                 raise mp.ProtocolError("expected stdin, got frame %d" % frame[0])
 
-    def _pump_stdin(self, conn, call, feed):
+    def _pump_stdin(self, conn, call, feed, done):
+        """Forward stdin frames until STDIN_EOF, then watch for the worker hanging up mid-command."""
         try:
             while True:
                 frame = mp.recv_frame(conn)
@@ -481,13 +484,20 @@ class Mux:
                     return
                 kind, data = frame
                 if kind == mp.STDIN_EOF:
-                    return
+                    break
                 if kind != mp.STDIN:
                     call.cancel()
                     return
                 feed.put(data)
+            feed.put(None)
+            # The worker sends nothing more until it has the EXIT, so readable-before-done means it
+            # went away (a task timeout, ^C): stop the command in the guest. Peek, never consume:
+            # after the EXIT these bytes are the worker's next request.
+            if not conn.recv(1, socket.MSG_PEEK) and not done.is_set():
+                call.cancel()
         except (OSError, mp.ProtocolError):
-            call.cancel()
+            if not done.is_set():
+                call.cancel()
         finally:
             feed.put(None)
 

@@ -443,3 +443,20 @@ def test_worker_stays_light():
     env = dict(os.environ, PYTHONPATH=os.path.join(root, ".local", "collections"))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_task_timeout_stops_the_command_in_the_guest(plane, sandbox, env, playbook_runner):
+    pb = """
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - ansible.builtin.shell: "sleep 6; echo late > /workspace/late-marker"
+      timeout: 2
+      ignore_errors: true
+    - ansible.builtin.command: sleep 8
+    - ansible.builtin.stat: {path: /workspace/late-marker}
+      register: m
+    - ansible.builtin.assert: {that: ["not m.stat.exists"]}
+"""
+    res = playbook_runner(pb, inventory({"box": sandbox["name"]}), env)
+    assert res.rc == 0, res
