@@ -16,7 +16,9 @@ Decisions the contract leaves open live in this module's constants and in
   (member names relative to it), the same shape Upload(is_archive) extracts.
 """
 import errno
+import functools
 import hashlib
+import inspect
 import json
 import os
 import select
@@ -120,9 +122,6 @@ def check_sha256(expected, actual):
 
 def refusing(handler):
     """Turn Refusal and stray errors into gRPC statuses (works for unary and streaming handlers)."""
-    import functools
-    import inspect
-
     if inspect.isgeneratorfunction(handler):
         @functools.wraps(handler)
         def gen_wrapper(self, request, context):

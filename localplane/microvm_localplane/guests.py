@@ -28,222 +28,34 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
 from dataclasses import asdict, dataclass
 
 from . import launcher as launcher_mod
-from . import netns
+from . import netns, portdial
 from . import rootfs as rootfs_mod
+from .errors import DialError, GuestError
 from .freezer import GuestCgroup
 from .hostpaths import code_paths
+from .portdial import dial_bridge, listen_bridge
 from .rootfs import RootfsError, SessionLayout
+from .statecopy import copy_state, replace_state
+from .warm import Launched, WarmProcess, exe_name, proc_start_time
+
+__all__ = ["DialError", "Guest", "GuestError", "GuestManager", "RootfsSpec"]
 
 AGENT_PORT = 8443
 BOOT_TIMEOUT = 60.0        # generous: a loaded 2-core machine; a healthy boot takes well under a second
-DIAL_TIMEOUT = 3.0         # the guest answers at once unless it is frozen or wedged
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,62})$")
-
-
-class GuestError(Exception):
-    pass
-
-
-class DialError(GuestError):
-    """The guest could not connect to that port (the message says why)."""
 
 
 @dataclass
 class RootfsSpec:
     kind: str
     path: str | None = None
-
-
-def _proc_start_time(pid, zombies=False):
-    """Kernel start time of pid (field 22 of /proc/pid/stat), None if gone (or a zombie, unless zombies)."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            data = f.read()
-    except (OSError, ValueError):
-        return None
-    fields = data[data.rindex(")") + 2:].split()
-    if fields[0] in ("Z", "X") and not zombies:
-        return None
-    return int(fields[19])
-
-
-async def _recv_fd(loop, sock):
-    """Wait for one message from a non-blocking unix socket; -> (bytes, [fds])."""
-    fut = loop.create_future()
-
-    def on_readable():
-        if fut.done():
-            return
-        try:
-            msg, fds, _, _ = socket.recv_fds(sock, 256, 1)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as e:
-            fut.set_exception(e)
-            return
-        fut.set_result((msg, fds))
-
-    loop.add_reader(sock.fileno(), on_readable)
-    try:
-        return await fut
-    finally:
-        loop.remove_reader(sock.fileno())
-
-
-def _short_path(dir_fd, name):
-    # Unix socket paths are limited to 107 bytes; the state dir may be deep, so go through a dir fd.
-    return "/proc/self/fd/%d/%s" % (dir_fd, name)
-
-
-def listen_bridge(layout):
-    """The guest's bridge socket, created by the host in its host-only dir; -> listening socket."""
-    path = os.path.join(layout.host, layout.bridge_name)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    dir_fd = os.open(layout.host, os.O_PATH | os.O_DIRECTORY)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(_short_path(dir_fd, layout.bridge_name))
-        os.chmod(path, 0o600)
-        sock.listen(128)
-    except BaseException:
-        sock.close()
-        raise
-    finally:
-        os.close(dir_fd)
-    return sock
-
-
-async def dial_bridge(host_dir, port, timeout=DIAL_TIMEOUT):
-    """Ask the guest's PID 1 (through <host_dir>/bridge.sock) for a socket connected to guest port."""
-    if not isinstance(port, int) or not 1 <= port <= 65535:
-        raise DialError("invalid port: %r" % (port,))
-    loop = asyncio.get_running_loop()
-    try:
-        dir_fd = os.open(host_dir, os.O_PATH | os.O_DIRECTORY)
-    except OSError:
-        raise DialError("guest is not running")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.setblocking(False)
-    try:
-        try:
-            await loop.sock_connect(sock, _short_path(dir_fd, "bridge.sock"))
-        except (FileNotFoundError, ConnectionRefusedError):
-            raise DialError("guest is not running")
-        finally:
-            os.close(dir_fd)
-        try:
-            await loop.sock_sendall(sock, b"port %d\n" % port)
-            msg, fds = await asyncio.wait_for(_recv_fd(loop, sock), timeout)
-        except asyncio.TimeoutError:
-            raise DialError("guest did not answer within %.0f s (paused or overloaded)" % timeout)
-        except OSError as e:
-            raise DialError("guest bridge failed: %s" % e)
-    finally:
-        sock.close()
-    if msg.startswith(b"OK") and fds:
-        for extra in fds[1:]:
-            os.close(extra)
-        return socket.socket(fileno=fds[0])
-    for fd in fds:
-        os.close(fd)
-    reason = msg[4:].decode(errors="replace").strip() if msg.startswith(b"ERR") else "guest closed the bridge"
-    raise DialError(reason or "dial failed")
-
-
-class WarmProcess:
-    """Client of a warm helper process (zygote.py, launcher.py): one JSON line each way."""
-
-    def __init__(self, code, module, log_path):
-        self._code = code
-        self._module = module
-        self._log_path = log_path
-        self._proc = None
-        self._lock = threading.Lock()
-
-    def _start(self):
-        with open(self._log_path, "ab") as log:
-            self._proc = subprocess.Popen([self._code.python, "-m", self._module],
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                          env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
-                                               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": self._code.pythonpath()},
-                                          start_new_session=True, close_fds=True)
-        if not self._proc.stdout.readline():
-            raise GuestError("%s did not start (see %s)" % (self._module, self._log_path))
-
-    def warm(self):
-        with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
-                self._start()
-
-    def request(self, message):
-        """Blocking: one request, one answer dict (a dead helper is restarted once)."""
-        line = json.dumps(message).encode() + b"\n"
-        with self._lock:
-            for _attempt in (1, 2):
-                if self._proc is None or self._proc.poll() is not None:
-                    self._start()
-                try:
-                    self._proc.stdin.write(line)
-                    self._proc.stdin.flush()
-                    answer = self._proc.stdout.readline()
-                except (BrokenPipeError, OSError):
-                    answer = b""
-                if answer:
-                    return json.loads(answer)
-                self._stop_locked()
-            return {"ok": False, "error": "%s died" % self._module}
-
-    def _stop_locked(self):
-        if self._proc is not None:
-            with contextlib.suppress(Exception):
-                self._proc.stdin.close()
-            with contextlib.suppress(Exception):
-                self._proc.kill()
-            self._proc.wait()
-            self._proc = None
-
-    def stop(self):
-        with self._lock:
-            self._stop_locked()
-
-
-class Launched:
-    """The process that becomes the guest's bwrap monitor: our child (shell path) or the launcher's."""
-
-    def __init__(self, popen=None, pid=None):
-        self.popen = popen
-        self.pid = popen.pid if popen is not None else pid
-        self.start = _proc_start_time(self.pid)
-
-    def running(self):
-        if self.popen is not None:
-            return self.popen.poll() is None
-        return self.start is not None and _proc_start_time(self.pid) == self.start
-
-    def kill(self):
-        if self.popen is not None:
-            with contextlib.suppress(Exception):
-                self.popen.kill()
-            self.popen.wait()
-            return
-        if self.running():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
-        # the launcher reaps it; wait for that so that nothing, not even a zombie, is left
-        deadline = time.monotonic() + 5
-        while self.start is not None and _proc_start_time(self.pid, zombies=True) == self.start:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.002)
 
 
 class Guest:
@@ -280,7 +92,7 @@ class Guest:
     def alive(self):
         if self._launched is not None:
             self._launched.running()  # reaps the shell launcher if it is our child
-        return self.pid > 0 and _proc_start_time(self.pid) == self._pid_start
+        return self.pid > 0 and proc_start_time(self.pid) == self._pid_start
 
     def memory_bytes(self):
         return self._cgroup.memory_bytes()
@@ -442,7 +254,7 @@ class GuestManager:
                 init_pid = _read_child_pid(layout)
             # bwrap execs PID 1 only after the mounts, pivot_root and capabilities are done:
             # once /proc/<pid>/exe is no longer bwrap, the namespaces are ready to enter.
-            if init_pid is not None and _exe_name(init_pid) not in ("bwrap", None):
+            if init_pid is not None and exe_name(init_pid) not in ("bwrap", None):
                 return init_pid
             await asyncio.sleep(0.002)
 
@@ -477,7 +289,7 @@ class GuestManager:
             if not launched.running():
                 raise GuestError("guest exited during boot: %s" % _log_tail(layout))
             try:
-                sock = await dial_bridge(layout.host, AGENT_PORT, timeout=DIAL_TIMEOUT)
+                sock = await dial_bridge(layout.host, AGENT_PORT, timeout=portdial.DIAL_TIMEOUT)
                 sock.close()
                 break
             except DialError:
@@ -486,7 +298,7 @@ class GuestManager:
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 0.005)
         pid = _read_child_pid(layout)
-        start = _proc_start_time(pid) if pid else None
+        start = proc_start_time(pid) if pid else None
         if start is None:
             raise GuestError("guest init exited during boot: %s" % _log_tail(layout))
         return pid, start
@@ -535,13 +347,13 @@ class GuestManager:
         # reaps it, so no guest process is left as a zombie of the host's init.
         meta = layout.read_meta() or {}
         init_pid = _read_child_pid(layout) or meta.get("pid")
-        if init_pid and _proc_start_time(init_pid) is not None and (
-                launched is not None or _proc_start_time(init_pid) == meta.get("pid_start")):
+        if init_pid and proc_start_time(init_pid) is not None and (
+                launched is not None or proc_start_time(init_pid) == meta.get("pid_start")):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(init_pid, signal.SIGKILL)
             cgroup.thaw()  # a frozen task only dies once thawed
             deadline = time.monotonic() + 5
-            while _proc_start_time(init_pid) is not None and time.monotonic() < deadline:
+            while proc_start_time(init_pid) is not None and time.monotonic() < deadline:
                 time.sleep(0.002)
         cgroup.kill_all()
         net_file = os.path.join(layout.host, "net.json")
@@ -586,7 +398,7 @@ class GuestManager:
                 await asyncio.to_thread(cgroup.freeze)
                 froze = True
             try:
-                await _copy_state(layout, dest_dir)
+                await copy_state(layout, dest_dir)
             finally:
                 if froze:
                     cgroup.thaw()
@@ -601,7 +413,7 @@ class GuestManager:
             guest = self._guests.get(session_id)
             if (guest is not None and guest.alive()) or self._cgroup(session_id).pids():
                 raise GuestError("session %s is running; stop it before a restore" % session_id)
-            await _replace_state(src_dir, layout)
+            await replace_state(src_dir, layout)
 
     async def clone_state(self, src_session_id, dst_session_id, src_dir=None):
         """Give dst the writable state of src (its current state, or the checkpoint copy src_dir)."""
@@ -614,12 +426,12 @@ class GuestManager:
             try:
                 await self.checkpoint(src_session_id, staging)
                 async with self._lock(dst_session_id):
-                    await _replace_state(staging, dst)
+                    await replace_state(staging, dst)
             finally:
                 await asyncio.to_thread(shutil.rmtree, staging, True)
         else:
             async with self._lock(dst_session_id):
-                await _replace_state(src_dir, dst)
+                await replace_state(src_dir, dst)
 
     # ------------------------------------------------------------ shutdown
 
@@ -634,37 +446,6 @@ class GuestManager:
                 await asyncio.to_thread(helper.stop)
 
 
-async def _run(*argv):
-    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL,
-                                                stderr=asyncio.subprocess.PIPE)
-    _, err = await proc.communicate()
-    if proc.returncode != 0:
-        raise GuestError("%s failed: %s" % (argv[0], err.decode(errors="replace").strip()[-500:]))
-
-
-async def _copy_state(layout, dest_dir):
-    """workspace/ and rootfs/<layer>/upper/ -> dest_dir (cp -a keeps overlay whiteouts and xattrs)."""
-    os.makedirs(dest_dir, exist_ok=True)
-    if os.listdir(dest_dir):
-        raise GuestError("checkpoint destination is not empty: %s" % dest_dir)
-    await _run("cp", "-a", "--reflink=auto", layout.workspace, os.path.join(dest_dir, "workspace"))
-    for layer in layout.layers():
-        os.makedirs(os.path.join(dest_dir, "rootfs", layer))
-        await _run("cp", "-a", "--reflink=auto", layout.upper(layer), os.path.join(dest_dir, "rootfs", layer, "upper"))
-
-
-async def _replace_state(src_dir, layout):
-    os.makedirs(layout.root, mode=0o700, exist_ok=True)
-    for path in (layout.workspace, layout.rootfs):
-        await asyncio.to_thread(shutil.rmtree, path, True)
-    await _run("cp", "-a", "--reflink=auto", os.path.join(src_dir, "workspace"), layout.workspace)
-    src_rootfs = os.path.join(src_dir, "rootfs")
-    if os.path.isdir(src_rootfs):
-        for layer in sorted(os.listdir(src_rootfs)):
-            os.makedirs(os.path.join(layout.rootfs, layer))
-            await _run("cp", "-a", "--reflink=auto", os.path.join(src_rootfs, layer, "upper"), layout.upper(layer))
-
-
 def _log(layout, msg):
     with contextlib.suppress(OSError), open(layout.log_file, "a") as log:
         log.write("localplane: %s\n" % msg)
@@ -676,13 +457,6 @@ def _read_child_pid(layout):
         with open(layout.info_file) as f:
             return int(json.load(f)["child-pid"])
     except (OSError, ValueError, KeyError):
-        return None
-
-
-def _exe_name(pid):
-    try:
-        return os.path.basename(os.readlink("/proc/%d/exe" % pid))
-    except OSError:
         return None
 
 

@@ -25,6 +25,7 @@ import stat
 import tempfile
 
 from .hostpaths import GUEST_HOSTLIB_DIR, CodePaths
+from .portdial import BRIDGE_NAME
 
 GUEST_RUN_DIR = "/run/localplane"
 WORKSPACE = "/workspace"
@@ -55,7 +56,7 @@ class SessionLayout:
         self.meta_file = os.path.join(self.host, "meta.json")
         self.info_file = os.path.join(self.host, "bwrap-info.json")
         self.log_file = os.path.join(self.host, "guest.log")
-        self.bridge_name = "bridge.sock"                   # in host/: the guest cannot see or replace it
+        self.bridge_name = BRIDGE_NAME                     # in host/: the guest cannot see or replace it
 
     def upper(self, layer):
         return os.path.join(self.rootfs, layer, "upper")

@@ -192,7 +192,7 @@ def test_freeze_stops_every_process_and_thaw_resumes(plane):
 
 
 async def _dial_quick(guest):
-    from microvm_localplane.guests import dial_bridge
+    from microvm_localplane.portdial import dial_bridge
     sock = await dial_bridge(guest._layout.host, 8443, timeout=0.5)
     sock.close()
 
