@@ -382,8 +382,10 @@ class SessionManager(object):
             # A recreate must wait: the name stays taken until the old session is gone.
             gone = self.client.wait_session(session["session_id"], until=frozenset(["DESTROYED"]),
                                             timeout=self.timeout, gone_ok=True)
-            if gone is not None:
-                self.last_seen = gone
+        else:
+            gone = self.client.find_session(session["session_id"])  # most likely DESTROYING
+        if gone is not None:
+            self.last_seen = gone
 
 
 def env_string(value):

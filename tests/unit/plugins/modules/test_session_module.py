@@ -189,3 +189,11 @@ def test_session_info_filters_and_pages(run_module, fake_plane):
     assert run.result["sessions"] == [] and not run.failed
     run = run_module(session_info.main, {"statuses": ["sleepy"]})
     assert run.failed and "unknown session status 'sleepy'" in run.result["msg"]
+
+
+def test_absent_without_wait_returns_at_once(run_module, fake_plane):
+    rec = fake_plane.add_session("web-1")
+    run = run_module(MAIN, {"name": "web-1", "state": "absent", "wait": False})
+    assert run.result["changed"] is True
+    assert run.result["session"]["session_id"] == rec["session_id"]
+    assert run.result["session"]["status"] in ("SESSION_STATUS_DESTROYING", "SESSION_STATUS_DESTROYED")
