@@ -23,13 +23,21 @@ listen=()
 [ -n "${MICROVM_DEMO_LISTEN:-}" ] && listen=(--listen "$MICROVM_DEMO_LISTEN")
 mkdir -p "$state"
 
+started_here=1
 stop_plane() {
-  "$python" -m microvm_localplane down --state-dir "$state" >/dev/null 2>&1 || true
+  # A plane that was already running (make local-up) is left running.
+  if [ "$started_here" = 1 ]; then
+    echo "demo: stopping the local control plane"
+    "$python" -m microvm_localplane down --state-dir "$state" >/dev/null 2>&1 || true
+  fi
 }
 trap stop_plane EXIT
 trap 'exit 130' INT TERM
 
-"$python" -m microvm_localplane up --state-dir "$state" --env-file "$envfile" "${listen[@]}"
+up_out=$("$python" -m microvm_localplane up --state-dir "$state" --env-file "$envfile" "${listen[@]}") || {
+  echo "$up_out"; echo "demo: the local control plane did not start"; exit 1; }
+echo "$up_out"
+case "$up_out" in *reusing*) started_here=0 ;; esac
 # shellcheck disable=SC1090
 source "$envfile"
 
