@@ -16,13 +16,19 @@ import os
 import queue
 import tempfile
 
-import grpc
-
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.agent_pb import sandbox_agent_pb2 as pb
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.agent_pb import sandbox_agent_pb2_grpc as pb_grpc
 
-CHUNK_SIZE = 1024 * 1024           # within the agent's accepted 1 KiB - 4 MiB
+try:
+    import grpc
+except ImportError as e:  # the mux reports it, naming the package to install
+    grpc = None
+    GRPC_IMPORT_ERROR = e
+else:
+    GRPC_IMPORT_ERROR = None
+
+CHUNK_SIZE = 2 * 1024 * 1024       # within the agent's accepted 1 KiB - 4 MiB, and under a default 4 MiB gRPC limit
 MAX_MESSAGE = 16 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE),

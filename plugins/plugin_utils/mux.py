@@ -30,13 +30,27 @@ import threading
 import time
 import uuid
 
-import grpc
-
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, WaitTimeout
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_client as ac
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import tunnel as tunnel_mod
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.tunnel import Tunnel
+
+grpc = ac.grpc
+
+
+def missing_requirements():
+    """A clear message when the mux's Python requirements are not installed, else None."""
+    missing = []
+    if ac.GRPC_IMPORT_ERROR is not None or not ac.pb.HAS_AGENT_STUB_DEPS:
+        missing.append("grpcio and protobuf")
+    if tunnel_mod.WEBSOCKETS_IMPORT_ERROR is not None:
+        missing.append("websockets")
+    if not missing:
+        return None
+    return ("the microvm.sandbox.agent connection needs %s on the controller's Python (%s): "
+            "pip install grpcio protobuf websockets" % (" and ".join(missing), sys.executable))
 
 log = logging.getLogger("microvm.mux")
 
@@ -310,7 +324,7 @@ class Mux:
         threading.Thread(target=self.watch, name="watch", daemon=True).start()
         while not self.stopping.is_set():
             try:
-                conn, _ = self.listener.accept()
+                conn = self.listener.accept()[0]
             except socket.timeout:
                 continue
             except OSError:
@@ -448,6 +462,7 @@ class Mux:
         reader.start()
         # the worker may hold stdin back (a become password prompt), so the final frame goes out
         # before waiting for its STDIN_EOF
+        final = (mp.ERROR, {"kind": mp.ERR_LOST, "message": "the command on session %s ended without a status" % self.label})
         try:
             for kind, data in self.agent.iter_exec(call, feed):
                 if kind == "stdout":
@@ -567,6 +582,10 @@ def main():
     sys.stdin.close()
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s mux[%(process)d] %(levelname)s %(message)s")
+    problem = missing_requirements()
+    if problem:
+        sys.stdout.write(json.dumps({"ok": False, "kind": mp.ERR_UNREACHABLE, "message": problem}) + "\n")
+        return 1
     mux = Mux(cfg)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=mux.stop, daemon=True).start())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -163,8 +163,8 @@ class MuxClient:
                 proc.kill()
                 raise mp.MuxError(mp.ERR_UNREACHABLE, "the connection multiplexer did not start within %ds (see %s)"
                                   % (int(self.connect_timeout + PYTHON_START_GRACE), log_path))
-            ready, _, _ = select.select([proc.stdout], [], [], remaining)
-            if not ready:
+            readable = select.select([proc.stdout], [], [], remaining)[0]
+            if not readable:
                 continue
             chunk = os.read(proc.stdout.fileno(), 65536)
             if not chunk:

@@ -23,11 +23,16 @@ import threading
 import time
 from urllib.parse import quote, urlsplit, urlunsplit
 
-import websockets
-from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidHandshake
-
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+
+try:
+    from websockets.asyncio.client import connect as ws_connect
+    from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, WebSocketException
+except ImportError as e:  # the mux reports it, naming the package to install
+    WEBSOCKETS_IMPORT_ERROR = e
+    ConnectionClosed = InvalidHandshake = InvalidStatus = WebSocketException = ()  # match nothing
+else:
+    WEBSOCKETS_IMPORT_ERROR = None
 
 PING_INTERVAL = 30.0
 READ_SIZE = 1024 * 1024
@@ -192,7 +197,7 @@ class Tunnel:
                 close_timeout=2, ssl=self._ssl, write_limit=4 * READ_SIZE)
         except InvalidStatus as e:
             raise status_error(e.response.status_code, self.label, self.port)
-        except (InvalidHandshake, OSError, asyncio.TimeoutError, websockets.exceptions.WebSocketException) as e:
+        except (InvalidHandshake, OSError, asyncio.TimeoutError, WebSocketException) as e:
             raise TunnelError("cannot open the port-forward to session %s at %s: %s" % (
                 self.label, self.url, str(e) or type(e).__name__))
 
