@@ -171,7 +171,7 @@ def main():
         # 256 MiB in and out: the plugin's transfer path vs scp over the warm ControlMaster
         big = os.path.join(tmp, "big.bin")
         with open(big, "wb") as f:
-            for _ in range(args.size_mib):
+            for _dummy in range(args.size_mib):
                 f.write(os.urandom(1 << 20))
         spawn = {"api_url": plane.url, "prefix": profile.DEFAULT_PREFIX, "session": session["name"],
                  "agent_port": profile.AGENT_PORT, "connect_timeout": 60, "persist": 300,

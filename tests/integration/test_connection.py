@@ -206,7 +206,7 @@ def test_100mib_binary_both_ways(plane, sandbox, env, tmp_path, playbook_runner)
     work = tmp_path / "work"
     work.mkdir()
     with open(work / "big.bin", "wb") as f:
-        for _ in range(100):
+        for _dummy in range(100):
             f.write(os.urandom(1 << 20))
     want = sha1(work / "big.bin")
     res = playbook_runner(BIG, inventory({"box": sandbox["session_id"]}), env, workdir=str(work))

@@ -136,7 +136,7 @@ def test_exec_sends_argv_tmpdir_and_stdin(conn):
     mux = FakeMux()
     rc, out, err = connected(conn, mux).exec_command("echo hi", in_data=b"payload")
     assert (rc, out, err) == (0, b"out", b"err")
-    _, argv, kw = mux.calls[0]
+    argv, kw = mux.calls[0][1:]
     assert argv == ["/bin/sh", "-c", "echo hi"]
     assert kw["stdin"] == b"payload" and kw["env"]["TMPDIR"] == conn._run_info()["dir"]
     assert kw["interact"] is None

@@ -23,7 +23,7 @@ def test_exec_streams_stdin_and_keeps_stdout_stderr_apart(client):
 
 
 def test_exec_timed_out_flag(client):
-    _, c = client
+    c = client[1]
     assert c.exec(["sleep", "9"], timeout=1).timed_out
 
 
@@ -78,7 +78,7 @@ def test_broken_download_leaves_no_file(client, tmp_path, mode, error):
 
 
 def test_missing_file_internal_404_is_not_found(client, tmp_path):
-    _, c = client
+    c = client[1]
     with pytest.raises(ac.RemoteNotFound, match="/workspace/nope on session sess-1"):
         c.download("/workspace/nope", str(tmp_path / "x"))
     assert not os.path.exists(tmp_path / "x")

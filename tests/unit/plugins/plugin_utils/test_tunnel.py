@@ -149,7 +149,7 @@ def test_bytes_flow_both_ways_with_bearer_and_no_subprotocol(server, tunnel):
 
 def test_one_websocket_per_local_connection(server, tunnel):
     before = len(server.headers)
-    socks = [dial(tunnel) for _ in range(3)]
+    socks = [dial(tunnel) for _dummy in range(3)]
     for i, s in enumerate(socks):
         s.sendall(b"x%d" % i)
         assert read_all(s, 2) == (b"x%d" % i)[::-1]
