@@ -106,3 +106,7 @@ class GuestCgroup:
                     if e.errno != errno.EBUSY or attempt == 199:
                         raise
                     time.sleep(0.005)
+            try:
+                os.rmdir(os.path.dirname(self.path(c)))  # the scope, once its last guest is gone
+            except OSError:
+                pass  # other guests of this control plane, or already gone
