@@ -210,6 +210,7 @@ EXAMPLES = r"""
 
 import os  # noqa: E402
 import posixpath  # noqa: E402
+import shlex  # noqa: E402
 
 from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound  # noqa: E402
 from ansible.module_utils.common.text.converters import to_bytes, to_text  # noqa: E402
@@ -240,6 +241,22 @@ def check_remote_tmp(remote_tmp, scratch_dir):
         profile.check_scratch_dir(path, what="remote_tmp")
     except profile.TransferPathError as e:
         raise profile.TransferPathError("%s (the default here is %s)" % (e, remote_tmp_for(scratch_dir)))
+
+
+def command_argv(executable, cmd):
+    """The Exec argv of a command string (the agent has no implicit shell).
+
+    ansible-core usually hands over `<executable> -c '<script>'` already; running that directly
+    saves a shell per command. Anything else runs under `<executable> -c`.
+    """
+    if cmd.startswith(executable + " -c "):
+        try:
+            parts = shlex.split(cmd)
+        except ValueError:
+            parts = None
+        if parts and len(parts) == 3 and parts[:2] == [executable, "-c"]:
+            return parts
+    return [executable, "-c", cmd]
 
 
 def mux_error(e, label):
@@ -378,7 +395,7 @@ class Connection(ConnectionBase):
         super().exec_command(cmd, in_data=in_data, sudoable=sudoable)
         session = self._session()
         executable = self._play_context.executable or "/bin/sh"
-        argv = [executable, "-c", to_text(cmd, errors="surrogate_or_strict")]
+        argv = command_argv(executable, to_text(cmd, errors="surrogate_or_strict"))
         display.vvv("EXEC %s" % to_text(cmd), host=session)
         run = self._run_info()
         timeout = int(self.get_option("command_timeout") or 0)

@@ -142,6 +142,16 @@ def test_exec_sends_argv_tmpdir_and_stdin(conn):
     assert kw["interact"] is None
 
 
+@pytest.mark.parametrize("cmd, argv", [
+    ("/bin/sh -c 'echo ~ && sleep 0'", ["/bin/sh", "-c", "echo ~ && sleep 0"]),
+    ("/bin/sh -c 'a' 'b'", ["/bin/sh", "-c", "/bin/sh -c 'a' 'b'"]),
+    ("echo 'unbalanced", ["/bin/sh", "-c", "echo 'unbalanced"]),
+    ("/bin/sh -c 'unbalanced", ["/bin/sh", "-c", "/bin/sh -c 'unbalanced"]),
+])
+def test_command_argv_skips_a_redundant_shell(cmd, argv):
+    assert agent_plugin.command_argv("/bin/sh", cmd) == argv
+
+
 def test_command_timeout_names_the_option(conn):
     conn.set_options(var_options={"ansible_microvm_command_timeout": 5})
     with pytest.raises(AnsibleError, match=r"timed out after 5s \(option command_timeout\)"):
