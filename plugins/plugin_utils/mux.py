@@ -283,11 +283,27 @@ class Mux:
                 log.info("run %s: TMPDIR %s created", run_id, run_dir)
         return self.runs[run_id]["dir"]
 
-    def reap_runs(self, force_dead_only=True):
-        """Remove the TMPDIR of every run whose ansible-playbook process is gone."""
-        for run_id, run in list(self.runs.items()):
-            if run.get("pid") and run_alive(run["pid"], run.get("start")):
-                continue
+    def reap_runs(self):
+        """Remove the TMPDIR of every run whose ansible-playbook process is gone.
+
+        Never wakes a paused session for this: its run dirs are left to a later mux's sweep.
+        """
+        ended = [(run_id, run) for run_id, run in list(self.runs.items())
+                 if not (run.get("pid") and run_alive(run["pid"], run.get("start")))]
+        if not ended:
+            return
+        if self.state != grpc.ChannelConnectivity.READY:
+            try:
+                usable = profile.short_status(self.check_session().get("status")) in profile.USABLE
+            except Unreachable:
+                usable = False
+            if not usable:
+                for run_id, run in ended:
+                    log.info("run %s ended while the session is not usable: %s is left to a later sweep",
+                             run_id, run["dir"])
+                    self.runs.pop(run_id, None)
+                return
+        for run_id, run in ended:
             try:
                 self.guest('rm -rf -- "$1"', run["dir"])
                 log.info("run %s ended: removed %s", run_id, run["dir"])
