@@ -10,6 +10,7 @@ Each run gets its own MOLECULE_EPHEMERAL_DIRECTORY, so these tests never
 touch the Molecule state of interactive runs or of `make molecule`.
 """
 import os
+import re
 import shutil
 import subprocess
 
@@ -41,7 +42,7 @@ def molecule(plane, ephemeral, *args, extra_env=None, timeout=1200):
     env.update(extra_env or {})
     proc = subprocess.run([os.path.join(BIN, "molecule"), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
-    proc.output = proc.stdout + proc.stderr
+    proc.output = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
     return proc
 
 
