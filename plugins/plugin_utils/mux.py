@@ -52,6 +52,7 @@ def missing_requirements():
     return ("the microvm.sandbox.agent connection needs %s on the controller's Python (%s): "
             "pip install grpcio protobuf websockets" % (" and ".join(missing), sys.executable))
 
+
 log = logging.getLogger("microvm.mux")
 
 WATCH_INTERVAL = 1.0          # idle and run-liveness checks

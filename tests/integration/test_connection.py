@@ -263,7 +263,7 @@ def test_scratch_outside_workspace_fails_clearly(plane, sandbox, env, playbook_r
     assert res.rc != 0
     assert "scratch dir '/tmp/scratch' must be an absolute directory inside /workspace" in res.output, res
     res = playbook_runner(pb, inventory({"box": sandbox["name"]}, ansible_remote_tmp="/tmp/ansible"), env,
-                       extra_args=["-e", "ansible_pipelining=false"])
+                          extra_args=["-e", "ansible_pipelining=false"])
     assert res.rc != 0
     assert "remote_tmp '/tmp/ansible' must be an absolute directory inside /workspace" in res.output, res
 
