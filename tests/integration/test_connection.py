@@ -394,8 +394,13 @@ def test_reset_connection_and_crashed_mux(plane, sandbox, env, mux_dir, playbook
   tasks:
     - ansible.builtin.command: mktemp
       register: t
+    - ansible.builtin.set_fact:
+        before: "{{ lookup('ansible.builtin.pipe', 'cat ' ~ lookup('ansible.builtin.env', 'MICROVM_MUX_DIR') ~ '/*/mux.pid') }}"
     - ansible.builtin.meta: reset_connection
     - ansible.builtin.fetch: {src: "{{ t.stdout }}", dest: "{{ playbook_dir }}/after-reset", flat: true}
+    - ansible.builtin.assert:
+        that:
+          - "lookup('ansible.builtin.pipe', 'cat ' ~ lookup('ansible.builtin.env', 'MICROVM_MUX_DIR') ~ '/*/mux.pid') != before"
 """
     inv = inventory({"box": sandbox["name"]})
     res = playbook_runner(pb, inv, env)
