@@ -8,7 +8,8 @@ DOCUMENTATION = r"""
 name: agent
 short_description: Run tasks inside a microVM sandbox session through its guest agent
 version_added: 0.1.0
-author: microvm.sandbox contributors
+author:
+  - microvm.sandbox maintainers (@microvm)
 description:
   - Runs commands and copies files in a sandbox session of the managed microVM platform
     (DigitalOcean Managed Agents, also called Harness Runtime) or of the local control plane,

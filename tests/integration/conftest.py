@@ -60,7 +60,8 @@ def run_playbook(playbook_text, inventory_text, env=None, extra_args=(), workdir
     with open(inventory, "w") as f:
         f.write(inventory_text)
     argv = [os.path.join(BIN, "ansible-playbook"), "-i", inventory, "playbook.yml"] + list(extra_args)
-    proc = subprocess.run(argv, cwd=workdir, env=ansible_env(env), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(argv, cwd=workdir, env=ansible_env(env), capture_output=True, text=True, timeout=timeout,
+                          check=False)
     return Result(proc.returncode, proc.stdout, proc.stderr, workdir)
 
 

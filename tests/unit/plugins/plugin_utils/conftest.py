@@ -23,7 +23,7 @@ class FakeAgent(pb_grpc.SandboxAgentServiceServicer):
         return os.path.join(self.root, os.path.relpath(path, "/workspace"))
 
     def Exec(self, request_iterator, context):
-        start = next(request_iterator).start
+        start = next(iter(request_iterator), None).start
         self.calls.append(("exec", list(start.argv)))
         if self.mode == "unavailable":
             context.abort(grpc.StatusCode.UNAVAILABLE, "guest gone")
@@ -38,7 +38,7 @@ class FakeAgent(pb_grpc.SandboxAgentServiceServicer):
                                              timed_out=start.timeout_seconds == 1))
 
     def Upload(self, request_iterator, context):
-        header = next(request_iterator).header
+        header = next(iter(request_iterator), None).header
         self.calls.append(("upload", header.path))
         if not header.path.startswith("/workspace/"):
             context.abort(grpc.StatusCode.PERMISSION_DENIED, 'path outside workspace: "%s"' % header.path)

@@ -134,5 +134,5 @@ class FakeRpcError(grpc.RpcError):
 ])
 def test_transfer_error_mapping(code, details, error):
     e = ac.transfer_error(FakeRpcError(code, details), "/workspace/x", "sess-1", "download")
-    assert type(e) is error
+    assert e.__class__ is error
     assert "sess-1" in str(e)
