@@ -7,6 +7,10 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils"))
 
+import collection_meta_repair  # noqa: E402
+
+collection_meta_repair.repair()
+
 from microvm_fake_plane import FakeClient, FakePlane  # noqa: E402
 
 from ansible.module_utils.testing import patch_module_args  # noqa: E402
