@@ -5,6 +5,7 @@ One session (started with the provision playbook, deleted with the teardown play
 credentials and workspace_export tests, so the suite stays lean on a small machine.
 """
 import hashlib
+import json
 import os
 import re
 import sys
@@ -127,9 +128,11 @@ def test_credentials_removed_when_the_work_fails(provisioned, roles_env, tmp_pat
     secret = SECRET_MARK
     token = tmp_path / "token"
     token.write_text(secret + "-token\n")
+    secrets = tmp_path / "secrets.json"  # a vars file: ansible-playbook -vvvv prints -e key=value arguments
+    secrets.write_text(json.dumps({"secret": secret, "token_file": str(token)}))
     inv = inventory("sbx1", provisioned["id"])
-    res = playbook_runner(CREDENTIALS_FAILING_PLAY, inv, roles_env, workdir=str(tmp_path), extra_args=[
-        "-vvv", "--diff", "-e", "secret=%s" % secret, "-e", "token_file=%s" % token])
+    res = playbook_runner(CREDENTIALS_FAILING_PLAY, inv, roles_env, workdir=str(tmp_path),
+                          extra_args=["-vvvv", "--diff", "-e", "@%s" % secrets])
     assert res.rc != 0, res
     assert "the work failed" in res.output
     assert secret not in res.output, "a credential leaked into the output"
@@ -169,8 +172,10 @@ def test_credentials_scratch_outside_workspace_fails_at_once(provisioned, roles_
           - path: .netrc
             content: "machine example login me password {{ secret }}"
 """
+    secrets = tmp_path / "secrets.json"
+    secrets.write_text(json.dumps({"secret": SECRET_MARK}))
     res = playbook_runner(play, inventory("sbx2", provisioned["id"]), roles_env, workdir=str(tmp_path),
-                          extra_args=["-e", "secret=%s" % SECRET_MARK])
+                          extra_args=["-vvv", "-e", "@%s" % secrets])
     assert res.rc != 0
     assert "/tmp/creds" in res.output and "only transfers files under /workspace" in res.output, res
     assert SECRET_MARK not in res.output
