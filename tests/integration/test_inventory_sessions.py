@@ -218,3 +218,23 @@ def test_api_data_is_never_evaluated(tmp_path, hostile_api):
     assert "evil-{{ 7 * 7 }}|%s|%s|standard" % (code, code) in shown
     assert "plain|%s|%s|{{ 6 * 7 }}" % (code, code) in shown
     assert not marker.exists()
+
+
+def test_inventory_hosts_run_tasks_over_the_agent_connection(plane, tmp_path, fleet):
+    """The inventory's host variables are enough for the agent connection: a paused session is woken too."""
+    prefix, made = fleet
+    inventory = tmp_path / "run.microvm_sessions.yml"
+    inventory.write_text("plugin: microvm.sandbox.sessions\nname_regex: '^%s-a-'\n" % prefix)
+    run = run_playbook(plane, tmp_path, """
+        - hosts: all
+          gather_facts: false
+          tasks:
+            - name: hostname
+              ansible.builtin.command: cat /etc/hostname
+              changed_when: false
+    """, inventory=str(inventory), env={"ANSIBLE_PYTHON_INTERPRETER": "/usr/bin/python3"})
+    assert run.rc == 0, run
+    by_host = dict((r["host"], r["result"]) for r in run.records if r["task"] == "hostname")
+    assert sorted(by_host) == ["%s-a-1" % prefix, "%s-a-2" % prefix]
+    for host, result in by_host.items():
+        assert result["stdout"] == host
