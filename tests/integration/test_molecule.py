@@ -46,6 +46,12 @@ def molecule(plane, ephemeral, *args, extra_env=None, timeout=1200):
     return proc
 
 
+def steps(output):
+    """[(scenario, step, outcome)] from Molecule's log, in order (tty: `s ➜ step: Executed: X`, else `[s > step] Executed: X`)."""
+    found = re.findall(r"(\w+)(?: ➜ | > )(\w+)\]?:? Executed: (\w+)", output)
+    return [(scenario, step, outcome) for scenario, step, outcome in found]
+
+
 def sessions(plane, prefix):
     return [s for s in plane.client().list_sessions() if (s.get("name") or "").startswith(prefix)]
 
@@ -58,8 +64,9 @@ def test_default_scenario_passes_and_leaves_no_session(plane, tmp_path):
     before = {s["session_id"] for s in sessions(plane, "molecule-default-")}
     run = molecule(plane, tmp_path / "default", "test", "-s", "default")
     assert run.returncode == 0, run.output[-8000:]
+    done = steps(run.output)
     for step in ("create", "converge", "idempotence", "verify", "destroy"):
-        assert "default ➜ %s: Executed: Successful" % step in run.output, run.output[-8000:]
+        assert ("default", step, "Successful") in done, (done, run.output[-8000:])
     made = [s for s in sessions(plane, "molecule-default-instance-") if s["session_id"] not in before]
     assert made, "no session was created by the scenario:\n" + run.output[-4000:]
     assert live(made) == [], made
@@ -72,10 +79,11 @@ def test_destroy_runs_after_failing_converge(plane, tmp_path):
                    extra_env={"MICROVM_MOLECULE_FAIL_CONVERGE": "1"})
     assert run.returncode != 0, run.output[-8000:]
     assert "Failing on purpose" in run.output
-    assert "failing_converge ➜ converge: Executed: Failed" in run.output, run.output[-8000:]
-    # Molecule's --destroy=always path: cleanup, then destroy after the failure.
-    tail = run.output[run.output.index("failing_converge ➜ converge: Executed: Failed"):]
-    assert "failing_converge ➜ destroy: Executed: Successful" in tail, run.output[-8000:]
+    done = steps(run.output)
+    assert ("failing_converge", "converge", "Failed") in done, (done, run.output[-8000:])
+    # Molecule's --destroy=always path: destroy still runs after the failure.
+    after = done[done.index(("failing_converge", "converge", "Failed")):]
+    assert ("failing_converge", "destroy", "Successful") in after, (done, run.output[-8000:])
     made = [s for s in sessions(plane, "molecule-failing-converge-instance-") if s["session_id"] not in before]
     assert made, "no session was created by the scenario:\n" + run.output[-4000:]
     assert live(made) == [], made
