@@ -1,10 +1,17 @@
-"""Shared pytest fixtures: a real local control plane for the suites that need one."""
+"""Shared pytest set-up: the collection resolvable as Ansible resolves it, and a real local control plane."""
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-for p in (os.path.join(ROOT, ".local", "collections"), os.path.join(ROOT, "localplane")):
+COLLECTIONS = os.path.join(ROOT, ".local", "collections")
+for p in (COLLECTIONS, os.path.join(ROOT, "localplane")):
     if p not in sys.path:
         sys.path.insert(0, p)
+
+# Install Ansible's collection finder before anything imports the collection,
+# so every test imports it the one way ansible-core does.
+from ansible.plugins.loader import init_plugin_loader  # noqa: E402
+
+init_plugin_loader([COLLECTIONS])
 
 pytest_plugins = ["microvm_localplane.testing"]

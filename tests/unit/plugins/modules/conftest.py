@@ -1,15 +1,7 @@
 """Run a module of the collection in-process against the fake plane, as Ansible would."""
 import json
-import os
-import sys
 
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils"))
-
-import collection_meta_repair  # noqa: E402
-
-collection_meta_repair.repair()
 
 from microvm_fake_plane import FakeClient, FakePlane  # noqa: E402
 

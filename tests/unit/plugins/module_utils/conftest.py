@@ -1,8 +1,0 @@
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import collection_meta_repair  # noqa: E402
-
-collection_meta_repair.repair()
