@@ -62,6 +62,7 @@ EXAMPLES = r"""
 # API URL and token come from DO_AGENTS_API_URL and DO_AGENTS_API_TOKEN.
 plugin: microvm.sandbox.sessions
 
+---
 # file: ci.microvm_sessions.yml
 # Only the CI sessions, grouped by template and status, with a cache.
 plugin: microvm.sandbox.sessions
