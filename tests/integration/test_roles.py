@@ -240,3 +240,20 @@ def test_workspace_export_refuses_paths_outside_workspace(provisioned, roles_env
                           extra_args=["-e", "dest=%s" % (tmp_path / "x.tgz"), "-e", "paths=/etc"])
     assert res.rc != 0
     assert "/etc" in res.output and "only transfers files under /workspace" in res.output, res
+
+
+@pytest.mark.slow
+def test_demo_playbook_on_the_base_template(plane, roles_env, tmp_path, playbook_runner):
+    """The demo by FQCN, without the image pipeline: it must say it fell back, pass, and leave no session."""
+    env = dict(roles_env, MICROVM_DEMO_BUILD_IMAGE="false", MICROVM_SANDBOX_STATE_DIR=str(tmp_path / "state"))
+    res = playbook_runner("- ansible.builtin.import_playbook: microvm.sandbox.demo\n", LOCALHOST, env,
+                          workdir=str(tmp_path), timeout=900)
+    assert res.rc == 0, res.output[-5000:]
+    out = res.output
+    assert "FALLBACK: MICROVM_DEMO_BUILD_IMAGE=false" in out
+    assert "rollback: README.md read" in out and "version 1, written by the demo." in out
+    assert "0 live demo session(s) left" in out
+    assert (tmp_path / "state" / "demo" / "workspace.tar.gz").exists()
+    live = [s for s in plane.client().list_sessions() if s["name"].startswith("demo-")
+            and not s["status"].endswith(("DESTROYING", "DESTROYED", "FAILED"))]
+    assert live == []
