@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +23,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protoco
 
 MUX_MODULE = "ansible_collections.microvm.sandbox.plugins.plugin_utils.mux"
 PYTHON_START_GRACE = 20.0  # python + grpc start-up on a loaded machine, on top of connect_timeout
+OLD_MUX_DIR_SECONDS = 7 * 24 * 3600  # dirs of muxes long gone (their logs) are removed after a week
 
 
 def collections_root():
@@ -127,7 +129,21 @@ class MuxClient:
             except FileNotFoundError:
                 pass
 
+    def _sweep_old_dirs(self):
+        """Remove the private dirs of muxes that are gone and whose log has not moved for a week."""
+        now = time.time()
+        for name in os.listdir(self.base_dir):
+            path = os.path.join(self.base_dir, name)
+            if path == self.dir or os.path.exists(os.path.join(path, mp.SOCKET_NAME)):
+                continue
+            try:
+                if now - os.stat(path).st_mtime > OLD_MUX_DIR_SECONDS:
+                    shutil.rmtree(path)
+            except OSError:
+                pass
+
     def _spawn(self):
+        self._sweep_old_dirs()
         env = dict(os.environ)
         root = collections_root()
         env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
