@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 NEWEST_SUITES ?= tests/integration/test_collection_build.py
 
 .PHONY: help venv system-deps collection proto proto-check lint sanity ansible-lint docs-lint docs \
-        unit localplane-test integration test test-live demo local-up local-down build clean bench
+        unit localplane-test integration molecule test test-live demo local-up local-down build clean bench
 
 help:
 	@echo "make demo   - set up everything and run the demo end to end on the local control plane"
@@ -28,6 +28,7 @@ help:
 	@echo "make local-up / local-down - start / stop the local control plane (.local/env)"
 	@echo "make proto  - regenerate the guest agent stubs from protos/"
 	@echo "make bench  - run the benchmarks in bench/"
+	@echo "make molecule - run every Molecule scenario (extensions/molecule/) on a local control plane of its own"
 
 $(VENV)/.stamp: requirements-dev.txt requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -94,7 +95,10 @@ localplane-test: setup
 integration: setup
 	bash hack/pytest-count.sh integration tests/integration
 
-test: setup proto-check lint sanity ansible-lint docs-lint unit localplane-test integration
+molecule: setup
+	bash hack/molecule.sh
+
+test: setup proto-check lint sanity ansible-lint docs-lint unit localplane-test integration molecule
 	@bash hack/summary.sh
 
 # Sanity and the end-to-end smoke suites with the newest ansible-core on Python 3.13.

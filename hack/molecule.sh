@@ -97,5 +97,7 @@ if [ "${#failed[@]}" -gt 0 ]; then
   echo "molecule: failed: ${failed[*]}"
   rc=1
 fi
-echo "molecule: $passed of ${#scenarios[@]} scenarios passed in $(( $(date +%s) - start )) s, $( [ -z "$leftovers" ] && echo "nothing left behind" || echo "LEFTOVERS" )"
+mkdir -p .local/results
+echo "molecule: $passed of ${#scenarios[@]} scenarios passed in $(( $(date +%s) - start )) s, $( [ -z "$leftovers" ] && echo "nothing left behind" || echo "LEFTOVERS" )" \
+  | tee /dev/stderr | sed 's/^molecule: //' > .local/results/molecule.txt
 exit "$rc"
