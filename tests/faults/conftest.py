@@ -1,0 +1,54 @@
+"""Fixtures for the fault suite: a fault proxy in front of the shared plane, and agent clients through it."""
+import contextlib
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from faultproxy import FaultProxy  # noqa: E402
+
+
+@pytest.fixture
+def proxy(plane):
+    if plane.live:
+        pytest.skip("the fault proxy sits in front of the local control plane only")
+    p = FaultProxy(plane.url).start()
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+class Agent:
+    """An AgentClient over its own Tunnel (the mux's stack, without the mux process)."""
+
+    def __init__(self, url, token, session_id):
+        from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_client as ac
+        from ansible_collections.microvm.sandbox.plugins.plugin_utils.tunnel import Tunnel
+        self.tunnel = Tunnel(url, "/v2/agents", session_id, token, connect_timeout=30)
+        path = self.tunnel.start()
+        self.channel = ac.open_channel("unix:" + path)
+        self.client = ac.AgentClient(self.channel, session_id)
+
+    def close(self):
+        with contextlib.suppress(Exception):
+            self.channel.close()
+        with contextlib.suppress(Exception):
+            self.tunnel.stop()
+
+
+@pytest.fixture
+def agents():
+    """agents(url, token, session_id) -> AgentClient; all closed after the test."""
+    made = []
+
+    def make(url, token, session_id):
+        a = Agent(url, token, session_id)
+        made.append(a)
+        return a.client
+
+    yield make
+    for a in made:
+        a.close()
