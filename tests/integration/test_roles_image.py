@@ -50,6 +50,11 @@ def image_env(plane, tmp_path_factory):
         name: microvm.sandbox.template_image
         tasks_from: registry_stop
 """, LOCALHOST, env, workdir=str(tmp_path_factory.mktemp("image-stop")))
+    # Drop this run's tags from the builder's storage (the layers stay cached for the next run).
+    tags = subprocess.run(["buildah", "images", "--format", "{{.Name}}:{{.Tag}}"], capture_output=True, text=True, check=False)
+    for tag in tags.stdout.split():
+        if tag.startswith(registry + "/"):
+            subprocess.run(["buildah", "rmi", tag], capture_output=True, check=False)
 
 
 @pytest.fixture
