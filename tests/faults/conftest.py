@@ -10,6 +10,24 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from faultproxy import FaultProxy  # noqa: E402
 
 
+def _integration_helpers():
+    """tests/integration/conftest.py (run_playbook, ansible_env), loaded by path: reused, not copied."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integration", "conftest.py")
+    spec = importlib.util.spec_from_file_location("microvm_integration_helpers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+integration = _integration_helpers()
+
+
+@pytest.fixture
+def run_playbook():
+    return integration.run_playbook
+
+
 @pytest.fixture
 def proxy(plane):
     if plane.live:
