@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark of the microvm.sandbox.agent connection, side by side in one run (not a timed test).
 
 1. A 30-task playbook (20 `command`, 10 `copy`) through
