@@ -98,8 +98,8 @@ integration: setup
 molecule: setup
 	bash hack/molecule.sh
 
-test: setup proto-check lint sanity ansible-lint docs-lint unit localplane-test integration molecule
-	@bash hack/summary.sh
+test: setup
+	bash hack/test.sh
 
 # Sanity and the end-to-end smoke suites with the newest ansible-core on Python 3.13.
 test-newest: setup .venv-newest/.stamp

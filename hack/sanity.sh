@@ -4,9 +4,12 @@
 # pip bootstrap script is replaced by a stand-in that uses ensurepip.
 set -euo pipefail
 root=$(pwd)
-work=${TMPDIR:-/tmp}/microvm-sandbox-sanity  # ansible-test skips trees under hidden dirs such as .local
+# A private copy per run (concurrent runs never share one), outside hidden dirs
+# such as .local, which ansible-test would skip.
+work=$(mktemp -d "${SANITY_TMP:-/tmp}/microvm-sandbox-sanity.XXXXXX")
+trap 'rm -rf "$work"' EXIT
 dest=$work/ansible_collections/microvm/sandbox
-rm -rf "$dest"; mkdir -p "$dest"
+mkdir -p "$dest"
 git ls-files -z --cached --others --exclude-standard | rsync -a --from0 --files-from=- ./ "$dest/"
 pyver=$("${VENV_BIN:-.venv/bin}/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 cache=$HOME/.ansible/test/cache
