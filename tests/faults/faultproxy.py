@@ -3,8 +3,8 @@
     proxy = FaultProxy(plane.url).start()      # proxy.url replaces plane.url for the client
     proxy.fail_next(503, count=3, methods=("GET",), path=r"/sessions")   # canned answers, upstream never sees them
     proxy.fail_next(429, count=2, retry_after=0)
-    proxy.cut_ws(up=200_000)                   # abort the next WebSocket after 200 kB client->plane
-    proxy.cut_ws(down=64_000)                  # ... or after 64 kB plane->client
+    proxy.cut_ws(up=200_000)                   # abort the first WebSocket to pass 200 kB client->plane
+    proxy.cut_ws(down=64_000)                  # ... or 64 kB plane->client (one cut per call)
     proxy.stall_ws(); proxy.release_ws()       # hold all WebSocket traffic, then let it flow again
     proxy.cut_all_ws()                         # abort every open WebSocket now
     proxy.set_upstream(new_url)                # after the plane restarted on another port
@@ -51,7 +51,10 @@ class FaultProxy:
                                 "body": body or '{"id": "fault", "message": "injected by the fault proxy"}'})
 
     def cut_ws(self, up=None, down=None):
-        """Abort the next WebSocket opened once `up` bytes went to the plane or `down` bytes came back."""
+        """Abort the first WebSocket that passes `up` bytes to the plane or `down` bytes back (once).
+
+        The limit is claimed when a WebSocket passes it, not when it opens, so short-lived
+        WebSockets (probes, gRPC reconnects) never take it."""
         with self._lock:
             self._ws_cuts.append({"up": up, "down": down})
 
@@ -115,6 +118,14 @@ class FaultProxy:
         for item in list(self._open_ws):
             item()
 
+    def _claim(self, cut, key, total):
+        """Give this WebSocket the first pending cut whose `key` limit it is about to pass."""
+        with self._lock:
+            for i, pending in enumerate(self._ws_cuts):
+                if pending[key] is not None and total > pending[key]:
+                    cut.update(self._ws_cuts.pop(i))
+                    return
+
     def _match(self, request):
         with self._lock:
             for rule in self._rules:
@@ -168,7 +179,7 @@ class FaultProxy:
     async def _websocket(self, request):
         with self._lock:
             target = self.upstream.replace("http", "ws", 1) + request.path_qs
-            cut = self._ws_cuts.pop(0) if self._ws_cuts else {"up": None, "down": None}
+            cut = {"up": None, "down": None}   # claimed from _ws_cuts by the first WebSocket to pass a limit
         session = aiohttp.ClientSession()
         try:
             upstream = await session.ws_connect(target, headers=self._headers(request), autoping=True)
@@ -203,6 +214,8 @@ class FaultProxy:
             async for msg in src:
                 await self._gate.wait()
                 if msg.type == aiohttp.WSMsgType.BINARY:
+                    if cut[key] is None:
+                        self._claim(cut, key, counts[key] + len(msg.data))
                     limit = cut[key]
                     if limit is not None and counts[key] + len(msg.data) > limit:
                         keep = max(0, limit - counts[key])

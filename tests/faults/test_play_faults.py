@@ -1,0 +1,75 @@
+"""Faults under ansible-playbook: the WebSocket cut mid-command and mid-copy, through the worker, the mux,
+gRPC and the fault proxy."""
+import glob
+import os
+import signal
+
+import pytest
+
+MUX_MODULE = b"ansible_collections.microvm.sandbox.plugins.plugin_utils.mux"
+
+
+@pytest.fixture
+def play_env(plane, proxy, tmp_path):
+    mux_dir = str(tmp_path / "mux")
+    yield {"DO_AGENTS_API_URL": proxy.url, "DO_AGENTS_API_TOKEN": plane.token, "MICROVM_MUX_DIR": mux_dir,
+           "MICROVM_PERSIST": "20", "MICROVM_CONNECT_TIMEOUT": "20"}
+    for pid_file in glob.glob(os.path.join(mux_dir, "*", "mux.pid")):
+        try:
+            pid = int(open(pid_file).read())
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                if MUX_MODULE in f.read():
+                    os.kill(pid, signal.SIGTERM)
+        except (OSError, ValueError):
+            pass
+
+
+def inventory(session):
+    return ("[sbx]\nbox ansible_host=%s\n\n[sbx:vars]\nansible_connection=microvm.sandbox.agent\n"
+            "ansible_python_interpreter=/usr/bin/python3\n" % session)
+
+
+def guest(plane, sid, script):
+    return plane.client().request("POST", "/sessions/%s/sandbox/exec" % sid, body={"argv": ["sh", "-c", script]})
+
+
+CUT_COMMAND = """
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - ansible.builtin.raw: "echo run >> /workspace/runs.txt; head -c 4000000 /dev/zero; sleep 1"
+"""
+
+
+def test_play_command_cut_is_unreachable_and_ran_once(plane, sandbox, proxy, play_env, run_playbook):
+    proxy.cut_ws(down=256 * 1024)   # whichever WebSocket carries the output
+    res = run_playbook(CUT_COMMAND, inventory(sandbox["session_id"]), play_env)
+    assert res.rc == 4 and "UNREACHABLE!" in res.stdout, res
+    assert "not re-run" in res.stdout, res
+    assert proxy.cuts == ["cut-down"]
+    assert guest(plane, sandbox["session_id"], "cat /workspace/runs.txt")["stdout"] == "run\n"
+
+
+CUT_COPY = """
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - ansible.builtin.copy: {src: "%s", dest: /workspace/dst/big.bin}
+"""
+
+
+@pytest.mark.parametrize("existing", [True, False], ids=["replace", "new"])
+def test_play_copy_cut_leaves_old_or_nothing(plane, sandbox, proxy, play_env, run_playbook, tmp_path, existing):
+    sid = sandbox["session_id"]
+    guest(plane, sid, "mkdir -p /workspace/dst" + (" && echo old > /workspace/dst/big.bin" if existing else ""))
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(1 << 20) * 6)
+    proxy.cut_ws(up=3 << 20)
+    res = run_playbook(CUT_COPY % src, inventory(sid), play_env)
+    assert res.rc != 0, res
+    assert proxy.cuts == ["cut-up"], proxy.cuts
+    got = guest(plane, sid, "cat /workspace/dst/big.bin 2>/dev/null | head -c 10; echo; ls -A /workspace/dst")
+    content, names = got["stdout"].split("\n", 1)
+    assert content == ("old" if existing else ""), "the destination changed after a cut copy"
+    # the agent removes its temporary name when it sees the cut; the copy's tmp upload is in the run's scratch
+    assert all(n == "big.bin" or n.startswith(".big.bin.upload-") for n in names.split()), names
