@@ -191,14 +191,16 @@ EXAMPLES = r"""
   tasks:
     - name: Run a command
       ansible.builtin.command: uname -a
+      changed_when: false
 
     - name: Make a temporary file; TMPDIR points into the run's scratch dir
-      ansible.builtin.command: mktemp
+      ansible.builtin.tempfile:
+        state: file
       register: tmp
 
     - name: Fetch it back
       ansible.builtin.fetch:
-        src: "{{ tmp.stdout }}"
+        src: "{{ tmp.path }}"
         dest: out/
         flat: true
 
