@@ -299,7 +299,7 @@ class AgentService(pb2_grpc.SandboxAgentServiceServicer):
                 waits = [t for t in (None if timed_out else deadline, kill_at,
                                      exited_at + DRAIN_GRACE if exited_at is not None else None) if t is not None]
                 wait_ms = max(0, int((min(waits) - now) * 1000) + 1) if waits else None
-                for fd, _ in poller.poll(wait_ms):
+                for fd, _events in poller.poll(wait_ms):
                     if fd == pidfd:
                         proc.wait()
                         exited_at = time.monotonic()

@@ -201,9 +201,9 @@ def main(argv=None):
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGCHLD, lambda *_signal_args: None)
     # PID 1 ignores signals it has no handler for; stop on SIGTERM like an init would.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGTERM, lambda *_signal_args: sys.exit(0))
 
     if bridge_fd is None:
         log("--bridge-fd is required")
@@ -215,7 +215,7 @@ def main(argv=None):
 
     while True:
         try:
-            ready, _, _ = select.select([server, wake_r], [], [], supervisor.next_timeout())
+            ready, _writable, _exceptional = select.select([server, wake_r], [], [], supervisor.next_timeout())
         except InterruptedError:
             ready = []
         if wake_r in ready:
@@ -226,7 +226,7 @@ def main(argv=None):
             supervisor.reap()
         if server in ready:
             try:
-                conn, _ = server.accept()
+                conn, _peer = server.accept()
             except OSError:
                 conn = None
             if conn is not None:

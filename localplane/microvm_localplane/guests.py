@@ -325,7 +325,7 @@ class GuestManager:
             return await self._boot(layout, session_id, sandbox_id, rootfs, env, egress, hostname)
 
     async def _answers(self, layout):
-        for _ in range(3):
+        for _attempt in range(3):
             try:
                 (await dial_bridge(layout.host, AGENT_PORT)).close()
                 return True

@@ -67,7 +67,7 @@ def elf_interpreter(path):
             phentsize, phnum = struct.unpack_from("<HH", head, 0x36)
             for i in range(phnum):
                 f.seek(phoff + i * phentsize)
-                p_type, _, p_offset, _, _, p_filesz = struct.unpack("<IIQQQQ", f.read(40))
+                p_type, _p_flags, p_offset, _p_vaddr, _p_paddr, p_filesz = struct.unpack("<IIQQQQ", f.read(40))
                 if p_type == 3:  # PT_INTERP
                     f.seek(p_offset)
                     return f.read(p_filesz).rstrip(b"\0").decode()

@@ -98,7 +98,7 @@ def launch(req):
 def reap():
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, _status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
@@ -109,13 +109,13 @@ def main():
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGCHLD, lambda *_signal_args: None)
     stdin = sys.stdin.buffer.fileno()
     sys.stdout.write('{"ready": true}\n')
     sys.stdout.flush()
     buf = b""
     while True:
-        ready, _, _ = select.select([stdin, wake_r], [], [])
+        ready, _writable, _exceptional = select.select([stdin, wake_r], [], [])
         if wake_r in ready:
             try:
                 os.read(wake_r, 512)

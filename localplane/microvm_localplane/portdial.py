@@ -22,7 +22,7 @@ async def _recv_fd(loop, sock):
         if fut.done():
             return
         try:
-            msg, fds, _, _ = socket.recv_fds(sock, 256, 1)
+            msg, fds, _flags, _addr = socket.recv_fds(sock, 256, 1)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as e:

@@ -169,7 +169,7 @@ def write_identity(layout, mounts, hostname):
     guest may have left one pointing anywhere on the host). The guest is not
     running at this point, so checking then writing is race-free.
     """
-    layers = {layer: lowers for layer, lowers, _ in mounts}
+    layers = {layer: lowers for layer, lowers, _target in mounts}
     if "etc" in layers:
         etc = layout.upper("etc")
     else:
@@ -251,7 +251,7 @@ def launch_script(layout, cgroup_procs, overlay, bwrap):
 def tree_size(path):
     """Apparent bytes of the regular files under path (what a checkpoint reports)."""
     total = 0
-    for dirpath, _, filenames in os.walk(path):
+    for dirpath, _dirnames, filenames in os.walk(path):
         for n in filenames:
             try:
                 st = os.lstat(os.path.join(dirpath, n))

@@ -13,7 +13,7 @@ from .errors import GuestError
 async def _run(*argv):
     proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL,
                                                 stderr=asyncio.subprocess.PIPE)
-    _, err = await proc.communicate()
+    _out, err = await proc.communicate()
     if proc.returncode != 0:
         raise GuestError("%s failed: %s" % (argv[0], err.decode(errors="replace").strip()[-500:]))
 

@@ -91,7 +91,7 @@ def guest_cgroups(init_pid):
     paths = []
     with open("/proc/%d/cgroup" % init_pid) as f:
         for line in f:
-            _, controllers, path = line.rstrip("\n").split(":", 2)
+            _hierarchy_id, controllers, path = line.rstrip("\n").split(":", 2)
             for c in controllers.split(","):
                 if c in CGROUP_CONTROLLERS:
                     paths.append(os.path.join("/sys/fs/cgroup", c, path.lstrip("/"), "cgroup.procs"))
@@ -108,7 +108,7 @@ def enter_guest(init_pid):
         for fd, flag in fds:
             _check(libc.setns(fd, flag), "setns %#x" % flag)
     finally:
-        for fd, _ in fds:
+        for fd, _events in fds:
             os.close(fd)
 
 

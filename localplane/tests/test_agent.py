@@ -167,7 +167,7 @@ def test_cancel_kills_the_process_group(stub):
 def test_first_request_must_be_start(stub):
     code, msg = rpc_error(lambda: list(stub.Exec(iter([pb2.ExecRequest(stdin=b"x")]))))
     assert code == CODE.INVALID_ARGUMENT and "start" in msg
-    code, _ = rpc_error(lambda: list(stub.Exec(iter([]))))
+    code, _details = rpc_error(lambda: list(stub.Exec(iter([]))))
     assert code == CODE.INVALID_ARGUMENT
 
 
@@ -189,7 +189,7 @@ def test_agent_survives_garbage_and_keeps_serving(stub):
                 [pb2.ExecRequest(start=pb2.ExecStart(argv=["x\0y"]))],
                 [pb2.ExecRequest(start=pb2.ExecStart(argv=["true"], timeout_seconds=-1))],
                 [pb2.ExecRequest(start=pb2.ExecStart(argv=["true"], workdir="relative"))]):
-        code, _ = rpc_error(lambda bad=bad: list(stub.Exec(iter(bad))))
+        code, _details = rpc_error(lambda bad=bad: list(stub.Exec(iter(bad))))
         assert code == CODE.INVALID_ARGUMENT
     r = run(stub, ["sh", "-c", "cat >/dev/null; echo alive"],
             stdin_frames=[b"x"], env={})
@@ -202,7 +202,7 @@ def test_upload_download_round_trip_binary(stub):
     data = bytes(range(256)) * 5000 + b"\0tail"
     resp = upload(stub, "/workspace/bin/blob.bin", data)
     assert resp.path == "/workspace/bin/blob.bin" and resp.bytes_written == len(data)
-    header, got, _ = download(stub, "/workspace/bin/blob.bin")
+    header, got, _chunks = download(stub, "/workspace/bin/blob.bin")
     assert got == data and header.size_bytes == len(data) and header.is_archive is False
 
 
@@ -241,7 +241,7 @@ def test_checksum_mismatch_leaves_destination_untouched(stub):
 
 
 def test_checksum_mismatch_on_new_file_creates_nothing(stub):
-    code, _ = rpc_error(upload, stub, "/workspace/never.txt", b"data", sha="f" * 64)
+    code, _details = rpc_error(upload, stub, "/workspace/never.txt", b"data", sha="f" * 64)
     assert code == CODE.INVALID_ARGUMENT
     assert rpc_error(download, stub, "/workspace/never.txt")[0] == CODE.NOT_FOUND
 
@@ -272,12 +272,12 @@ def test_upload_onto_directory_is_refused(stub):
 def test_download_chunk_sizes(stub):
     data = os.urandom(10 * 1024 + 5)
     upload(stub, "/workspace/chunks.bin", data)
-    _, got, chunks = download(stub, "/workspace/chunks.bin", chunk_size=1024)
+    _header, got, chunks = download(stub, "/workspace/chunks.bin", chunk_size=1024)
     assert got == data and chunks == [1024] * 10 + [5]
     for bad in (512, 4 * 1024 * 1024 + 1):
         code, msg = rpc_error(download, stub, "/workspace/chunks.bin", chunk_size=bad)
         assert code == CODE.INVALID_ARGUMENT and "chunk_size_bytes" in msg
-    _, _, default_chunks = download(stub, "/workspace/chunks.bin")
+    _header, _got, default_chunks = download(stub, "/workspace/chunks.bin")
     assert default_chunks == [len(data)]  # under the 256 KiB default: one chunk
 
 
@@ -315,7 +315,7 @@ def test_download_directory_needs_archive(stub):
 def test_archive_download_of_a_directory(stub):
     sh(stub, "mkdir -p /workspace/tree/sub && printf a > /workspace/tree/a.txt && printf bb > /workspace/tree/sub/b.txt"
              " && ln -sfn sub/b.txt /workspace/tree/link")
-    header, data, _ = download(stub, "/workspace/tree", as_archive=True)
+    header, data, _chunks = download(stub, "/workspace/tree", as_archive=True)
     assert header.is_archive is True and header.size_bytes == -1
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         names = sorted(tar.getnames())
@@ -354,7 +354,7 @@ def test_archive_upload_extracts_under_path(stub):
 
 def test_archive_round_trip(stub):
     sh(stub, "mkdir -p /workspace/rt/s && printf 1 > /workspace/rt/one && printf 2 > /workspace/rt/s/two")
-    _, data, _ = download(stub, "/workspace/rt", as_archive=True)
+    _header, data, _chunks = download(stub, "/workspace/rt", as_archive=True)
     upload(stub, "/workspace/rt-copy", data, is_archive=True)
     assert sh(stub, "cd /workspace && diff -r rt rt-copy && echo same").stdout == b"same\n"
 
@@ -379,13 +379,13 @@ def test_escaping_archive_is_refused_and_writes_nothing(stub, entries):
 
 def test_archive_through_existing_symlink_out_is_refused(stub):
     sh(stub, "mkdir -p /workspace/arch-link && ln -sfn /tmp /workspace/arch-link/out")
-    code, _ = rpc_error(upload, stub, "/workspace/arch-link", _tar([("out/x.txt", "file", b"x")]), is_archive=True)
+    code, _details = rpc_error(upload, stub, "/workspace/arch-link", _tar([("out/x.txt", "file", b"x")]), is_archive=True)
     assert code == CODE.PERMISSION_DENIED
     assert sh(stub, "test -e /tmp/x.txt || echo clean").stdout == b"clean\n"
 
 
 def test_not_a_tar_is_invalid(stub):
-    code, _ = rpc_error(upload, stub, "/workspace/notar", b"this is not a tar archive" * 40, is_archive=True)
+    code, _details = rpc_error(upload, stub, "/workspace/notar", b"this is not a tar archive" * 40, is_archive=True)
     assert code == CODE.INVALID_ARGUMENT
 
 
@@ -447,7 +447,7 @@ def test_garbage_on_the_agent_port_does_not_hurt_it(plane, guest, stub):
         except ConnectionError:
             pass
         writer.close()
-    for _ in range(3):
+    for _attempt in range(3):
         plane.run(send_garbage())
     assert sh(stub, "echo still-here").stdout == b"still-here\n"
 

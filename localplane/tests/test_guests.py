@@ -30,13 +30,13 @@ def pair(plane):
 # ------------------------------------------------------------------ isolation
 
 def test_hostname_is_the_guests(pair):
-    (_, sa), (_, sb) = pair
+    (_a, sa), (_b, sb) = pair
     assert sh(sa, "hostname; cat /etc/hostname").stdout == b"alpha\nalpha\n"
     assert sh(sb, "hostname").stdout == b"bravo\n"
 
 
 def test_pid_namespace_pid1_is_guest_init(pair):
-    (a, sa), _ = pair
+    (a, sa), _other = pair
     r = sh(sa, "tr '\\0' ' ' < /proc/1/cmdline; echo; ls -d /proc/[0-9]* | wc -l")
     cmdline, count = r.stdout.decode().strip().split("\n")
     assert "guest_init.py" in cmdline
@@ -45,14 +45,14 @@ def test_pid_namespace_pid1_is_guest_init(pair):
 
 
 def test_tmp_is_separate(pair):
-    (_, sa), (_, sb) = pair
+    (_a, sa), (_b, sb) = pair
     sh(sa, "echo mine > /tmp/only-in-a")
     assert sh(sa, "cat /tmp/only-in-a").stdout == b"mine\n"
     assert sh(sb, "test -e /tmp/only-in-a || echo absent").stdout == b"absent\n"
 
 
 def test_workspace_is_separate_and_persistent_on_host(plane, pair):
-    (_, sa), (_, sb) = pair
+    (_a, sa), (_b, sb) = pair
     upload(sa, "/workspace/a-only.txt", b"A")
     assert sh(sb, "test -e /workspace/a-only.txt || echo absent").stdout == b"absent\n"
     host_copy = os.path.join(plane.state_dir, "sessions", "iso-a", "workspace", "a-only.txt")
@@ -61,12 +61,12 @@ def test_workspace_is_separate_and_persistent_on_host(plane, pair):
 
 
 def test_guest_cannot_see_state_dirs_or_host_home(plane, pair):
-    (_, sa), _ = pair
+    (_a, sa), _other = pair
     other = os.path.join(plane.state_dir, "sessions", "iso-b")
     hidden = [plane.state_dir, other, "/root/.bash_history", os.path.join(REPO_DIR, ".git"),
               os.path.join(REPO_DIR, ".local", "plane"), os.path.join(REPO_DIR, "Makefile"), "/work/shared"]
     r = run(sa, ["sh", "-c", 'for p in "$@"; do test -e "$p" && echo "visible $p"; done;'
-             ' ls -A /home; ls /run/localplane', "sh"] + hidden)
+                 ' ls -A /home; ls /run/localplane', "sh"] + hidden)
     assert b"visible" not in r.stdout
     listing = r.stdout.split()
     assert b"agent.pid" in listing  # /home is empty; /run/localplane holds only the guest's own run files
@@ -74,7 +74,7 @@ def test_guest_cannot_see_state_dirs_or_host_home(plane, pair):
 
 
 def test_host_code_is_read_only_in_guest(pair):
-    (_, sa), _ = pair
+    (_a, sa), _other = pair
     r = sh(sa, "touch /work/main/plugins/x 2>&1; echo rc=$?")
     assert b"rc=1" in r.stdout and b"Read-only" in r.stdout
 
@@ -148,7 +148,7 @@ def test_each_guest_has_its_own_network(plane, pair):
 
 
 def test_dial_refusal_is_a_dial_error(plane, pair):
-    (a, _), _ = pair
+    (a, _sa), _other = pair
     with pytest.raises(DialError, match="connection refused"):
         plane.run(a.dial(1))
     with pytest.raises(DialError):
@@ -156,7 +156,7 @@ def test_dial_refusal_is_a_dial_error(plane, pair):
 
 
 def test_root_changes_stay_in_the_guest(plane, pair):
-    (_, sa), (_, sb) = pair
+    (_a, sa), (_b, sb) = pair
     assert sh(sa, "echo changed > /opt/root-change && cat /opt/root-change").stdout == b"changed\n"
     assert sh(sb, "test -e /opt/root-change || echo absent").stdout == b"absent\n"
     assert not os.path.exists("/opt/root-change")  # never the host's filesystem
@@ -165,7 +165,7 @@ def test_root_changes_stay_in_the_guest(plane, pair):
 
 
 def test_memory_is_accounted(pair):
-    (a, _), _ = pair
+    (a, _sa), _other = pair
     assert a.memory_bytes() > 1 << 20
 
 
@@ -410,7 +410,7 @@ def dir_guest(plane, tmp_path_factory):
 
 
 def test_dir_rootfs_is_the_images_userland(dir_guest):
-    _, stub, _ = dir_guest
+    _guest, stub, _rootfs = dir_guest
     r = sh(stub, "cat /etc/os-release; ls /usr/bin; cat /etc/hostname")
     assert r.stdout.startswith(b"ID=mini-test-image\n")
     assert b"python3" not in r.stdout and b"apt" not in r.stdout  # not the host's /usr
@@ -418,7 +418,7 @@ def test_dir_rootfs_is_the_images_userland(dir_guest):
 
 
 def test_dir_rootfs_changes_go_to_the_session_not_the_image(plane, dir_guest):
-    _, stub, rootfs = dir_guest
+    _guest, stub, rootfs = dir_guest
     assert sh(stub, "echo changed > /etc/os-release; mkdir /newdir; rm /usr/bin/ls; cat /etc/os-release").stdout \
         == b"changed\n"
     with open(os.path.join(rootfs, "etc", "os-release")) as f:
@@ -429,7 +429,7 @@ def test_dir_rootfs_changes_go_to_the_session_not_the_image(plane, dir_guest):
 
 
 def test_dir_rootfs_transfers_and_workspace(dir_guest):
-    _, stub, _ = dir_guest
+    _guest, stub, _rootfs = dir_guest
     upload(stub, "/workspace/in-dir-guest.txt", b"hello")
     assert download(stub, "/workspace/in-dir-guest.txt")[1] == b"hello"
     assert sh(stub, "cat /workspace/in-dir-guest.txt").stdout == b"hello"
@@ -501,7 +501,7 @@ def open_guest(plane):
 
 
 def test_open_egress_gives_eth0_and_a_default_route(open_guest):
-    _, stub = open_guest
+    _guest, stub = open_guest
     r = sh(stub, "ip -4 -o addr show eth0; ip route show default")
     assert b"eth0" in r.stdout and b"default via" in r.stdout
 
@@ -523,7 +523,7 @@ def test_allow_list_allows_listed_hosts_only(plane):
 
 def test_guest_cannot_reach_the_host_or_another_guest(plane, open_guest):
     import socket
-    _, stub = open_guest
+    _guest, stub = open_guest
     listener = socket.socket()
     listener.bind(("0.0.0.0", 0))
     listener.listen()

@@ -30,7 +30,7 @@ def installed(tmp_path_factory):
 
 
 def test_tarball_leaves_development_files_out(installed):
-    tarball, _, _ = installed
+    tarball, _path, _env = installed
     with tarfile.open(tarball) as tar:
         names = tar.getnames()
     assert "plugins/connection/agent.py" in names
@@ -40,7 +40,7 @@ def test_tarball_leaves_development_files_out(installed):
 
 
 def test_installed_collection_lists_its_plugins(installed):
-    _, path, env = installed
+    _tarball, path, env = installed
     assert os.path.isdir(os.path.join(path, "ansible_collections", "microvm", "sandbox"))
     listed = {}
     for kind in ("module", "connection", "inventory"):
@@ -53,7 +53,7 @@ def test_installed_collection_lists_its_plugins(installed):
 
 
 def test_installed_module_talks_to_the_plane(installed, plane, tmp_path):
-    _, _, env = installed
+    _tarball, _path, env = installed
     env = dict(env, **plane.env)
     play = tmp_path / "play.yml"
     play.write_text(

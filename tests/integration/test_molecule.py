@@ -49,7 +49,7 @@ def molecule(plane, ephemeral, *args, extra_env=None, timeout=1200):
 def steps(output):
     """[(scenario, step, outcome)] from Molecule's log, in order (tty: `s ➜ step: Executed: X`, else `[s > step] Executed: X`)."""
     found = re.findall(r"(\w+)(?: ➜ | > )(\w+)\]?:? Executed: (\w+)", output)
-    return [(scenario, step, outcome) for scenario, step, outcome in found]
+    return list(found)
 
 
 def sessions(plane, prefix):

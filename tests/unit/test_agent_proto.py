@@ -44,7 +44,7 @@ def test_package_and_service_are_the_platforms():
 
 def test_every_field_has_the_platforms_number_and_type():
     seen = {}
-    for msg in {m for m, _ in WIRE}:
+    for msg in {m for m, _fields in WIRE}:
         for field in F[msg].fields:
             seen[(msg, field.name)] = (field.number, T[field.type])
     assert seen == WIRE
