@@ -79,7 +79,7 @@ def available():
 
 
 def _run(argv, stdin=None, check=True):
-    proc = subprocess.run(argv, input=stdin, capture_output=True, text=True)
+    proc = subprocess.run(argv, input=stdin, capture_output=True, check=False, text=True)
     if check and proc.returncode != 0:
         raise EgressError("%s failed: %s" % (" ".join(argv[:3]), (proc.stderr or proc.stdout).strip()[-300:]))
     return proc

@@ -39,6 +39,10 @@ import queue  # noqa: E402,F401
 import grpc._server  # noqa: E402,F401
 from .rootfs import GUEST_CAPS, GUEST_RUN_DIR
 
+# Referenced so that linters see the pre-imports above as used: they exist only to be
+# loaded in the zygote's memory before it forks, so no agent child pays for them.
+_PRELOADED = (concurrent.futures.thread, queue, grpc._server)
+
 NAMESPACES = (("uts", 0x04000000), ("ipc", 0x08000000), ("net", 0x40000000), ("cgroup", 0x02000000),
               ("pid", 0x20000000), ("mnt", 0x00020000))
 PR_SET_NAME = 15

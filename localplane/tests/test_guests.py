@@ -283,7 +283,7 @@ def test_adopt_after_the_control_plane_process_dies(tmp_path):
     import subprocess
     import sys
     state = str(tmp_path / "state")
-    out = subprocess.run([sys.executable, "-c", RESTART_SCRIPT, state], capture_output=True, text=True, timeout=120,
+    out = subprocess.run([sys.executable, "-c", RESTART_SCRIPT, state], capture_output=True, check=False, text=True, timeout=120,
                          env=dict(os.environ))
     assert out.returncode == 0, out.stderr
     pid = int(out.stdout.split()[0])
@@ -388,7 +388,7 @@ def _mini_rootfs(root):
     import subprocess
     for tool in ("sh", "cat", "ls", "mkdir", "rm"):
         src = os.path.realpath(shutil.which(tool))
-        deps = [src] + [w for w in subprocess.run(["ldd", src], capture_output=True, text=True).stdout.split()
+        deps = [src] + [w for w in subprocess.run(["ldd", src], capture_output=True, check=False, text=True).stdout.split()
                         if w.startswith("/")]
         for dep in deps:
             dest = os.path.join(root, "usr", "bin", tool) if dep == src else os.path.join(root, dep.lstrip("/"))
@@ -552,7 +552,7 @@ def test_guest_cannot_reach_the_host_or_another_guest(plane, open_guest):
 
 def _host_addresses():
     import subprocess
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, check=False, text=True).stdout
     return [line.split()[3].split("/")[0] for line in out.splitlines() if not line.split()[1].startswith("mvl")]
 
 
@@ -566,7 +566,7 @@ def test_stop_removes_the_guests_network(plane):
     plane.run(plane.manager.stop("egress-stop"))
     assert not os.path.exists("/sys/class/net/" + record["host_if"])
     import subprocess
-    listing = subprocess.run(["nft", "list", "table", "ip", "microvm_localplane"], capture_output=True, text=True).stdout
+    listing = subprocess.run(["nft", "list", "table", "ip", "microvm_localplane"], capture_output=True, check=False, text=True).stdout
     assert record["guest_ip"] + " " not in listing and record["guest_ip"] + "," not in listing
     assert not g.alive()
 

@@ -12,7 +12,7 @@ BIN = os.path.dirname(sys.executable)
 
 
 def run(args, env=None, cwd=None):
-    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
+    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, check=False, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ def molecule(plane, ephemeral, *args, extra_env=None, timeout=1200):
     env.pop("MICROVM_MOLECULE_FAIL_CONVERGE", None)
     env.update(extra_env or {})
     proc = subprocess.run([os.path.join(BIN, "molecule"), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, check=False, text=True, timeout=timeout)
     proc.output = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
     return proc
 
