@@ -16,7 +16,7 @@ def test_get_rides_through_a_burst(plane, sandbox, proxy, status, retry_after):
     got = client(proxy, plane).get_session(sid)
     assert got["session_id"] == sid
     seen = proxy.requests("GET", "/sessions/" + sid)
-    assert [s for _, _, s, _ in seen] == [status] * 4 + [200]
+    assert [entry[2] for entry in seen] == [status] * 4 + [200]
 
 
 def test_get_gives_up_after_its_retries_with_a_clear_error(plane, sandbox, proxy):
@@ -35,7 +35,7 @@ def test_delete_rides_through_503_and_429(plane, proxy):
     proxy.fail_next(503, count=2, methods=("DELETE",))
     proxy.fail_next(429, count=2, methods=("DELETE",), retry_after="0")
     client(proxy, plane).delete_session(sid)
-    assert [s for m, _, s, _ in proxy.requests("DELETE")][:4] == [503, 503, 429, 429]
+    assert [entry[2] for entry in proxy.requests("DELETE")][:4] == [503, 503, 429, 429]
     gone = direct.wait_session(sid, until={"DESTROYED"}, timeout=60, gone_ok=True)
     assert gone is None or gone["status"].endswith("DESTROYED")
 
@@ -61,7 +61,7 @@ def test_create_on_429_is_retried_and_creates_exactly_one(plane, proxy):
     proxy.fail_next(429, count=2, methods=("POST",), path="/sessions$", retry_after="0")
     made = client(proxy, plane).create_session({"name": name, "agent": "none"})
     try:
-        assert [s for _, _, s, _ in proxy.requests("POST", "/sessions$")] == [429, 429, 201]
+        assert [entry[2] for entry in proxy.requests("POST", "/sessions$")] == [429, 429, 201]
         assert [s["session_id"] for s in _named(direct, name)] == [made["session_id"]]
     finally:
         direct.delete_session(made["session_id"])

@@ -82,7 +82,7 @@ def test_token_and_credential_never_written_anywhere(plane, sandbox, mux_dir, tm
     if plane.state_dir:
         places["plane.log"] = open(os.path.join(plane.state_dir, "plane.log"), errors="replace").read()
     for root in (mux_dir, res.workdir):
-        for dirpath, _, files in os.walk(root):
+        for dirpath, _dirnames, files in os.walk(root):
             for name in files:
                 path = os.path.join(dirpath, name)
                 if name == "secrets.json" or stat.S_ISSOCK(os.lstat(path).st_mode):

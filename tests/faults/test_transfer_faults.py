@@ -13,7 +13,7 @@ MIB = 1 << 20
 def write(path, size, seed):
     block = hashlib.sha256(seed).digest() * (MIB // 32)
     with open(path, "wb") as f:
-        for _ in range(size // MIB):
+        for _mib in range(size // MIB):
             f.write(block)
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
 
