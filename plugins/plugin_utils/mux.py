@@ -604,7 +604,7 @@ def main():
         sys.stdout.write(json.dumps({"ok": False, "kind": mp.ERR_UNREACHABLE, "message": problem}) + "\n")
         return 1
     mux = Mux(cfg)
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=mux.stop, daemon=True).start())
+    signal.signal(signal.SIGTERM, lambda *_signal_args: threading.Thread(target=mux.stop, daemon=True).start())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         mux.start()
