@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Load bench (not a test): 20 sessions x 30 tasks with forks 10 through the agent connection, nothing lost.
 
 Starts its own local control plane, creates SESSIONS sessions, runs one warm-up task per host
