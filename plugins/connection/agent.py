@@ -157,6 +157,25 @@ options:
       - name: MICROVM_VALIDATE_CERTS
     vars:
       - name: ansible_microvm_validate_certs
+  warm_runner:
+    description:
+      - Experimental. Run pipelined Python modules in a warm interpreter that the session's multiplexer keeps
+        in the guest; each module runs in a fresh fork of it with C(ansible.module_utils.basic) already imported
+        (from the module payload itself, never from the controller).
+      - Only used for a pipelined Python module without become, async or O(command_timeout); anything else,
+        a payload whose module_utils differ from the preloaded ones, a guest without the interpreter, or a runner
+        that cannot start runs as a plain pipelined command. C(-vvv) says which and why.
+      - See docs/connection.md for the figures.
+    type: bool
+    default: false
+    version_added: 0.2.0
+    env:
+      - name: MICROVM_WARM_RUNNER
+    vars:
+      - name: ansible_microvm_warm_runner
+    ini:
+      - section: microvm_agent_connection
+        key: warm_runner
   pipelining:
     description:
       - Send module payloads over the command's standard input instead of copying them as files.
@@ -213,6 +232,7 @@ EXAMPLES = r"""
 
 import os  # noqa: E402
 import posixpath  # noqa: E402
+import re  # noqa: E402
 import shlex  # noqa: E402
 
 from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound  # noqa: E402
@@ -260,6 +280,48 @@ def command_argv(executable, cmd):
         if parts and len(parts) == 3 and parts[:2] == [executable, "-c"]:
             return parts
     return [executable, "-c", cmd]
+
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PYTHON_NAME = re.compile(r"^python[0-9.]*$")
+
+
+def warm_shape(argv, in_data):
+    """(interpreter, env) when argv is exactly the pipelined module command ansible-core builds, else a reason.
+
+    The shape is `<sh> -c '<NAME=quoted value>... <quoted interpreter> && sleep 0'` with an AnsiballZ
+    payload on stdin; it is rebuilt with the same quoting and must match byte for byte.
+    """
+    if "async_wrapper" in argv[-1] or "ANSIBLE_ASYNC_DIR" in argv[-1]:
+        return None, "async task"
+    if not in_data:
+        return None, "no pipelined payload"
+    if len(argv) != 3 or argv[1] != "-c":
+        return None, "not a shell command"
+    script = argv[2]
+    if b"_ANSIBALLZ_WRAPPER = True" not in in_data:
+        return None, "not a Python module payload"
+    if not script.endswith(" && sleep 0"):
+        return None, "command shape not recognised"
+    try:
+        words = shlex.split(script[:-len(" && sleep 0")])
+    except ValueError:
+        return None, "command shape not recognised"
+    if not words:
+        return None, "command shape not recognised"
+    interpreter = words[-1]
+    env = {}
+    for word in words[:-1]:
+        name, sep, value = word.partition("=")
+        if not sep or not ENV_NAME.match(name):
+            return None, "command shape not recognised (become or a wrapper?)"
+        env[name] = value
+    if not interpreter.startswith("/") or not PYTHON_NAME.match(posixpath.basename(interpreter)):
+        return None, "interpreter %s is not a plain python path" % interpreter
+    rebuilt = " ".join(["%s=%s" % (k, shlex.quote(v)) for k, v in env.items()] + [shlex.quote(interpreter)])
+    if rebuilt + " && sleep 0" != script:
+        return None, "command shape not recognised"
+    return (interpreter, env), None
 
 
 def mux_error(e, label):
@@ -402,12 +464,17 @@ class Connection(ConnectionBase):
         display.vvv("EXEC %s" % to_text(cmd), host=session)
         run = self._run_info()
         timeout = int(self.get_option("command_timeout") or 0)
+        stdin = to_bytes(in_data) if in_data else b""
+        if self.get_option("warm_runner"):
+            warm = self._exec_warm(argv, stdin, sudoable, timeout, run)
+            if warm is not None:
+                return warm
         interact = None
         prompted = []
         if sudoable and self.become and self.become.expect_prompt():
             interact = self._become_interaction(prompted)
         rc, stdout, stderr, info = self._call("a command", self._mux.exec, argv, env={"TMPDIR": run["dir"]},
-                                              timeout=timeout, stdin=to_bytes(in_data) if in_data else b"",
+                                              timeout=timeout, stdin=stdin,
                                               run=run, interact=interact)
         if info.get("timed_out"):
             raise AnsibleError("microvm.sandbox.agent: the command on session %s timed out after %ds "
@@ -415,6 +482,35 @@ class Connection(ConnectionBase):
         if prompted:
             stdout = self.become.strip_become_prompt(stdout)
             stderr = self.become.strip_become_prompt(stderr)
+        return rc, stdout, stderr
+
+    def _exec_warm(self, argv, stdin, sudoable, timeout, run):
+        """Run a pipelined module in the warm runner: (rc, stdout, stderr), or None to run it cold."""
+        session = self._session()
+        shape, reason = warm_shape(argv, stdin)
+        if self.become is not None and reason != "async task":
+            shape, reason = None, "become is used (the runner runs as the connection user)"
+        if shape is not None and not sudoable:
+            shape, reason = None, "not a sudoable module command"
+        if shape is not None and timeout:
+            shape, reason = None, "command_timeout is set"
+        if shape is None:
+            if stdin or "python" in argv[-1] or reason == "async task":
+                display.vvv("WARM RUNNER not used, running cold: %s" % reason, host=session)
+            return None
+        interpreter, env = shape
+        try:
+            rc, stdout, stderr, info = self._mux.warm(interpreter, env, stdin, run=run)
+        except mp.MuxError as e:
+            if e.kind != mp.ERR_WARM:
+                raise mux_error(e, session)
+            display.vvv("WARM RUNNER refused, running cold: %s" % e, host=session)
+            return None
+        except (OSError, mp.ProtocolError) as e:
+            self.close()
+            raise AnsibleConnectionFailure("microvm.sandbox.agent: lost the multiplexer of session %s during a module run: %s"
+                                           % (session, e))
+        display.vvv("WARM RUNNER ran the module with %s (rc %s)" % (interpreter, rc), host=session)
         return rc, stdout, stderr
 
     def _become_interaction(self, prompted):

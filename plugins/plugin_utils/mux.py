@@ -36,6 +36,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_clien
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import tunnel as tunnel_mod
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.tunnel import Tunnel
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
 
 grpc = ac.grpc
 
@@ -126,6 +127,7 @@ class Mux:
         self.runs = {}             # run id -> {"pid", "start", "dir"}
         self.run_locks = {}
         self.listener = None
+        self.warm = None
         self.socket_path = os.path.join(self.dir, mp.SOCKET_NAME)
 
     # -- start-up ----------------------------------------------------------------
@@ -162,6 +164,7 @@ class Mux:
         self.channel = ac.open_channel("unix:" + self.tunnel.socket_path)
         self.channel.subscribe(self._on_state, try_to_connect=False)
         self.agent = ac.AgentClient(self.channel, self.label, self.scratch_dir)
+        self.warm = warm.WarmRunners(self.agent, self.label)
         self.ensure_ready()
         self.listen()
 
@@ -383,6 +386,8 @@ class Mux:
         if clean:
             self.reap_runs()
         self.stopping.set()
+        if self.warm is not None:
+            self.warm.stop()
         try:
             os.unlink(self.socket_path)
         except OSError:
@@ -421,6 +426,8 @@ class Mux:
         try:
             if op == "exec":
                 self.op_exec(conn, req)
+            elif op == "warm":
+                self.op_warm(conn, req)
             elif op == "put":
                 mp.send_frame(conn, mp.RESULT, self.op_put(req))
             elif op == "fetch":
@@ -497,6 +504,71 @@ class Mux:
         done.set()
         mp.send_frame(conn, *final)
         reader.join()
+
+    def op_warm(self, conn, req):
+        """Run a pipelined module payload in the session's warm runner (see warm.py).
+
+        Before any output, a request the runner cannot take is answered with an ERR_WARM error,
+        and the worker runs it cold; once started, a lost runner fails the task (never re-run).
+        """
+        payload = bytearray()
+        while True:
+            frame = mp.recv_frame(conn)
+            if frame is None:
+                return
+            if frame[0] == mp.STDIN_EOF:
+                break
+            if frame[0] != mp.STDIN:
+                raise mp.ProtocolError("expected stdin, got frame %d" % frame[0])
+            payload += frame[1]
+        try:
+            self.ensure_ready()
+            self.ensure_run(req.get("run"))
+            runner = self.warm.get(req["interpreter"])
+            rid, events = runner.submit(req.get("env") or {}, bytes(payload))
+        except warm.Refused as e:
+            mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_WARM, "message": str(e)})
+            return
+        except (Unreachable, GuestCommandFailed, profile.TransferPathError, ac.AgentError) as e:
+            mp.send_frame(conn, mp.ERROR, self.error_frame(e))
+            return
+        done = threading.Event()
+
+        def watch_hangup():
+            # the worker sends nothing until it has the EXIT: readable before that means it went away
+            try:
+                if not conn.recv(1, socket.MSG_PEEK) and not done.is_set():
+                    runner.kill(rid)
+            except OSError:
+                if not done.is_set():
+                    runner.kill(rid)
+
+        threading.Thread(target=watch_hangup, name="warm-hangup", daemon=True).start()
+        started = False
+        try:
+            while True:
+                kind, data = events.get()
+                if kind == "started":
+                    started = True
+                elif kind in ("stdout", "stderr"):
+                    mp.send_frame(conn, mp.STDOUT if kind == "stdout" else mp.STDERR, data)
+                elif kind == "exit":
+                    done.set()
+                    mp.send_frame(conn, mp.EXIT, {"rc": data, "timed_out": False, "warm": True})
+                    return
+                elif kind == "refuse" or not started:
+                    done.set()
+                    mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_WARM, "message": data})
+                    return
+                else:
+                    done.set()
+                    mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_FAILED, "message":
+                                                   "the warm module runner on session %s died during the task (%s); "
+                                                   "the task is not re-run" % (self.label, data)})
+                    return
+        except OSError:
+            runner.kill(rid)
+            raise
 
     def _drain_stdin(self, conn):
         while True:

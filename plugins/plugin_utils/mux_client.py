@@ -317,6 +317,14 @@ class MuxClient:
             for t in sender:
                 t.join()
 
+    def warm(self, interpreter, env, payload, run=None):
+        """Run a pipelined module payload in the session's warm runner; like exec().
+
+        A MuxError of kind ERR_WARM means the payload was not started: run it cold.
+        """
+        request = {"op": "warm", "interpreter": interpreter, "env": env, "run": run}
+        return self._retrying(lambda: self._exec_once(request, payload, None))
+
     def put(self, local, remote, run=None):
         return self.request("put", local=os.path.abspath(local), remote=remote, run=run)
 

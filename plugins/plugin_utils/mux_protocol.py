@@ -15,6 +15,9 @@ request at a time on it:
     worker -> REQUEST {"op": "exec", ...}, STDIN*, STDIN_EOF
     mux    -> ACK, STDOUT* / STDERR* (as they arrive), then EXIT or ERROR
 
+    worker -> REQUEST {"op": "warm", "interpreter", "env", "run"}, STDIN*, STDIN_EOF
+    mux    -> ACK, then STDOUT* / STDERR*, EXIT, or ERROR (kind warm_refused: run it cold)
+
     worker -> REQUEST {"op": "put" | "fetch" | "hello" | "shutdown", ...}
     mux    -> ACK, RESULT or ERROR
 
@@ -57,6 +60,7 @@ ERR_PATH = "path"                 # refused locally by the platform profile
 ERR_TIMEOUT = "timeout"           # a command ran past its timeout
 ERR_FAILED = "failed"             # anything else: a plain task failure
 ERR_PROTOCOL = "protocol"         # a bug or a version mismatch between worker and mux
+ERR_WARM = "warm_refused"         # the warm runner did not start the module: the worker runs it cold
 
 SOCKET_NAME = "mux.sock"
 PID_NAME = "mux.pid"

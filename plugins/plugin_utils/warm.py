@@ -1,0 +1,180 @@
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The mux's side of the warm module runner (see warm_runner.py, which runs in the guest).
+
+One WarmRunner per (session, interpreter), held by the mux over one long-lived
+Exec stream. Requests carry ids, so several tasks can run at once (each in its
+own fork in the guest). A runner that dies is replaced by the next request; a
+request the runner never started is refused (the worker then runs it cold), one
+it started and then lost is reported as failed and never re-run.
+"""
+
+import json
+import logging
+import os
+import queue
+import struct
+import threading
+
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm_runner as wr
+
+log = logging.getLogger("microvm.mux")
+
+START_TIMEOUT = 30.0
+
+
+def runner_source():
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_runner.py"), "r") as f:
+        return f.read()
+
+
+class Refused(Exception):
+    """The request was not started: run it cold."""
+
+
+class WarmRunner:
+    def __init__(self, agent, interpreter, label):
+        self.agent = agent
+        self.interpreter = interpreter
+        self.label = label
+        self.lock = threading.Lock()
+        self.pending = {}      # request id -> queue of events
+        self.next_id = 1
+        self.call = None
+        self.feed = None
+        self.alive = False
+        self.info = None
+        self.failure = None
+
+    def start(self):
+        argv = ["/bin/sh", "-c", 'exec "$0" -c "$1" ' + wr.MARKER, self.interpreter, runner_source()]
+        self.call, self.feed = self.agent.exec_stream(argv, env={}, workdir="", timeout=0, deadline=None)
+        ready = queue.Queue()
+        self.pending[0] = ready
+        threading.Thread(target=self._read, name="warm-runner", daemon=True).start()
+        try:
+            event = ready.get(timeout=START_TIMEOUT)
+        except queue.Empty:
+            event = ("dead", "no answer within %ds" % START_TIMEOUT)
+        self.pending.pop(0, None)
+        if event[0] != "ready":
+            self.stop()
+            raise Refused("the warm runner could not start with %s: %s" % (self.interpreter, event[1]))
+        self.info = event[1]
+        self.alive = True
+        log.info("warm runner for %s started in the guest (python %s, pid %s)", self.interpreter,
+                 self.info.get("python"), self.info.get("pid"))
+
+    def _read(self):
+        buf = b""
+        stderr = b""
+        why = "its stream ended"
+        try:
+            for kind, data in self.agent.iter_exec(self.call, self.feed):
+                if kind == "stderr":
+                    stderr = (stderr + data)[-2000:]
+                    continue
+                if kind != "stdout":
+                    why = "it exited with code %s" % data.exit_code
+                    break
+                buf += data
+                while len(buf) >= wr.HEADER.size:
+                    length, rid, fkind = wr.HEADER.unpack_from(buf)
+                    if len(buf) < wr.HEADER.size + length:
+                        break
+                    body = buf[wr.HEADER.size:wr.HEADER.size + length]
+                    buf = buf[wr.HEADER.size + length:]
+                    self._dispatch(rid, fkind, body)
+        except Exception as e:  # the stream is gone, whatever the reason
+            why = str(e)
+        if stderr.strip():
+            why += "; stderr: %s" % stderr.decode("utf-8", "replace").strip()[-500:]
+        with self.lock:
+            self.alive = False
+            waiting = list(self.pending.values())
+            self.pending.clear()
+        log.warning("warm runner for %s ended: %s", self.interpreter, why)
+        for q in waiting:
+            q.put(("dead", why))
+
+    def _dispatch(self, rid, kind, body):
+        q = self.pending.get(rid)
+        if q is None:
+            return
+        if kind == wr.READY:
+            q.put(("ready", json.loads(body.decode("utf-8"))))
+        elif kind == wr.STARTED:
+            q.put(("started", None))
+        elif kind == wr.OUT:
+            q.put(("stdout", body))
+        elif kind == wr.ERR:
+            q.put(("stderr", body))
+        elif kind == wr.EXIT:
+            self.pending.pop(rid, None)
+            q.put(("exit", json.loads(body.decode("utf-8"))["rc"]))
+        elif kind == wr.REFUSE:
+            self.pending.pop(rid, None)
+            q.put(("refuse", json.loads(body.decode("utf-8"))["reason"]))
+
+    def _send(self, rid, kind, body=b""):
+        self.feed.put(wr.HEADER.pack(len(body), rid, kind) + body)
+
+    def submit(self, env, payload):
+        """Queue a module run: (request id, event queue)."""
+        meta = json.dumps({"env": env}).encode("utf-8")
+        q = queue.Queue()
+        with self.lock:
+            if not self.alive:
+                raise Refused("the warm runner is not running")
+            rid = self.next_id
+            self.next_id += 1
+            self.pending[rid] = q
+        self._send(rid, wr.RUN, struct.pack("!I", len(meta)) + meta + payload)
+        return rid, q
+
+    def kill(self, rid):
+        if self.alive:
+            self._send(rid, wr.KILL)
+
+    def stop(self):
+        self.alive = False
+        if self.feed is not None:
+            self.feed.put(None)  # stdin EOF: the runner waits for its children and exits
+        if self.call is not None:
+            threading.Timer(10.0, self.call.cancel).start()
+
+
+class WarmRunners:
+    """The mux's runners, one per interpreter; interpreters that cannot run one are remembered."""
+
+    def __init__(self, agent, label):
+        self.agent = agent
+        self.label = label
+        self.lock = threading.Lock()
+        self.runners = {}
+        self.broken = {}
+
+    def get(self, interpreter):
+        with self.lock:
+            if interpreter in self.broken:
+                raise Refused(self.broken[interpreter])
+            runner = self.runners.get(interpreter)
+            if runner is not None and runner.alive:
+                return runner
+            if runner is not None:
+                log.info("warm runner for %s died: starting a new one", interpreter)
+            runner = WarmRunner(self.agent, interpreter, self.label)
+            try:
+                runner.start()
+            except Refused as e:
+                self.broken[interpreter] = str(e)
+                raise
+            self.runners[interpreter] = runner
+            return runner
+
+    def stop(self):
+        with self.lock:
+            for runner in self.runners.values():
+                runner.stop()
+            self.runners.clear()

@@ -1,0 +1,307 @@
+"""The warm module runner (option warm_runner): the connection battery with it on and off, its fallbacks,
+and the runner itself driven locally with hand-made AnsiballZ-like payloads."""
+import base64
+import io
+import json
+import os
+import struct
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from test_connection import BATTERY, env, inventory, mux_dir  # noqa: F401  (fixtures are re-used)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RUNNER = os.path.join(ROOT, "plugins", "plugin_utils", "warm_runner.py")
+HEADER = struct.Struct("!IIB")
+RUN, KILL = 1, 2
+READY, STARTED, OUT, ERR, EXIT, REFUSE = 10, 11, 12, 13, 14, 15
+
+WARM_RAN = "WARM RUNNER ran the module"
+
+
+def warm_lines(res):
+    return "\n".join(line for line in res.stdout.splitlines() if "WARM RUNNER" in line or "TASK [" in line)
+
+
+# -- the runner on its own ----------------------------------------------------------------------
+
+def make_zip(basic_source):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name in ("ansible/__init__.py", "ansible/module_utils/__init__.py", "ansible/modules/__init__.py",
+                     "ansible/module_utils/_internal/__init__.py", "ansible/module_utils/_internal/_ansiballz/__init__.py",
+                     "ansible/module_utils/_internal/_ansiballz/_loader.py"):
+            z.writestr(name, "")
+        z.writestr("ansible/module_utils/basic.py", basic_source)
+        z.writestr("ansible/modules/probe.py", "import os\nWHO = 'probe'\n")
+    return buf.getvalue()
+
+
+PAYLOAD = r'''
+_ANSIBALLZ_WRAPPER = True
+import json, os, sys, tempfile
+d = tempfile.mkdtemp()
+p = os.path.join(d, "m.zip")
+with open(p, "wb") as f:
+    f.write(__import__("base64").b64decode(ARGS["zip_data"]))
+sys.path.insert(0, p)
+import ansible.module_utils.basic as b
+import ansible.modules.probe as probe
+print(json.dumps({"x": b.X, "state": getattr(b, "STATE", None), "foo": os.environ.get("FOO"),
+                  "argv": sys.argv, "cwd": os.getcwd(), "probe": probe.WHO, "tmp": tempfile.gettempdir()}))
+sys.stdout.flush()
+b.STATE = "mutated"
+os.environ["LEAK"] = "1"
+ACTION = os.environ.get("ACTION")
+if ACTION == "fail":
+    raise ValueError("boom")
+if ACTION == "exit":
+    sys.stderr.write("bye\n")
+    sys.exit(3)
+if ACTION == "sleep":
+    import time
+    time.sleep(30)
+'''
+
+
+def payload(basic_source="X = 1\n"):
+    zip_data = base64.b64encode(make_zip(basic_source)).decode()
+    return ("ARGS = dict(\nzip_data='%s',\n)\n" % zip_data + PAYLOAD).encode()
+
+
+class LocalRunner:
+    def __init__(self, tmp_path):
+        self.proc = subprocess.Popen([sys.executable, "-c", open(RUNNER).read(), "microvm-warm-runner"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=str(tmp_path),
+                                     env={"PATH": os.environ["PATH"], "TMPDIR": str(tmp_path)})
+        kind, body = self.frame()[1:]
+        assert kind == READY, body
+
+    def frame(self):
+        head = self.proc.stdout.read(HEADER.size)
+        length, rid, kind = HEADER.unpack(head)
+        return rid, kind, self.proc.stdout.read(length)
+
+    def send(self, rid, kind, body=b""):
+        self.proc.stdin.write(HEADER.pack(len(body), rid, kind) + body)
+        self.proc.stdin.flush()
+
+    def run(self, rid, env, data):
+        meta = json.dumps({"env": env}).encode()
+        self.send(rid, RUN, struct.pack("!I", len(meta)) + meta + data)
+        out, err = b"", b""
+        while True:
+            got, kind, body = self.frame()
+            assert got == rid
+            if kind == REFUSE:
+                return "refused", json.loads(body)["reason"], b""
+            if kind == OUT:
+                out += body
+            elif kind == ERR:
+                err += body
+            elif kind == EXIT:
+                return json.loads(body)["rc"], out, err
+
+    def close(self):
+        self.proc.stdin.close()
+        assert self.proc.wait(timeout=10) == 0
+
+
+def test_runner_env_state_failures_and_mismatch(tmp_path):
+    r = LocalRunner(tmp_path)
+    try:
+        rc, out, err = r.run(1, {"FOO": "bär", "TMPDIR": str(tmp_path)}, payload())
+        assert rc == 0, err
+        first = json.loads(out)
+        assert first == {"x": 1, "state": None, "foo": "bär", "argv": [""], "cwd": str(tmp_path), "probe": "probe",
+                         "tmp": str(tmp_path)}
+        # global state of the previous run (module_utils attribute, os.environ) does not leak
+        rc, out, err = r.run(2, {}, payload())
+        assert rc == 0, err
+        second = json.loads(out)
+        assert second["state"] is None and second["foo"] is None
+        # an uncaught exception: traceback on stderr as a cold `python3 <stdin>` would print it, rc 1
+        rc, out, err = r.run(3, {"ACTION": "fail"}, payload())
+        assert rc == 1
+        assert err.startswith(b"Traceback (most recent call last):\n  File \"<stdin>\"")
+        assert err.rstrip().endswith(b"ValueError: boom")
+        rc, out, err = r.run(4, {"ACTION": "exit"}, payload())
+        assert (rc, err) == (3, b"bye\n")
+        # module_utils that differ from the preloaded ones: refused (the worker runs it cold)
+        rc, reason, dummy = r.run(5, {}, payload("X = 2\n"))
+        assert rc == "refused" and "ansible/module_utils/basic.py" in reason
+        # variables the interpreter reads at start-up: refused
+        rc, reason, dummy = r.run(6, {"PYTHONPATH": "/x"}, payload())
+        assert rc == "refused" and "PYTHONPATH" in reason
+        rc, reason, dummy = r.run(7, {}, b"print('not a module payload')")
+        assert rc == "refused"
+        # a kill stops the module's process group
+        meta = json.dumps({"env": {"ACTION": "sleep"}}).encode()
+        r.send(8, RUN, struct.pack("!I", len(meta)) + meta + payload())
+        assert r.frame()[1] == STARTED
+        assert r.frame()[1] == OUT
+        r.send(8, KILL)
+        assert r.frame()[1:] == (EXIT, b'{"rc": -9}')
+    finally:
+        r.close()
+
+
+# -- through ansible-playbook -----------------------------------------------------------------
+
+def test_battery_warm_on_and_off(plane, sandbox, env, tmp_path, playbook_runner):  # noqa: F811
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "empty").write_bytes(b"")
+    inv = inventory({"box": sandbox["name"]})
+    for warm in ("true", "false"):
+        res = playbook_runner(BATTERY, inv, env, workdir=str(work),
+                              extra_args=["-e", "ansible_pipelining=true", "-e", "ansible_microvm_warm_runner=%s" % warm, "-vvv"])
+        assert res.rc == 0, res
+        assert "failed=0" in res.stdout and "unreachable=0" in res.stdout, res
+        if warm == "true":
+            assert res.stdout.count(WARM_RAN) >= 10, res
+            assert "WARM RUNNER not used, running cold: become is used" in res.stdout, res
+        else:
+            assert "WARM RUNNER" not in res.stdout, res
+
+
+LIBRARY_STATE = r'''#!/usr/bin/python
+import os
+import sys
+from ansible.module_utils import basic
+from ansible.module_utils.basic import AnsibleModule
+
+
+def main():
+    m = AnsibleModule(argument_spec={"fail": {"type": "bool", "default": False}, "crash": {"type": "bool", "default": False}},
+                      supports_check_mode=True)
+    seen = getattr(basic, "_MICROVM_SEEN", 0)
+    basic._MICROVM_SEEN = seen + 1
+    leaked = os.environ.get("MICROVM_LEAK")
+    os.environ["MICROVM_LEAK"] = "leaked"
+    sys.modules.setdefault("microvm_leak_marker", basic)
+    if m.params["crash"]:
+        raise RuntimeError("crash on purpose")
+    if m.params["fail"]:
+        m.fail_json(msg="failed on purpose", seen=seen)
+    m.exit_json(changed=not m.check_mode, seen=seen, leaked=leaked, my_var=os.environ.get("MY_VAR"),
+                check_mode=m.check_mode, cwd=os.getcwd(), diff={"before": "a\n", "after": "b\n"} if m._diff else None)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+SEMANTICS = r"""
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - {name: state 1, microvm_state: {}, register: s1}
+    - {name: state 2, microvm_state: {}, register: s2}
+    - name: environment
+      microvm_state: {}
+      environment: {MY_VAR: "vål ue"}
+      register: s3
+    - {name: check and diff, microvm_state: {}, check_mode: true, diff: true, register: s4}
+    - {name: fail, microvm_state: {fail: true}, register: f1, ignore_errors: true}
+    - {name: crash, microvm_state: {crash: true}, register: f2, ignore_errors: true}
+    - {name: command fails, ansible.builtin.command: /bin/false, register: f3, ignore_errors: true}
+    - name: async task
+      ansible.builtin.command: echo async
+      async: 20
+      poll: 1
+      register: a1
+    - name: become
+      ansible.builtin.command: id -un
+      become: true
+      become_method: ansible.builtin.su
+      register: b1
+    - ansible.builtin.copy:
+        dest: "{{ playbook_dir }}/result-{{ ansible_microvm_warm_runner }}.json"
+        content: "{{ {'s1': s1, 's2': s2, 's3': s3, 's4': s4, 'f1': f1, 'f2': f2, 'f3': f3, 'a1': a1, 'b1': b1} | to_json }}"
+      delegate_to: localhost
+      vars: {ansible_connection: local, ansible_python_interpreter: "{{ ansible_playbook_python }}"}
+"""
+
+VOLATILE = ("start", "end", "delta", "cwd", "invocation", "ansible_job_id", "results_file", "started", "finished",
+            "module_stderr", "exception")
+
+
+def strip(result):
+    return {k: v for k, v in result.items() if k not in VOLATILE}
+
+
+def test_semantics_identical_warm_and_cold(plane, sandbox, env, tmp_path, playbook_runner):  # noqa: F811
+    (tmp_path / "library").mkdir()
+    (tmp_path / "library" / "microvm_state.py").write_text(LIBRARY_STATE)
+    inv = inventory({"box": sandbox["name"]})
+    results = {}
+    for warm in ("true", "false"):
+        res = playbook_runner(SEMANTICS, inv, env, workdir=str(tmp_path),
+                              extra_args=["-e", "ansible_microvm_warm_runner=%s" % warm, "-vvv"])
+        assert res.rc == 0, res
+        results[warm] = json.loads((tmp_path / ("result-%s.json" % warm)).read_text())
+        if warm == "true":
+            assert WARM_RAN in res.stdout, res
+            assert "WARM RUNNER not used, running cold: async task" in res.stdout, warm_lines(res)
+            assert "WARM RUNNER not used, running cold: become is used" in res.stdout, warm_lines(res)
+    warm, cold = results["true"], results["false"]
+    for name in warm:
+        assert strip(warm[name]) == strip(cold[name]), name
+    assert warm["s1"]["seen"] == warm["s2"]["seen"] == 0
+    assert warm["s2"]["leaked"] is None
+    assert warm["s3"]["my_var"] == "vål ue"
+    assert warm["s4"]["check_mode"] is True and warm["s4"]["changed"] is False
+    assert warm["f1"]["msg"] == "failed on purpose" and warm["f1"]["failed"]
+    for side in (warm, cold):
+        assert side["f2"]["failed"] and "crash on purpose" in json.dumps(side["f2"])
+    assert warm["f2"].get("exception") and warm["f2"].get("exception", "").split("\n")[-2:] == \
+        cold["f2"].get("exception", "").split("\n")[-2:]
+    assert warm["f3"]["rc"] == 1 and warm["a1"]["stdout"] == "async"
+
+
+KILL_RUNNER = r"""
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - name: warm up
+      ansible.builtin.command: echo warm
+    - name: the module kills its own runner mid-run
+      ansible.builtin.shell: |
+        runner=$(awk '{print $4}' /proc/$PPID/stat)
+        tr '\0' ' ' < /proc/$runner/cmdline | grep -q microvm-warm-runner && kill -9 $runner
+        sleep 1
+      register: k
+      ignore_errors: true
+    - name: the next task works (a new runner)
+      ansible.builtin.command: echo after
+      register: after
+    - ansible.builtin.assert:
+        that: ["after.stdout == 'after'", "k is failed"]
+"""
+
+
+def test_runner_killed_mid_run(plane, sandbox, env, playbook_runner):  # noqa: F811
+    res = playbook_runner(KILL_RUNNER, inventory({"box": sandbox["name"]}, ansible_microvm_warm_runner="true"), env,
+                          extra_args=["-vvv"])
+    assert res.rc == 0, res
+    assert "died during the task" in res.stdout, res
+    assert "the task is not re-run" in res.stdout, res
+    assert res.stdout.count(WARM_RAN) >= 2, res
+
+
+@pytest.mark.parametrize("dummy", [None])
+def test_shape_detection(dummy):
+    sys.path.insert(0, os.path.join(ROOT, ".local", "collections"))
+    from ansible_collections.microvm.sandbox.plugins.connection.agent import warm_shape
+    body = b"#!/usr/bin/python3\n_ANSIBALLZ_WRAPPER = True\n"
+    script = "MY='a b' TMPDIR=/workspace/.scratch/run.x /usr/bin/python3 && sleep 0"
+    assert warm_shape(["/bin/sh", "-c", script], body) == (("/usr/bin/python3", {"MY": "a b", "TMPDIR": "/workspace/.scratch/run.x"}), None)
+    assert warm_shape(["/bin/sh", "-c", script], b"print(1)")[0] is None
+    assert warm_shape(["/bin/sh", "-c", "sudo -H -S -n -u root /bin/sh -c 'echo BECOME; /usr/bin/python3' && sleep 0"], body)[0] is None
+    assert warm_shape(["/bin/sh", "-c", "MY=$HOME /usr/bin/python3 && sleep 0"], body)[0] is None
+    assert warm_shape(["/bin/sh", "-c", "/usr/bin/python3 /x/async_wrapper.py 1 2 && sleep 0"], b"")[1] == "async task"
+    assert warm_shape(["/bin/sh", "-c", "/usr/bin/perl && sleep 0"], body)[0] is None
