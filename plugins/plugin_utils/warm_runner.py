@@ -285,7 +285,7 @@ class Runner:
         reading = True
         try:
             while reading or self.pipes:
-                for key, dummy in self.sel.select(timeout=1.0):
+                for key, _events in self.sel.select(timeout=1.0):
                     if key.data == "input":
                         if not self.on_input():
                             reading = False
