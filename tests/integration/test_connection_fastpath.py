@@ -89,8 +89,8 @@ class LocalRunner:
         self.proc.stdin.write(HEADER.pack(len(body), rid, kind) + body)
         self.proc.stdin.flush()
 
-    def run(self, rid, env, data):
-        meta = json.dumps({"env": env}).encode()
+    def run(self, rid, run_env, data):
+        meta = json.dumps({"env": run_env}).encode()
         self.send(rid, RUN, struct.pack("!I", len(meta)) + meta + data)
         out, err = b"", b""
         while True:
