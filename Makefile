@@ -16,7 +16,7 @@ export PATH := $(BIN):$(PATH)
 # no registry pull), openssh-server (the SSH peer in bench/).
 DEB_PACKAGES := bubblewrap umoci skopeo buildah docker-registry debootstrap openssh-server rsync
 PYTEST_ARGS ?=
-NEWEST_SUITES ?= tests/integration/test_collection_build.py
+NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py
 
 .PHONY: help venv system-deps collection proto proto-check lint sanity ansible-lint docs-lint docs \
         unit localplane-test integration molecule test test-live demo local-up local-down build clean bench
@@ -39,9 +39,10 @@ $(VENV)/.stamp: requirements-dev.txt requirements.txt
 venv: $(VENV)/.stamp
 
 # The newest ansible-core runs on Python 3.12+; pyenv provides 3.13 on this kind of machine.
-PYTHON_NEWEST ?= $(shell command -v python3.13 2>/dev/null || ls -d $$HOME/.pyenv/versions/3.13*/bin/python3.13 2>/dev/null | tail -n 1)
+PYTHON_NEWEST ?= $(shell for p in $$HOME/.pyenv/versions/3.13*/bin/python3.13 python3.13 $$HOME/.pyenv/versions/3.12*/bin/python3.12 python3.12; do \
+  "$$p" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && { echo "$$p"; break; }; done)
 .venv-newest/.stamp: requirements-newest.txt
-	@[ -n "$(PYTHON_NEWEST)" ] || { echo "Python 3.13 not found: install it (pyenv install 3.13) or set PYTHON_NEWEST"; exit 1; }
+	@[ -n "$(PYTHON_NEWEST)" ] || { echo "Python 3.12 or 3.13 not found: install one (pyenv install 3.13) or set PYTHON_NEWEST"; exit 1; }
 	$(PYTHON_NEWEST) -m venv .venv-newest
 	.venv-newest/bin/pip install --quiet --upgrade pip
 	.venv-newest/bin/pip install --quiet -r requirements-newest.txt
