@@ -127,8 +127,8 @@ def main():
                                                   "warm/cold"))
         for name, per in result["per_task_s"].items():
             mito = ("%13.3fs" % per["mitogen_local"]) if "mitogen_local" in per else "%14s" % "-"
-            print("%-10s %11.3fs %11.3fs %11.3fs %s %9.2fx" % (name, per["agent_cold"], per["agent_warm"], per["local"],
-                                                             mito, per["agent_warm"] / per["agent_cold"]))
+            row = (name, per["agent_cold"], per["agent_warm"], per["local"], mito, per["agent_warm"] / per["agent_cold"])
+            print("%-10s %11.3fs %11.3fs %11.3fs %s %9.2fx" % row)
         print("wrote %s" % args.output)
     finally:
         if plane is not None:
