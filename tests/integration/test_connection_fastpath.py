@@ -13,6 +13,9 @@ import pytest
 
 from test_connection import BATTERY, env, inventory, mux_dir  # noqa: F401  (fixtures are re-used)
 
+# pytest finds fixtures by name in this module's namespace: referenced so linters keep the imports.
+_REUSED_FIXTURES = (env, inventory, mux_dir)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUNNER = os.path.join(ROOT, "plugins", "plugin_utils", "warm_runner.py")
 HEADER = struct.Struct("!IIB")
