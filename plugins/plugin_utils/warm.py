@@ -142,7 +142,9 @@ class WarmRunner:
         if self.feed is not None:
             self.feed.put(None)  # stdin EOF: the runner waits for its children and exits
         if self.call is not None:
-            threading.Timer(10.0, self.call.cancel).start()
+            timer = threading.Timer(10.0, self.call.cancel)
+            timer.daemon = True
+            timer.start()
 
 
 class WarmRunners:
