@@ -562,9 +562,13 @@ class Mux:
                     return
                 else:
                     done.set()
-                    mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_FAILED, "message":
-                                                   "the warm module runner on session %s died during the task (%s); "
-                                                   "the task is not re-run" % (self.label, data)})
+                    message = "the warm module runner on session %s died during the task (%s); the task is not re-run" \
+                        % (self.label, data)
+                    kind, explained = self.lost_message(message)
+                    if kind != mp.ERR_LOST:  # the session itself is gone or unreachable: say so, like a lost command
+                        mp.send_frame(conn, mp.ERROR, {"kind": kind, "message": explained})
+                    else:
+                        mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_FAILED, "message": message})
                     return
         except OSError:
             runner.kill(rid)
