@@ -159,15 +159,15 @@ options:
       - name: ansible_microvm_validate_certs
   warm_runner:
     description:
-      - Experimental. Run pipelined Python modules in a warm interpreter that the session's multiplexer keeps
+      - Run pipelined Python modules in a warm interpreter that the session's multiplexer keeps
         in the guest; each module runs in a fresh fork of it with C(ansible.module_utils.basic) already imported
         (from the module payload itself, never from the controller).
       - Only used for a pipelined Python module without become, async or O(command_timeout); anything else,
         a payload whose module_utils differ from the preloaded ones, a guest without the interpreter, or a runner
         that cannot start runs as a plain pipelined command. C(-vvv) says which and why.
-      - See docs/connection.md for the figures.
+      - Set V(false) to run every module as a plain pipelined command. See docs/connection.md for the figures.
     type: bool
-    default: false
+    default: true
     version_added: 0.2.0
     env:
       - name: MICROVM_WARM_RUNNER
