@@ -308,3 +308,33 @@ def test_shape_detection(dummy):
     assert warm_shape(["/bin/sh", "-c", "MY=$HOME /usr/bin/python3 && sleep 0"], body)[0] is None
     assert warm_shape(["/bin/sh", "-c", "/usr/bin/python3 /x/async_wrapper.py 1 2 && sleep 0"], b"")[1] == "async task"
     assert warm_shape(["/bin/sh", "-c", "/usr/bin/perl && sleep 0"], body)[0] is None
+
+
+NO_RUNNER_PYTHON = r"""
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - name: an interpreter that runs modules but cannot host the runner
+      ansible.builtin.copy:
+        dest: /workspace/python3
+        mode: "0755"
+        content: |
+          #!/bin/sh
+          [ "$3" = microvm-warm-runner ] && { echo "no runner here" >&2; exit 1; }
+          exec /usr/bin/python3 "$@"
+    - name: cold through it, twice
+      ansible.builtin.command: echo cold
+      register: c
+      loop: [1, 2]
+      vars: {ansible_python_interpreter: /workspace/python3}
+    - ansible.builtin.assert:
+        that: ["c.results | map(attribute='stdout') | list == ['cold', 'cold']"]
+"""
+
+
+def test_interpreter_without_runner_runs_cold(plane, sandbox, env, playbook_runner):  # noqa: F811
+    res = playbook_runner(NO_RUNNER_PYTHON, inventory({"box": sandbox["name"]}), env, extra_args=["-vvv"])
+    assert res.rc == 0, res
+    assert res.stdout.count("WARM RUNNER refused, running cold: the warm runner could not start with /workspace/python3") == 2, \
+        warm_lines(res)
+    assert "no runner here" in res.stdout, warm_lines(res)
