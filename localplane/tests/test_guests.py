@@ -75,7 +75,7 @@ def test_guest_cannot_see_state_dirs_or_host_home(plane, pair):
 
 def test_host_code_is_read_only_in_guest(pair):
     (_a, sa), _other = pair
-    r = sh(sa, "touch /work/main/plugins/x 2>&1; echo rc=$?")
+    r = sh(sa, "touch '%s' 2>&1; echo rc=$?" % os.path.join(REPO_DIR, "plugins", "x"))
     assert b"rc=1" in r.stdout and b"Read-only" in r.stdout
 
 
