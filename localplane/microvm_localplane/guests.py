@@ -101,12 +101,23 @@ class Guest:
         return "<Guest %s sandbox=%s pid=%d>" % (self.session_id, self.sandbox_id, self.pid)
 
 
+def _refuse_code_under_guest_tmp(code):
+    """Every guest mounts a fresh /tmp; code bound from under the host's /tmp would show there."""
+    under = [p for p in code.read_only_binds() if p == "/tmp" or p.startswith("/tmp/")]
+    if under:
+        raise GuestError(
+            "the local control plane binds its Python and code into every guest at the same paths, but %s "
+            "lies under /tmp, where each guest has its own empty /tmp (a template must leave /tmp empty). "
+            "Move the checkout and its virtualenv out of /tmp (for example to /var/tmp or your home)." % ", ".join(under))
+
+
 class GuestManager:
     def __init__(self, state_dir):
         self.state_dir = os.path.abspath(state_dir)
         os.makedirs(os.path.join(self.state_dir, "sessions"), exist_ok=True)
         os.chmod(self.state_dir, 0o700)
         self.code = code_paths()
+        _refuse_code_under_guest_tmp(self.code)
         # cgroups are machine-wide: scope them by state dir so two managers never collide.
         self._scope = hashlib.sha256(self.state_dir.encode()).hexdigest()[:12]
         self._guests = {}
