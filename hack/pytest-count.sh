@@ -7,6 +7,7 @@ mkdir -p .local/results
 report=.local/results/$name.txt
 "${PYTEST_PYTHON:-.venv/bin/python}" -m pytest -q -p no:cacheprovider "$@" ${PYTEST_ARGS:-} 2>&1 | tee .local/results/$name.log
 rc=${PIPESTATUS[0]}
-tail -n 1 .local/results/$name.log | sed 's/=//g' > "$report"
+# The pytest summary line (asyncio may log after it, so search rather than take the last line).
+grep -E '^=* ?[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran' .local/results/$name.log | tail -n 1 | sed 's/=//g; s/^ *//; s/ *$//' > "$report"
 if [ "$rc" = 5 ]; then echo "$name: no tests were collected (pytest exit 5): this suite must not be empty" | tee "$report"; exit 1; fi
 exit "$rc"
