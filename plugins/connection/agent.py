@@ -534,6 +534,18 @@ class Connection(ConnectionBase):
             raise AnsibleFileNotFound("microvm.sandbox.agent: file or module does not exist: %s" % to_text(in_path))
         self._call("put_file", self._mux.put, to_text(in_path), to_text(out_path), run=self._run_info())
 
+    def put_archive(self, in_path, out_dir):
+        """Extract the local tar in_path into the guest directory out_dir (inside /workspace).
+
+        Not part of Ansible's connection API: action plugins that restore a workspace call it.
+        The agent refuses the whole archive, writing nothing, if a member would land outside out_dir.
+        """
+        self._connect()
+        display.vvv("PUT ARCHIVE %s INTO %s" % (in_path, out_dir), host=self._session())
+        if not os.path.isfile(to_bytes(in_path, errors="surrogate_or_strict")):
+            raise AnsibleFileNotFound("microvm.sandbox.agent: archive does not exist: %s" % to_text(in_path))
+        return self._call("put_archive", self._mux.put_archive, to_text(in_path), to_text(out_dir))
+
     def fetch_file(self, in_path, out_path):
         super().fetch_file(in_path, out_path)
         display.vvv("FETCH %s TO %s" % (in_path, out_path), host=self._session())

@@ -258,14 +258,18 @@ class AgentClient:
         raise AssertionError("unreachable")  # iter_exec returns only after an exit or raises
 
     # -- Upload ----------------------------------------------------------------
-    def upload(self, local_path, remote_path, mode=0, chunk_size=CHUNK_SIZE):
-        """Stream a local file to a guest path under the transfer root; returns bytes written."""
-        remote_path = profile.check_transfer_path(remote_path, self.scratch_dir, what="upload destination")
+    def upload(self, local_path, remote_path, mode=0, chunk_size=CHUNK_SIZE, is_archive=False):
+        """Stream a local file to a guest path under the transfer root; returns bytes written.
+
+        With is_archive the file is a tar stream the agent extracts under remote_path.
+        """
+        remote_path = profile.check_transfer_path(remote_path, self.scratch_dir,
+                                                  what="archive destination" if is_archive else "upload destination")
         with open(local_path, "rb") as f:
             chunks = prefetch_chunks(f, chunk_size)
 
             def requests():
-                yield pb.UploadRequest(header=pb.UploadHeader(path=remote_path, mode=mode))
+                yield pb.UploadRequest(header=pb.UploadHeader(path=remote_path, mode=mode, is_archive=is_archive))
                 for chunk in chunks:
                     yield pb.UploadRequest(chunk=chunk)
                 yield pb.UploadRequest(end=pb.UploadEnd(sha256=chunks.hexdigest()))
@@ -277,7 +281,7 @@ class AgentClient:
                 if e.code() == grpc.StatusCode.INVALID_ARGUMENT and "sha" in (e.details() or "").lower():
                     raise ChecksumMismatch("upload of %s to %s on session %s failed its checksum: %s" % (
                         local_path, remote_path, self.label, e.details()))
-                raise transfer_error(e, remote_path, self.label, "upload to")
+                raise transfer_error(e, remote_path, self.label, "extract an archive into" if is_archive else "upload to")
         return response.bytes_written
 
     # -- Download --------------------------------------------------------------

@@ -432,6 +432,8 @@ class Mux:
                 mp.send_frame(conn, mp.RESULT, self.op_put(req))
             elif op == "fetch":
                 mp.send_frame(conn, mp.RESULT, self.op_fetch(req))
+            elif op == "put_archive":
+                mp.send_frame(conn, mp.RESULT, self.op_put_archive(req))
             elif op == "hello":
                 mp.send_frame(conn, mp.RESULT, {"pid": os.getpid(), "session_id": self.session_id, "label": self.label,
                                                 "version": mp.PROTOCOL_VERSION})
@@ -641,6 +643,17 @@ class Mux:
         self.guest('trap \'rm -f -- "$1"\' EXIT; d=$(dirname -- "$2"); t="$d/.microvm.$$.$(basename -- "$2")"; '
                    'cp -- "$1" "$t" && mv -f -- "$t" "$2" || { rc=$?; rm -f -- "$t"; exit $rc; }', stage, remote)
         return {"bytes": written, "staged": True}
+
+    def op_put_archive(self, req):
+        """Extract a local tar into a guest directory through Upload(is_archive); never staged.
+
+        The agent checks every member before writing, so a refused archive leaves the target as it was.
+        """
+        local, remote = req["local"], self.guest_path(req["remote"])
+        if not os.path.isfile(local):
+            raise ac.RemoteNotFound("local archive %s to upload does not exist" % local)
+        self.ensure_ready()
+        return {"bytes": self.agent.upload(local, remote, is_archive=True), "staged": False}
 
     def op_fetch(self, req):
         remote, local = self.guest_path(req["remote"]), req["local"]

@@ -328,6 +328,9 @@ class MuxClient:
     def put(self, local, remote, run=None):
         return self.request("put", local=os.path.abspath(local), remote=remote, run=run)
 
+    def put_archive(self, local, remote):
+        return self.request("put_archive", local=os.path.abspath(local), remote=remote)
+
     def fetch(self, remote, local, run=None):
         return self.request("fetch", remote=remote, local=os.path.abspath(local), run=run)
 
