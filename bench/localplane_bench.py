@@ -37,6 +37,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils.agent_pb import ( 
 from microvm_localplane.freezer import GuestCgroup  # noqa: E402
 from microvm_localplane.sessions import guest_state_dir  # noqa: E402
 from microvm_localplane.testing import start_local_plane, stop_local_plane  # noqa: E402
+from microvm_localplane.wsbridge import TcpOverWebSocket  # noqa: E402
 
 
 def pct(values, q):
@@ -74,57 +75,9 @@ class Rest:
         self.http.delete(self.base + "/sessions/" + sid)
 
 
-class Tunnel:
-    """Loopback TCP -> one port-forward WebSocket per connection (a thread with its own loop)."""
-
-    def __init__(self, handle, sid, port=8443):
-        from websockets.asyncio.client import connect
-        self.connect = connect
-        self.url = handle.ws_url(sid, port)
-        self.headers = handle.auth_headers
-        self.loop = asyncio.new_event_loop()
-        started = threading.Event()
-        threading.Thread(target=self._run, args=(started,), daemon=True).start()
-        started.wait(10)
-
-    def _run(self, started):
-        asyncio.set_event_loop(self.loop)
-        self.server = self.loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
-        self.port = self.server.sockets[0].getsockname()[1]
-        started.set()
-        self.loop.run_forever()
-
-    async def _handle(self, reader, writer):
-        try:
-            async with self.connect(self.url, additional_headers=self.headers, max_size=None) as ws:
-                async def up():
-                    while data := await reader.read(65536):
-                        await ws.send(data)
-                    await ws.close()
-
-                async def down():
-                    async for msg in ws:
-                        if isinstance(msg, bytes):
-                            writer.write(msg)
-                            await writer.drain()
-                tasks = [asyncio.ensure_future(up()), asyncio.ensure_future(down())]
-                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                for t in tasks:
-                    t.cancel()
-        except (Exception, asyncio.CancelledError):  # noqa: B014 - a cancelled handler ends quietly (Python 3.11 streams)
-            pass
-        finally:
-            writer.close()
-
-    def close(self):
-        async def shutdown():
-            self.server.close()
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
+def tunnel(handle, sid, port=8443):
+    """Loopback TCP -> one port-forward WebSocket per connection (.local_port; close() when done)."""
+    return TcpOverWebSocket(handle.ws_url(sid, port), handle.auth_headers)
 
 
 def grpc_exec(stub, argv):
@@ -225,8 +178,8 @@ def bench_concurrent(handle, rest, n):
     all_ready = time.monotonic() - start
     usable = 0
     for sid in sids:
-        tunnel = Tunnel(handle, sid)
-        channel = grpc.insecure_channel("127.0.0.1:%d" % tunnel.port)
+        bridge = tunnel(handle, sid)
+        channel = grpc.insecure_channel("127.0.0.1:%d" % bridge.local_port)
         try:
             if grpc_exec(pb_grpc.SandboxAgentServiceStub(channel), ["true"]) == 0:
                 usable += 1
@@ -234,7 +187,7 @@ def bench_concurrent(handle, rest, n):
             errors.append("%s: %s" % (sid, e.code()))
         finally:
             channel.close()
-            tunnel.close()
+            bridge.close()
     time.sleep(2)  # let the guests settle to idle
     scope = hashlib.sha256(os.path.abspath(guest_state_dir(handle.state_dir)).encode()).hexdigest()[:12]
     mem = [GuestCgroup(scope, sid).memory_bytes() for sid in sids]
@@ -252,15 +205,15 @@ def bench_exec(handle, rest, n):
     rest.wait_ready(sid)
     firsts = []
     for _attempt in range(5):
-        tunnel = Tunnel(handle, sid)
-        channel = grpc.insecure_channel("127.0.0.1:%d" % tunnel.port)
+        bridge = tunnel(handle, sid)
+        channel = grpc.insecure_channel("127.0.0.1:%d" % bridge.local_port)
         start = time.monotonic()
         grpc_exec(pb_grpc.SandboxAgentServiceStub(channel), ["true"])
         firsts.append(time.monotonic() - start)
         channel.close()
-        tunnel.close()
-    tunnel = Tunnel(handle, sid)
-    channel = grpc.insecure_channel("127.0.0.1:%d" % tunnel.port)
+        bridge.close()
+    bridge = tunnel(handle, sid)
+    channel = grpc.insecure_channel("127.0.0.1:%d" % bridge.local_port)
     stub = pb_grpc.SandboxAgentServiceStub(channel)
     grpc_exec(stub, ["true"])
     warm = []
@@ -269,7 +222,7 @@ def bench_exec(handle, rest, n):
         assert grpc_exec(stub, ["true"]) == 0
         warm.append(time.monotonic() - start)
     channel.close()
-    tunnel.close()
+    bridge.close()
     rest_times = []
     for _attempt in range(10):
         start = time.monotonic()

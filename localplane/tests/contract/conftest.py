@@ -1,7 +1,7 @@
 """Fixtures of the contract tests (helpers live in contract_support.py)."""
 import pytest
 
-from contract_support import Api, TcpOverWebSocket, unique
+from contract_support import Api, port_bridge, unique
 
 
 def pytest_collection_modifyitems(items):
@@ -43,7 +43,7 @@ def agent(plane):
     opened = []
 
     def connect(sid):
-        bridge = TcpOverWebSocket(plane, sid, 8443)
+        bridge = port_bridge(plane, sid, 8443)
         channel = grpc.insecure_channel("127.0.0.1:%d" % bridge.local_port)
         opened.append((bridge, channel))
         return sandbox_agent_pb2_grpc.SandboxAgentServiceStub(channel)

@@ -4,11 +4,8 @@ The tests talk to the plane from outside, as a client does, so they run
 unchanged against the real platform (MICROVM_LIVE=1). Behaviour the platform
 leaves open, and which only the local plane decides, is marked `local_only`.
 """
-import asyncio
-import contextlib
 import json
 import os
-import threading
 import time
 import uuid
 
@@ -76,59 +73,10 @@ def ws_connect(plane, sid, port, token=True, **kwargs):
     return connect(plane.ws_url(sid, port), additional_headers=headers, max_size=None, **kwargs)
 
 
-class TcpOverWebSocket:
-    """A loopback TCP listener; each connection gets its own port-forward WebSocket (runs in a thread)."""
-
-    def __init__(self, plane, sid, port):
-        self.plane, self.sid, self.port = plane, sid, port
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        self.ready.wait(10)
-
-    def _run(self):
-        asyncio.set_event_loop(self.loop)
-        self.server = self.loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
-        self.local_port = self.server.sockets[0].getsockname()[1]
-        self.ready.set()
-        self.loop.run_forever()
-
-    async def _handle(self, reader, writer):
-        from websockets.exceptions import ConnectionClosed
-        try:
-            async with ws_connect(self.plane, self.sid, self.port, ping_interval=30) as ws:
-                async def up():
-                    while data := await reader.read(65536):
-                        await ws.send(data)
-                    await ws.close()
-
-                async def down():
-                    with contextlib.suppress(ConnectionClosed):
-                        async for msg in ws:
-                            if isinstance(msg, bytes):
-                                writer.write(msg)
-                                await writer.drain()
-                tasks = [asyncio.ensure_future(up()), asyncio.ensure_future(down())]
-                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                for t in tasks:
-                    t.cancel()
-        except (Exception, asyncio.CancelledError):  # noqa: B014 - a cancelled handler ends quietly (Python 3.11 streams)
-            pass
-        finally:
-            writer.close()
-
-    def close(self):
-        async def shutdown():
-            self.server.close()
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-        self.loop.close()
+def port_bridge(plane, sid, port):
+    """A loopback TCP port whose connections each ride their own port-forward WebSocket to `port` (.local_port)."""
+    from microvm_localplane.wsbridge import TcpOverWebSocket
+    return TcpOverWebSocket(plane.ws_url(sid, port), {"Authorization": "Bearer " + plane.token}, ping_interval=30)
 
 
 def run_exec(stub, argv, stdin=b"", timeout=0, workdir=""):
