@@ -1,0 +1,125 @@
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Action plugin of microvm.sandbox.workspace_archive: check a tar on the controller, then extract it in the sandbox.
+
+Everything that can be checked is checked on the controller before anything reaches the sandbox: the archive
+exists, has the expected sha256, and has no member that would land outside the target (the agent checks again).
+Then, only with clean, the target is emptied (keeping the entries that hold the kept paths), and the archive is
+streamed through the connection's put_archive (the guest agent's Upload with is_archive).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import posixpath
+import shlex
+
+from ansible.errors import AnsibleError
+from ansible.module_utils.common.text.converters import to_text
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.microvm.sandbox.plugins.module_utils.archive_check import (
+    ArchiveRefused, check_archive, sha256_file)
+
+WORKSPACE = "/workspace"
+
+ARGUMENT_SPEC = dict(
+    src=dict(type="path", required=True),
+    dest=dict(type="str", default=WORKSPACE),
+    sha256=dict(type="str"),
+    clean=dict(type="bool", default=False),
+    keep=dict(type="list", elements="str", default=["/workspace/.scratch"]),
+)
+
+
+def inside_workspace(path):
+    return path == WORKSPACE or path.startswith(WORKSPACE + "/")
+
+
+def kept_entries(dest, keep):
+    """The top-level entries of dest that hold a kept path (they survive clean)."""
+    entries = []
+    for k in keep:
+        k = posixpath.normpath(k)
+        if k.startswith(dest.rstrip("/") + "/"):
+            top = k[len(dest.rstrip("/")) + 1:].split("/", 1)[0]
+            entry = dest.rstrip("/") + "/" + top
+            if entry not in entries:
+                entries.append(entry)
+    return entries
+
+
+def clean_command(dest, keep):
+    """A shell command that removes everything in dest except the entries that hold kept paths."""
+    cmd = "find %s -mindepth 1 -maxdepth 1" % shlex.quote(dest)
+    for entry in kept_entries(dest, keep):
+        cmd += " ! -path %s" % shlex.quote(entry)
+    return "if [ -d %s ]; then %s -exec rm -rf -- {} +; fi" % (shlex.quote(dest), cmd)
+
+
+class ActionModule(ActionBase):
+
+    TRANSFERS_FILES = False
+    _supports_check_mode = True
+    _requires_connection = True
+
+    def run(self, tmp=None, task_vars=None):
+        result = super(ActionModule, self).run(tmp, task_vars)
+        del tmp
+        validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        del validation
+        src = os.path.abspath(os.path.expanduser(args["src"]))
+        dest = posixpath.normpath(args["dest"] or WORKSPACE)
+        result.update(changed=False, src=src, dest=dest)
+
+        if not dest.startswith("/") or not inside_workspace(dest):
+            return dict(result, failed=True,
+                        msg="workspace_archive: dest %r is not inside /workspace: the platform only extracts archives "
+                            "under /workspace (its agent answers PERMISSION_DENIED 'path outside workspace')." % args["dest"])
+        if not os.path.isfile(src):
+            return dict(result, failed=True, msg="workspace_archive: the archive %s does not exist on the controller" % src)
+
+        digest = sha256_file(src)
+        result["sha256"] = digest
+        expected = (args["sha256"] or "").strip().lower()
+        if expected and expected != digest:
+            return dict(result, failed=True,
+                        msg="workspace_archive: %s has sha256 %s, not the expected %s: it was changed or damaged, "
+                            "so nothing was written in the sandbox" % (src, digest, expected))
+        try:
+            summary = check_archive(src, dest)
+        except ArchiveRefused as e:
+            return dict(result, failed=True, offending=e.offending,
+                        msg="workspace_archive: %s" % e)
+        result["archive"] = summary
+
+        conn = self._connection
+        if not callable(getattr(conn, "put_archive", None)):
+            return dict(result, failed=True,
+                        msg="workspace_archive needs the microvm.sandbox.agent connection (it extracts through the guest "
+                            "agent's archive upload); this host uses %s" % getattr(conn, "transport", type(conn).__name__))
+
+        result["changed"] = True
+        result["cleaned"] = bool(args["clean"])
+        if self._task.check_mode:
+            return result
+
+        if args["clean"]:
+            cmd = clean_command(dest, args["keep"])
+            res = self._low_level_execute_command(cmd)
+            if res.get("rc", 1) != 0:
+                return dict(result, failed=True, changed=False,
+                            msg="workspace_archive: could not empty %s before the restore (rc %s): %s"
+                                % (dest, res.get("rc"), to_text(res.get("stderr", "")).strip()[-2000:]))
+        try:
+            sent = conn.put_archive(src, dest)
+        except AnsibleError as e:
+            return dict(result, failed=True, changed=bool(args["clean"]),
+                        msg="workspace_archive: the sandbox refused or failed to extract %s into %s: %s"
+                            % (src, dest, to_text(e)))
+        if isinstance(sent, dict) and "bytes" in sent:
+            result["bytes"] = sent["bytes"]
+        return result

@@ -1,0 +1,114 @@
+"""The controller-side check of a workspace archive (module_utils/archive_check.py)."""
+import io
+import tarfile
+
+import pytest
+
+from ansible_collections.microvm.sandbox.plugins.module_utils.archive_check import (
+    ArchiveRefused, check_archive, sha256_file)
+
+
+def make_tar(path, members, mode="w:gz"):
+    """members: (name, kind, value): kind file (value = bytes), dir, sym / lnk (value = link name), fifo."""
+    with tarfile.open(str(path), mode) as tar:
+        for name, kind, value in members:
+            info = tarfile.TarInfo(name)
+            data = None
+            if kind == "file":
+                info.size = len(value)
+                info.mode = 0o644
+                data = io.BytesIO(value)
+            elif kind == "dir":
+                info.type = tarfile.DIRTYPE
+                info.mode = 0o755
+            elif kind == "sym":
+                info.type = tarfile.SYMTYPE
+                info.linkname = value
+            elif kind == "lnk":
+                info.type = tarfile.LNKTYPE
+                info.linkname = value
+            elif kind == "fifo":
+                info.type = tarfile.FIFOTYPE
+            elif kind == "chr":
+                info.type = tarfile.CHRTYPE
+            tar.addfile(info, data)
+    return str(path)
+
+
+GOOD = [("./home", "dir", None), ("./home/a.txt", "file", b"a\n"), ("./home/run.sh", "file", b"#!/bin/sh\n"),
+        ("./home/link", "sym", "a.txt"), ("./home/abs", "sym", "/workspace/home/a.txt"),
+        ("./home/up", "sym", "../home/a.txt"), ("./home/hard", "lnk", "./home/a.txt")]
+
+
+def test_a_good_archive_is_summarized(tmp_path):
+    path = make_tar(tmp_path / "good.tar.gz", GOOD)
+    summary = check_archive(path, "/workspace")
+    assert summary == {"members": 7, "files": 2, "dirs": 1, "symlinks": 3, "hardlinks": 1, "size": 12}
+
+
+def test_a_plain_tar_is_read_too(tmp_path):
+    path = make_tar(tmp_path / "good.tar", GOOD, mode="w")
+    assert check_archive(path, "/workspace")["members"] == 7
+
+
+@pytest.mark.parametrize("member, reason", [
+    (("../evil", "file", b"x"), "path leaves the target"),
+    (("./home/../../evil", "file", b"x"), "path leaves the target"),
+    (("/etc/passwd", "file", b"x"), "absolute path"),
+    (("./home/esc", "sym", "../../etc/passwd"), "leaves the target"),
+    (("./esc", "sym", "/etc"), "outside /workspace"),
+    (("./esc", "sym", "/workspace2/x"), "outside /workspace"),
+    (("./h", "lnk", "../etc/passwd"), "hard link"),
+    (("./h", "lnk", "/etc/passwd"), "hard link"),
+    (("./p", "fifo", None), "special file"),
+    (("./c", "chr", None), "special file"),
+    (("./e", "sym", ""), "empty target"),
+])
+def test_an_escaping_member_refuses_the_whole_archive(tmp_path, member, reason):
+    path = make_tar(tmp_path / "bad.tar.gz", GOOD + [member])
+    with pytest.raises(ArchiveRefused) as err:
+        check_archive(path, "/workspace")
+    assert err.value.offending and err.value.offending[0].startswith(member[0] + " ("), err.value.offending
+    assert reason in str(err.value) and member[0] in str(err.value)
+    assert "nothing was extracted" in str(err.value)
+
+
+def test_a_member_through_a_link_of_the_archive_is_refused(tmp_path):
+    # the link itself stays inside, but what is written through it lands wherever the link points in the guest
+    path = make_tar(tmp_path / "through.tar.gz", [("./d", "sym", "sub"), ("./d/x", "file", b"x")])
+    with pytest.raises(ArchiveRefused) as err:
+        check_archive(path, "/workspace")
+    assert "./d/x" in str(err.value) and "through the link d" in str(err.value)
+
+
+def test_links_are_judged_against_the_chosen_subfolder(tmp_path):
+    path = make_tar(tmp_path / "sub.tar.gz", [("./a", "file", b"a"), ("./l", "sym", "/workspace/other/a")])
+    assert check_archive(path, "/workspace")["symlinks"] == 1
+    with pytest.raises(ArchiveRefused) as err:
+        check_archive(path, "/workspace/restored")
+    assert "outside /workspace/restored" in str(err.value)
+    rel = make_tar(tmp_path / "rel.tar.gz", [("./l", "sym", "../x")])
+    with pytest.raises(ArchiveRefused):
+        check_archive(rel, "/workspace/restored")
+
+
+def test_every_offending_member_is_named(tmp_path):
+    path = make_tar(tmp_path / "many.tar.gz", GOOD + [("../a", "file", b"1"), ("/b", "file", b"2"), ("./c", "sym", "/")])
+    with pytest.raises(ArchiveRefused) as err:
+        check_archive(path, "/workspace")
+    assert [o.split(" (")[0] for o in err.value.offending] == ["../a", "/b", "./c"]
+    assert "offending members" in str(err.value)
+
+
+def test_not_a_tar(tmp_path):
+    junk = tmp_path / "junk.tar.gz"
+    junk.write_bytes(b"this is not a tar archive" * 40)
+    with pytest.raises(ArchiveRefused) as err:
+        check_archive(str(junk), "/workspace")
+    assert "not a readable tar archive" in str(err.value)
+
+
+def test_sha256_file(tmp_path):
+    f = tmp_path / "f"
+    f.write_bytes(b"abc")
+    assert sha256_file(str(f)) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
