@@ -300,9 +300,10 @@ class AgentClient:
                     for msg in self.stub.Download(pb.DownloadRequest(path=remote_path, chunk_size_bytes=chunk_size)):
                         which = msg.WhichOneof("output")
                         if which == "chunk":
-                            f.write(msg.chunk)
-                            digest.update(msg.chunk)
-                            size += len(msg.chunk)
+                            chunk = msg.chunk  # each access copies the bytes out of the message: take them once
+                            f.write(chunk)
+                            digest.update(chunk)
+                            size += len(chunk)
                         elif which == "header":
                             expected_size = msg.header.size_bytes
                         elif which == "end":

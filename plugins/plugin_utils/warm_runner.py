@@ -9,6 +9,10 @@ framed protocol over its stdin/stdout. It never imports anything from the
 controller: on the first module payload it puts that payload's own AnsiballZ
 zip on sys.path and imports its module_utils (basic, the AnsiballZ loader), so
 every later payload runs in a fresh fork() with those imports already done.
+After a module ran cleanly, the runner also imports the module_utils that run
+imported from its zip, so the next run of that module (or of one sharing them)
+finds them loaded too. A verified zip is kept on disk by its sha256, so a
+payload seen before is neither re-checked nor re-written.
 
 A payload is only run warm when every file it embeds that was preloaded is
 byte-identical to the preloaded one; otherwise (and for anything else the
@@ -20,10 +24,12 @@ Frames: 9-byte header (4-byte length, 4-byte request id, 1-byte kind) + payload.
                    KILL  (kill the request's process group)
     runner -> mux: READY (id 0, JSON {"python": "3.x.y"}), STARTED, OUT, ERR,
                    EXIT (JSON {"rc": n}), REFUSE (JSON {"reason": "..."})
+    child -> runner (its own pipe, never forwarded): the module_utils it imported
 Stdlib only; Python 3.6+.
 """
 
 import base64
+import collections
 import hashlib
 import io
 import json
@@ -36,24 +42,41 @@ import struct
 import sys
 import tempfile
 import zipfile
+import zipimport
 
 HEADER = struct.Struct("!IIB")
 RUN, KILL = 1, 2
 READY, STARTED, OUT, ERR, EXIT, REFUSE = 10, 11, 12, 13, 14, 15
+IMPORTS = "imports"  # the child's report pipe
 MARKER = "microvm-warm-runner"
 PRELOAD = ("ansible.module_utils.basic", "ansible.module_utils._internal._ansiballz._loader")
 # Variables read when an interpreter starts: a task that changes them runs cold.
 STARTUP_VARS = re.compile(r"^(PYTHON.*|LANG|LANGUAGE|LC_.*)$")
 ZIPDATA = re.compile(rb"^zip_data='([A-Za-z0-9+/=]*)',$", re.M)
+# Names whose modules a clean run may have the runner preload: module_utils only, never a module.
+MODULE_UTILS = re.compile(r"^(ansible\.module_utils|ansible_collections\.[^.]+\.[^.]+\.plugins\.module_utils)\.")
+ZIP_CACHE = 32  # verified zips kept on disk (about 130-300 KiB each)
 
 
 def payload_zip(payload):
+    """The AnsiballZ zip embedded in a module payload, or None."""
+    found = split_payload(payload)
+    return base64.b64decode(found[1]) if found else None
+
+
+def split_payload(payload):
+    """(wrapper source with the zip literal replaced by a name, the zip's base64), or None.
+
+    Compiling the wrapper with its zip as a literal costs several ms a run; the
+    name is bound to the same string in the module's globals instead.
+    """
     if b"_ANSIBALLZ_WRAPPER = True" not in payload:
         return None
     found = ZIPDATA.search(payload)
     if not found:
         return None
-    return base64.b64decode(found.group(1))
+    source = payload[:found.start(1) - 1] + b"__microvm_zip_data__" + payload[found.end(1) + 1:]
+    return source, found.group(1).decode("ascii")
 
 
 class Runner:
@@ -67,10 +90,15 @@ class Runner:
         self.open_pipes = {}      # request id -> open pipe count
         self.status = {}          # request id -> rc once reaped
         self.pids = {}            # request id -> pid
+        self.reports = {}         # request id -> bytes the child reported
+        self.zip_of = {}          # request id -> the zip it ran from
         self.preload_dir = None
         self.preload_zip = None
+        self.roots = []           # zips the runner's own packages import from (kept while it lives)
         self.preloaded = None     # arcname -> sha256 of the preloaded files
         self.preload_error = None
+        self.generation = 0       # grows with self.preloaded: older verifications are stale
+        self.verified = collections.OrderedDict()  # zip sha256 -> (path on disk, generation)
         self.base_env = dict(os.environ)
         self.cwd = os.getcwd()
 
@@ -90,46 +118,121 @@ class Runner:
         with open(self.preload_zip, "wb") as f:
             f.write(zip_bytes)
         sys.path.insert(0, self.preload_zip)
+        self.roots.append(self.preload_zip)
         try:
             for name in PRELOAD:
                 __import__(name)
         except Exception as e:  # the payload's module_utils cannot be preloaded: every run goes cold
             self.preload_error = "cannot preload the payload's module_utils: %s: %s" % (type(e).__name__, e)
             return
-        prefix = self.preload_zip + os.sep
-        zf = zipfile.ZipFile(io.BytesIO(zip_bytes))
-        names = set(zf.namelist())
-        self.preloaded = {}
-        for mod in list(sys.modules.values()):
-            path = getattr(mod, "__file__", None) or ""
-            if path.startswith(prefix):
-                arc = path[len(prefix):].replace(os.sep, "/")
-                if arc in names:
-                    self.preloaded[arc] = hashlib.sha256(zf.read(arc)).hexdigest()
+        self.record_preloaded()
 
-    def refusal(self, env, zip_bytes):
-        """Why this payload cannot run warm, or None."""
-        if zip_bytes is None:
-            return "not an AnsiballZ Python module payload"
-        for key, value in env.items():
-            if STARTUP_VARS.match(key) and self.base_env.get(key) != value:
-                return "the task sets %s, which the interpreter reads at start-up" % key
-        if self.preloaded is None and self.preload_error is None:
-            self.preload(zip_bytes)
-        if self.preload_error:
-            return self.preload_error
+    def root_of(self, path):
+        """(zip, arcname) when path lies in one of the runner's zips, else None."""
+        for root in self.roots:
+            if path.startswith(root + os.sep):
+                return root, path[len(root) + 1:].replace(os.sep, "/")
+        return None
+
+    def record_preloaded(self):
+        """Note the sha256 of every file the runner has imported from its zips."""
+        preloaded = {}
+        archives = {}
+        for mod in list(sys.modules.values()):
+            found = self.root_of(getattr(mod, "__file__", None) or "")
+            if found:
+                root, arc = found
+                if root not in archives:
+                    archives[root] = zipfile.ZipFile(root)
+                try:
+                    preloaded[arc] = hashlib.sha256(archives[root].read(arc)).hexdigest()
+                except KeyError:
+                    pass
+        for zf in archives.values():
+            zf.close()
+        self.preloaded = preloaded
+        self.generation += 1
+
+    def extend_preload(self, names, zip_path):
+        """Import module_utils a clean run imported from zip_path, so later forks start with them."""
+        names = [n for n in names if MODULE_UTILS.match(n) and n not in sys.modules]
+        if not names or self.preload_error:
+            return
+        if zip_path not in self.roots:
+            # the runner's packages look in this zip after their own: only files missing elsewhere come from it
+            for mod in list(sys.modules.values()):
+                path = getattr(mod, "__path__", None)
+                if isinstance(path, list):
+                    for entry in list(path):
+                        found = self.root_of(entry) if entry not in self.roots else (entry, "")
+                        if found and found[0] == self.preload_zip:
+                            extra = os.path.join(zip_path, found[1]) if found[1] else zip_path
+                            if extra not in path:
+                                path.append(extra)
+            self.roots.append(zip_path)
+            sys.path.append(zip_path)
+            sys.path_importer_cache.clear()
+        for name in sorted(names):
+            try:
+                __import__(name)
+            except Exception:  # it imports in a module's run, not here: leave it to the runs
+                for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+                    sys.modules.pop(key, None)
+        self.record_preloaded()
+
+    def verified_zip(self, zip_bytes):
+        """(why this zip cannot run warm or None, its path on disk)."""
+        key = hashlib.sha256(zip_bytes).hexdigest()
+        known = self.verified.get(key)
+        if known is not None and known[1] == self.generation:
+            self.verified.move_to_end(key)
+            return None, known[0]
         zf = zipfile.ZipFile(io.BytesIO(zip_bytes))
         for arc in zf.namelist():
             digest = self.preloaded.get(arc)
             if digest is not None and hashlib.sha256(zf.read(arc)).hexdigest() != digest:
-                return "its module_utils differ from the preloaded ones (%s)" % arc
-        return None
+                return "its module_utils differ from the preloaded ones (%s)" % arc, None
+        if known is None:
+            path = os.path.join(self.preload_dir, "payload-%s.zip" % key[:32])
+            with open(path, "wb") as f:
+                f.write(zip_bytes)
+            zipimport.zipimporter(path)  # reads its directory into zipimport's cache, which every fork inherits
+        else:
+            path = known[0]
+        self.verified[key] = (path, self.generation)
+        while len(self.verified) > ZIP_CACHE:
+            for old_key, (old_path, _gen) in self.verified.items():
+                if old_path not in self.roots:
+                    del self.verified[old_key]
+                    try:
+                        os.unlink(old_path)
+                    except OSError:
+                        pass
+                    break
+            else:
+                break
+        return None, path
+
+    def refusal(self, env, zip_bytes):
+        """(why this payload cannot run warm or None, the path of its verified zip)."""
+        if zip_bytes is None:
+            return "not an AnsiballZ Python module payload", None
+        for key, value in env.items():
+            if STARTUP_VARS.match(key) and self.base_env.get(key) != value:
+                return "the task sets %s, which the interpreter reads at start-up" % key, None
+        if self.preloaded is None and self.preload_error is None:
+            self.preload(zip_bytes)
+        if self.preload_error:
+            return self.preload_error, None
+        return self.verified_zip(zip_bytes)
 
     # -- running ---------------------------------------------------------------------
     def run(self, rid, env, payload):
-        zip_bytes = payload_zip(payload)
+        split = split_payload(payload)
+        zip_path = None
         try:
-            reason = self.refusal(env, zip_bytes)
+            zip_bytes = base64.b64decode(split[1]) if split else None
+            reason, zip_path = self.refusal(env, zip_bytes)
         except Exception as e:
             reason = "cannot inspect the payload: %s: %s" % (type(e).__name__, e)
         if reason:
@@ -137,20 +240,30 @@ class Runner:
             return
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        rep_r, rep_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            self.child(env, payload, zip_bytes, out_w, err_w, (out_r, err_r))
-        os.close(out_w)
-        os.close(err_w)
+            self.child(env, split, zip_path, out_w, err_w, rep_w, (out_r, err_r, rep_r))
+        for fd in (out_w, err_w, rep_w):
+            os.close(fd)
         self.children[pid] = rid
         self.pids[rid] = pid
-        self.open_pipes[rid] = 2
-        for fd, kind in ((out_r, OUT), (err_r, ERR)):
+        self.open_pipes[rid] = 3
+        self.reports[rid] = b""
+        self.zip_of[rid] = zip_path
+        for fd, kind in ((out_r, OUT), (err_r, ERR), (rep_r, IMPORTS)):
             self.pipes[fd] = (rid, kind)
             self.sel.register(fd, selectors.EVENT_READ, "pipe")
         self.send(rid, STARTED)
 
-    def child(self, env, payload, zip_bytes, out_w, err_w, close):
+    def own_path(self, entry, own_zip):
+        """A package path entry in one of the runner's zips, moved into the payload's zip."""
+        found = self.root_of(entry) if entry not in self.roots else (entry, "")
+        if not found:
+            return None
+        return os.path.join(own_zip, found[1]) if found[1] else own_zip
+
+    def child(self, env, split, own_zip, out_w, err_w, rep_w, close):
         rc = 1
         try:
             os.setpgid(0, 0)  # a KILL stops the module and what it started
@@ -166,37 +279,35 @@ class Runner:
             os.environ.update(env)
             tempfile.tempdir = None
             os.chdir(self.cwd)
-            # Packages preloaded from the first payload's zip now look in this payload's zip first,
+            # Packages preloaded from the runner's zips now look in this payload's zip first,
             # so its own module (and module_utils that were not preloaded) are imported from it.
-            own_dir = tempfile.mkdtemp(prefix="ansible_warm_")
-            own_zip = os.path.join(own_dir, "payload.zip")
-            with open(own_zip, "wb") as f:
-                f.write(zip_bytes)
-            old = self.preload_zip
             for mod in list(sys.modules.values()):
                 path = getattr(mod, "__path__", None)
-                if isinstance(path, list) and any(p == old or p.startswith(old + os.sep) for p in path):
-                    path[:0] = [own_zip + p[len(old):] for p in path if p == old or p.startswith(old + os.sep)]
+                if isinstance(path, list):
+                    moved = [p for p in (self.own_path(entry, own_zip) for entry in path) if p]
+                    path[:0] = [p for i, p in enumerate(moved) if p not in moved[:i]]
             sys.path_importer_cache.clear()
             sys.argv = [""]
             main = type(sys)("__main__")
             main.__dict__["__builtins__"] = __builtins__
+            main.__dict__["__microvm_zip_data__"] = split[1]
             sys.modules["__main__"] = main
-            code = compile(payload, "<stdin>", "exec")
+            code = compile(split[0], "<stdin>", "exec")
             try:
-                try:
-                    exec(code, main.__dict__)
-                    rc = 0
-                except SystemExit as e:
-                    rc = exit_code(e)
-                except BaseException:
-                    kind, value, tb = sys.exc_info()
-                    tb = tb.tb_next if tb is not None else tb  # the runner's own frame is not the module's
-                    sys.excepthook(kind, value.with_traceback(tb), tb)
-                    rc = 1
-                run_atexit()
-            finally:
-                shutil.rmtree(own_dir, ignore_errors=True)
+                exec(code, main.__dict__)
+                rc = 0
+            except SystemExit as e:
+                rc = exit_code(e)
+            except BaseException:
+                kind, value, tb = sys.exc_info()
+                tb = tb.tb_next if tb is not None else tb  # the runner's own frame is not the module's
+                sys.excepthook(kind, value.with_traceback(tb), tb)
+                rc = 1
+            run_atexit()
+            prefix = own_zip + os.sep
+            report = [name for name, mod in list(sys.modules.items())
+                      if MODULE_UTILS.match(name) and (getattr(mod, "__file__", None) or "").startswith(prefix)]
+            os.write(rep_w, json.dumps(report).encode("utf-8"))
         except BaseException as e:  # the runner's own set-up failed: say so on the task's stderr
             try:
                 os.write(2, ("microvm warm runner: %s: %s\n" % (type(e).__name__, e)).encode("utf-8", "replace"))
@@ -237,15 +348,25 @@ class Runner:
 
     def finish(self, rid):
         if self.open_pipes.get(rid) == 0 and rid in self.status:
-            self.send(rid, EXIT, {"rc": self.status.pop(rid)})
+            rc = self.status.pop(rid)
+            self.send(rid, EXIT, {"rc": rc})
             self.open_pipes.pop(rid, None)
             self.pids.pop(rid, None)
+            report, zip_path = self.reports.pop(rid, b""), self.zip_of.pop(rid, None)
+            if rc == 0 and report and zip_path:
+                try:
+                    self.extend_preload(json.loads(report.decode("utf-8")), zip_path)
+                except Exception:  # preloading more is an optimisation: a failure keeps what there is
+                    pass
 
     def on_pipe(self, fd):
         rid, kind = self.pipes[fd]
         data = os.read(fd, 65536)
         if data:
-            self.send(rid, kind, data)
+            if kind == IMPORTS:
+                self.reports[rid] = self.reports.get(rid, b"") + data
+            else:
+                self.send(rid, kind, data)
             return
         self.sel.unregister(fd)
         os.close(fd)

@@ -152,6 +152,63 @@ def test_runner_env_state_failures_and_mismatch(tmp_path):
         r.close()
 
 
+EXTRA_PAYLOAD = r'''
+_ANSIBALLZ_WRAPPER = True
+import json, os
+import ansible.module_utils.extra as extra
+print(json.dumps({"v": extra.V, "imported_here": extra.PID == os.getpid(), "seen": extra.SEEN}))
+extra.SEEN.append(os.getpid())
+if os.environ.get("ACTION") == "fail":
+    raise SystemExit(2)
+'''
+
+
+def extra_payload(extra_source, stamp=0):
+    """A payload importing a module_utils the runner did not preload at start; stamp varies the zip's bytes."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name in ("ansible/__init__.py", "ansible/module_utils/__init__.py",
+                     "ansible/module_utils/_internal/__init__.py", "ansible/module_utils/_internal/_ansiballz/__init__.py",
+                     "ansible/module_utils/_internal/_ansiballz/_loader.py", "ansible/module_utils/basic.py"):
+            z.writestr(name, "")
+        z.writestr("ansible/module_utils/extra.py", extra_source)
+        z.writestr("stamp.txt", str(stamp))
+    zip_data = base64.b64encode(buf.getvalue()).decode()
+    return ("ARGS = dict(\nzip_data='%s',\n)\n" % zip_data + EXTRA_PAYLOAD).encode()
+
+
+def test_runner_preloads_what_clean_runs_import(tmp_path):
+    r = LocalRunner(tmp_path)
+    extra = "import os\nV = %d\nPID = os.getpid()\nSEEN = []\n"
+    try:
+        # a failed run teaches the runner nothing: the next run imports the module_utils itself again
+        rc, out, err = r.run(1, {"ACTION": "fail"}, extra_payload(extra % 1))
+        assert rc == 2 and json.loads(out)["imported_here"] is True, err
+        rc, out, err = r.run(2, {}, extra_payload(extra % 1))
+        assert rc == 0 and json.loads(out) == {"v": 1, "imported_here": True, "seen": []}, err
+        # after a clean run it is preloaded in the runner: the next fork finds it imported, with fresh state
+        # (the same zip, and another zip with the same module_utils)
+        for rid, stamp in ((3, 0), (4, 1)):
+            rc, out, err = r.run(rid, {}, extra_payload(extra % 1, stamp))
+            assert rc == 0 and json.loads(out) == {"v": 1, "imported_here": False, "seen": []}, err
+        # a payload whose copy of that module_utils differs is refused and runs cold
+        rc, reason, dummy = r.run(5, {}, extra_payload(extra % 2))
+        assert rc == "refused" and "ansible/module_utils/extra.py" in reason
+    finally:
+        r.close()
+
+
+def test_runner_replaces_only_the_zip_literal():
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm_runner as wr
+
+    data = payload()
+    source, zip_b64 = wr.split_payload(data)
+    assert base64.b64decode(zip_b64) == wr.payload_zip(data) == make_zip("X = 1\n")
+    assert source.count(b"\n") == data.count(b"\n")  # line numbers in tracebacks stay the same
+    assert b"zip_data=__microvm_zip_data__,\n" in source and zip_b64.encode() not in source
+    assert wr.split_payload(b"print('no wrapper')") is None
+
+
 # -- through ansible-playbook -----------------------------------------------------------------
 
 def test_battery_warm_on_and_off(plane, sandbox, env, tmp_path, playbook_runner):  # noqa: F811
