@@ -12,45 +12,22 @@ Prints a table with ratios and writes bench/results/connection.json.
 Usage: PYTHONPATH=.local/collections:localplane .venv/bin/python bench/connection_bench.py [--repeat 3] [--size-mib 256]
 """
 import argparse
-import json
 import os
 import shutil
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COLLECTIONS = os.path.join(ROOT, ".local", "collections")
-for p in (COLLECTIONS, os.path.join(ROOT, "localplane")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+import benchlib  # first: it puts the collection and localplane on sys.path
+from benchlib import COLLECTIONS, ROOT, ansible_env, playbook_text, run_playbook, write
 
-from microvm_localplane.testing import start_local_plane, stop_local_plane  # noqa: E402
+from microvm_localplane.testing import start_local_plane, stop_local_plane
 
-from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import MuxClient  # noqa: E402
-
-BIN = os.path.dirname(sys.executable)
-PLAYBOOK = """
-- hosts: target
-  gather_facts: false
-  tasks:
-{tasks}
-"""
-COMMAND_TASK = "    - ansible.builtin.command: echo {n}\n"
-COPY_TASK = "    - ansible.builtin.copy: {{content: \"file {n}\\n\", dest: \"{{{{ dest_dir }}}}/f{n}.txt\"}}\n"
-
-
-def playbook_text():
-    tasks = []
-    for n in range(30):
-        # 2 commands then 1 copy, repeated: 20 commands and 10 copies in a realistic mix
-        tasks.append(COPY_TASK.format(n=n) if n % 3 == 2 else COMMAND_TASK.format(n=n))
-    return PLAYBOOK.format(tasks="".join(tasks))
+from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import MuxClient
 
 
 def free_port():
@@ -104,22 +81,6 @@ class Sshd:
         self.proc.wait(10)
 
 
-def run_playbook(workdir, inventory, env):
-    start = time.perf_counter()
-    proc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", inventory, "playbook.yml"], cwd=workdir,
-                          env=env, capture_output=True, text=True, check=False)
-    elapsed = time.perf_counter() - start
-    if proc.returncode != 0 or "failed=0" not in proc.stdout:
-        raise RuntimeError("playbook failed (%s):\n%s\n%s" % (inventory, proc.stdout[-3000:], proc.stderr[-2000:]))
-    return elapsed
-
-
-def write(path, text):
-    with open(path, "w") as f:
-        f.write(text)
-    return path
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--repeat", type=int, default=3)
@@ -141,10 +102,8 @@ def main():
         os.makedirs(local_dir)
         os.makedirs(ssh_dir)
         mux_dir = os.path.join(tmp, "mux")
-        env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS, ANSIBLE_NOCOLOR="1", ANSIBLE_HOST_KEY_CHECKING="0",
-                   ANSIBLE_RETRY_FILES_ENABLED="0", MICROVM_MUX_DIR=mux_dir, MICROVM_PERSIST="300", **plane.env)
-        env["PYTHONPATH"] = COLLECTIONS
-        write(os.path.join(tmp, "playbook.yml"), playbook_text())
+        env = ansible_env(plane, mux_dir, 300, PYTHONPATH=COLLECTIONS)
+        write(os.path.join(tmp, "playbook.yml"), playbook_text(mixed=True))
         inventories = {
             "agent": write(os.path.join(tmp, "agent.ini"),
                            "target ansible_host=%s ansible_connection=microvm.sandbox.agent "
@@ -159,12 +118,12 @@ def main():
                          % (sshd.port, ssh_dir, sshd.key, " ".join(sshd.options[:-2]))),
         }
         for mode in inventories:  # warm-up: the agent's mux and ssh's ControlMaster come up here
-            run_playbook(tmp, inventories[mode], env)
+            run_playbook(tmp, "playbook.yml", inventories[mode], env)
         times = {mode: [] for mode in inventories}
         for i in range(args.repeat):
             order = list(inventories)[i % 3:] + list(inventories)[:i % 3]  # interleave against drift
             for mode in order:
-                times[mode].append(run_playbook(tmp, inventories[mode], env))
+                times[mode].append(run_playbook(tmp, "playbook.yml", inventories[mode], env))
         per_task = {mode: statistics.median(t) / 30 for mode, t in times.items()}
 
         # 256 MiB in and out: the plugin's transfer path vs scp over the warm ControlMaster
@@ -220,20 +179,11 @@ def main():
             print("  %-4s agent %7.1f MiB/s   scp %7.1f MiB/s   ratio %.2f" % (
                 direction, result["copy_mib_per_second"]["agent_" + direction],
                 result["copy_mib_per_second"]["scp_" + direction], result["copy_ratio_agent_to_scp"][direction]))
-        os.makedirs(os.path.dirname(args.output), exist_ok=True)
-        with open(args.output, "w") as f:
-            json.dump(result, f, indent=2)
-        print("wrote %s" % args.output)
+        print("wrote %s" % benchlib.save_json(args.output, result))
     finally:
         if sshd:
             sshd.stop()
-        mux_sock = os.path.join(tmp, "mux")
-        for pid_file in (os.path.join(d, mp.PID_NAME) for d in
-                         [os.path.join(mux_sock, x) for x in (os.listdir(mux_sock) if os.path.isdir(mux_sock) else [])]):
-            try:
-                os.kill(int(open(pid_file).read()), 15)
-            except (OSError, ValueError):
-                pass
+        benchlib.stop_muxes(os.path.join(tmp, "mux"))
         if plane:
             stop_local_plane(plane)
         shutil.rmtree(tmp, ignore_errors=True)

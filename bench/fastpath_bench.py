@@ -15,55 +15,17 @@ Prints per-task medians and writes bench/results/fastpath.json.
 Usage: PYTHONPATH=.local/collections:localplane .venv/bin/python bench/fastpath_bench.py [--repeat 3]
 """
 import argparse
-import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COLLECTIONS = os.path.join(ROOT, ".local", "collections")
-for p in (COLLECTIONS, os.path.join(ROOT, "localplane")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+import benchlib  # first: it puts the collection and localplane on sys.path
+from benchlib import BIN, COLLECTIONS, ROOT, ansible_env, playbook_text, run_playbook, write
 
-from microvm_localplane.testing import start_local_plane, stop_local_plane  # noqa: E402
-
-BIN = os.path.dirname(sys.executable)
-PLAYBOOK = """
-- hosts: target
-  gather_facts: false
-  tasks:
-{tasks}
-"""
-COMMAND_TASK = "    - ansible.builtin.command: echo {n}\n"
-COPY_TASK = "    - ansible.builtin.copy: {{content: \"file {n}\\n\", dest: \"{{{{ dest_dir }}}}/f{n}.txt\"}}\n"
-
-
-def playbook_text(mixed):
-    tasks = []
-    for n in range(30):
-        tasks.append(COPY_TASK.format(n=n) if mixed and n % 3 == 2 else COMMAND_TASK.format(n=n))
-    return PLAYBOOK.format(tasks="".join(tasks))
-
-
-def run_playbook(workdir, playbook, inventory, env, bin_dir=BIN):
-    start = time.perf_counter()
-    proc = subprocess.run([os.path.join(bin_dir, "ansible-playbook"), "-i", inventory, playbook], cwd=workdir,
-                          env=env, capture_output=True, text=True, check=False)
-    elapsed = time.perf_counter() - start
-    if proc.returncode != 0 or "failed=0" not in proc.stdout:
-        raise RuntimeError("playbook failed (%s):\n%s\n%s" % (inventory, proc.stdout[-3000:], proc.stderr[-2000:]))
-    return elapsed
-
-
-def write(path, text):
-    with open(path, "w") as f:
-        f.write(text)
-    return path
+from microvm_localplane.testing import start_local_plane, stop_local_plane
 
 
 def main():
@@ -83,12 +45,9 @@ def main():
                                       timeout=120)
         local_dir = os.path.join(tmp, "local-dest")
         os.makedirs(local_dir)
-        env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS, ANSIBLE_NOCOLOR="1", ANSIBLE_HOST_KEY_CHECKING="0",
-                   ANSIBLE_RETRY_FILES_ENABLED="0", MICROVM_MUX_DIR=os.path.join(tmp, "mux"), MICROVM_PERSIST="300",
-                   **plane.env)
-        env["PYTHONPATH"] = COLLECTIONS
-        playbooks = {"command30": write(os.path.join(tmp, "command30.yml"), playbook_text(False)),
-                     "mixed30": write(os.path.join(tmp, "mixed30.yml"), playbook_text(True))}
+        env = ansible_env(plane, os.path.join(tmp, "mux"), 300, PYTHONPATH=COLLECTIONS)
+        playbooks = {"command30": write(os.path.join(tmp, "command30.yml"), playbook_text(mixed=False)),
+                     "mixed30": write(os.path.join(tmp, "mixed30.yml"), playbook_text(mixed=True))}
         agent = ("target ansible_host=%s ansible_connection=microvm.sandbox.agent ansible_python_interpreter=/usr/bin/python3 "
                  "dest_dir=/workspace ansible_microvm_warm_runner=%s\n")
         inventories = {
@@ -120,9 +79,7 @@ def main():
                     times[mode].append(run_playbook(tmp, playbook, inventories[mode], *runners[mode]))
             result["runs_s"][name] = {mode: [round(t, 3) for t in ts] for mode, ts in times.items()}
             result["per_task_s"][name] = {mode: round(statistics.median(ts) / 30, 4) for mode, ts in times.items()}
-        os.makedirs(os.path.dirname(args.output), exist_ok=True)
-        with open(args.output, "w") as f:
-            json.dump(result, f, indent=2, sort_keys=True)
+        benchlib.save_json(args.output, result, sort_keys=True)
         print("%-10s %12s %12s %12s %14s %10s" % ("playbook", "agent cold", "agent warm", "local", "mitogen local",
                                                   "warm/cold"))
         for name, per in result["per_task_s"].items():
@@ -131,6 +88,7 @@ def main():
             print("%-10s %11.3fs %11.3fs %11.3fs %s %9.2fx" % row)
         print("wrote %s" % args.output)
     finally:
+        benchlib.stop_muxes(os.path.join(tmp, "mux"))
         if plane is not None:
             stop_local_plane(plane)
         shutil.rmtree(tmp, ignore_errors=True)

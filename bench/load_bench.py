@@ -7,29 +7,20 @@ REST: exactly the 20 lines in order and the 10 files. Records the RSS of the pla
 its whole process tree: guests included) and of all the muxes, after the warm-up and after the run.
 Prints a table and writes bench/results/load.json.
 
-Usage: PYTHONPATH=.local/collections:localplane .venv/bin/python bench/load_bench.py [--sessions 20] [--forks 10]
+Usage: PYTHONPATH=.local/collections:localplane .venv/bin/python bench/load_bench.py [--sessions 20] [--forks 10] [--output FILE]
 """
 import argparse
-import glob
-import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COLLECTIONS = os.path.join(ROOT, ".local", "collections")
-for p in (COLLECTIONS, os.path.join(ROOT, "localplane")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+import benchlib  # first: it puts the collection and localplane on sys.path
+from benchlib import BIN, ROOT, ansible_env, mux_pids, playbook_argv, timed_run
 
-from microvm_localplane.testing import start_local_plane, stop_local_plane  # noqa: E402
+from microvm_localplane.testing import start_local_plane, stop_local_plane
 
-BIN = os.path.dirname(sys.executable)
-MUX_MODULE = b"ansible_collections.microvm.sandbox.plugins.plugin_utils.mux"
 TASKS = 30
 
 
@@ -78,19 +69,6 @@ def tree(pid):
     return out
 
 
-def mux_pids(mux_dir):
-    pids = []
-    for pid_file in glob.glob(os.path.join(mux_dir, "*", "mux.pid")):
-        try:
-            pid = int(open(pid_file).read())
-            with open("/proc/%d/cmdline" % pid, "rb") as f:
-                if MUX_MODULE in f.read():
-                    pids.append(pid)
-        except (OSError, ValueError):
-            pass
-    return pids
-
-
 def snapshot(plane, mux_dir):
     muxes = mux_pids(mux_dir)
     per_mux = [rss_kib(p) for p in muxes]
@@ -100,16 +78,11 @@ def snapshot(plane, mux_dir):
             "mux_rss_kib_max": max(per_mux) if per_mux else 0}
 
 
-def run(argv, env, cwd):
-    t = time.monotonic()
-    proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, check=False)
-    return proc, time.monotonic() - t
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sessions", type=int, default=20)
     ap.add_argument("--forks", type=int, default=10)
+    ap.add_argument("--output", default=os.path.join(ROOT, "bench", "results", "load.json"))
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="load-bench-")
     state = os.path.join(work, "plane")
@@ -135,15 +108,13 @@ def main():
             f.write(text)
         with open(os.path.join(work, "warmup.yml"), "w") as f:
             f.write(WARMUP)
-        env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS, ANSIBLE_NOCOLOR="1", ANSIBLE_HOST_KEY_CHECKING="0",
-                   ANSIBLE_RETRY_FILES_ENABLED="0", MICROVM_MUX_DIR=mux_dir, MICROVM_PERSIST="600",
-                   PATH=BIN + os.pathsep + os.environ.get("PATH", ""), **plane.env)
-        cmd = [os.path.join(BIN, "ansible-playbook"), "-i", inv, "--forks", str(args.forks)]
-        warm, result["warmup_s"] = run(cmd + ["warmup.yml"], env, work)
+        env = ansible_env(plane, mux_dir, 600, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
+        forks = ("--forks", str(args.forks))
+        warm, result["warmup_s"] = timed_run(playbook_argv(inv, "warmup.yml", *forks), env, work)
         if warm.returncode != 0:
             raise SystemExit("warm-up failed:\n" + warm.stdout[-4000:] + warm.stderr[-2000:])
         result["after_warmup"] = snapshot(plane, mux_dir)
-        proc, result["run_s"] = run(cmd + ["load.yml"], env, work)
+        proc, result["run_s"] = timed_run(playbook_argv(inv, "load.yml", *forks), env, work)
         result["rc"] = proc.returncode
         result["after_run"] = snapshot(plane, mux_dir)
         recap = [line for line in proc.stdout.splitlines() if "ok=" in line and "failed=" in line]
@@ -162,11 +133,7 @@ def main():
         result["tasks_total"] = args.sessions * TASKS
         result["per_task_ms"] = round(1000 * result["run_s"] / result["tasks_total"], 1)
     finally:
-        for pid in mux_pids(mux_dir):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except OSError:
-                pass
+        benchlib.stop_muxes(mux_dir)
         stop_local_plane(plane)
         shutil.rmtree(work, ignore_errors=True)
 
@@ -180,12 +147,8 @@ def main():
                        ("muxes_rss_kib_total", "muxes RSS total"), ("mux_rss_kib_max", "largest mux RSS")):
         rows.append(("%s: before / warm / after" % label, "%.1f / %.1f / %.1f MiB" % tuple(
             result[k].get(key, 0) / 1024 for k in ("plane_before", "after_warmup", "after_run"))))
-    width = max(len(r[0]) for r in rows)
-    for name, value in rows:
-        print("%-*s  %s" % (width, name, value))
-    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    with open(os.path.join(ROOT, "bench", "results", "load.json"), "w") as f:
-        json.dump(result, f, indent=2, sort_keys=True)
+    benchlib.print_rows(rows)
+    benchlib.save_json(args.output, result, sort_keys=True)
     return 0 if result["rc"] == 0 and not result["sessions_bad"] and result["recap_all_ok"] else 1
 
 

@@ -13,7 +13,6 @@ Usage: PYTHONPATH=.local/collections:localplane .venv/bin/python bench/localplan
 import argparse
 import asyncio
 import hashlib
-import json
 import os
 import shutil
 import statistics
@@ -22,22 +21,20 @@ import tempfile
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for p in (os.path.join(ROOT, ".local", "collections"), os.path.join(ROOT, "localplane")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+import grpc
+import requests
 
-import grpc  # noqa: E402
-import requests  # noqa: E402
+import benchlib  # first: it puts the collection and localplane on sys.path
+from benchlib import ROOT
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.agent_pb import (  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils.agent_pb import (
     sandbox_agent_pb2 as pb,
     sandbox_agent_pb2_grpc as pb_grpc,
 )
-from microvm_localplane.freezer import GuestCgroup  # noqa: E402
-from microvm_localplane.sessions import guest_state_dir  # noqa: E402
-from microvm_localplane.testing import start_local_plane, stop_local_plane  # noqa: E402
-from microvm_localplane.wsbridge import TcpOverWebSocket  # noqa: E402
+from microvm_localplane.freezer import GuestCgroup
+from microvm_localplane.sessions import guest_state_dir
+from microvm_localplane.testing import start_local_plane, stop_local_plane
+from microvm_localplane.wsbridge import TcpOverWebSocket
 
 
 def pct(values, q):
@@ -255,9 +252,7 @@ def main():
     finally:
         stop_local_plane(handle)
         shutil.rmtree(state, ignore_errors=True)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=2)
+    benchlib.save_json(args.out, results)
     c, e, m = results["create_to_ready"], results["exec_through_port_forward"], results["concurrent_sessions"]
     t = results["port_forward_throughput"]
     rows = [
@@ -273,10 +268,8 @@ def main():
         ("memory per idle guest, median / max",
          "%.1f / %.1f MiB" % (m["idle_guest_memory_mib_median"] or 0, m["idle_guest_memory_mib_max"] or 0)),
     ]
-    width = max(len(r[0]) for r in rows)
     print("local control plane benchmark (%d cpus, load %.1f at start)" % (os.cpu_count(), results["machine"]["load_at_start"]))
-    for name, value in rows:
-        print("  %-*s  %s" % (width, name, value))
+    benchlib.print_rows(rows, indent="  ")
     print("wrote", args.out)
     return 0 if m["usable"] == m["count"] else 1
 
