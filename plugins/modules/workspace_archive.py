@@ -24,6 +24,7 @@ description:
     symbolic links that stay inside O(dest) are kept; ownership is the agent's user.
   - This is an action plugin; it runs on the controller and needs the P(microvm.sandbox.agent#connection)
     connection (it fails clearly with any other).
+  - The role C(microvm.sandbox.workspace_restore) uses it.
 author:
   - microvm.sandbox maintainers (@microvm)
 options:
@@ -56,22 +57,26 @@ options:
     default: [/workspace/.scratch]
 attributes:
   check_mode:
+    description: Can run in C(check_mode) and return changed status prediction without modifying the target.
     support: full
     details:
       - Checks the archive and reports what would change; nothing is sent or removed.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in C(check_mode)), when in diff mode.
     support: none
   action:
+    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
     support: full
     details:
       - Runs on the controller and calls the connection.
   platform:
+    description: Target OS/families that can be operated against.
+    support: N/A
     platforms: posix
 notes:
   - The check is lexical, on the member names. A symbolic link that already exists in the sandbox and points
     outside O(dest) is caught by the agent, which refuses the whole archive.
 seealso:
-  - role: microvm.sandbox.workspace_restore
   - module: microvm.sandbox.workspace_object
 """
 

@@ -18,6 +18,7 @@ description:
     missing object, a missing sidecar or a mismatch fails with a clear message and leaves nothing at O(dest).
   - Uses boto3, so it works with DigitalOcean Spaces, AWS S3, MinIO or any S3-compatible store.
   - Runs where it is executed, usually the controller (C(delegate_to=localhost)).
+  - The roles C(microvm.sandbox.workspace_export) and C(microvm.sandbox.workspace_restore) use it.
 author:
   - microvm.sandbox maintainers (@microvm)
 extends_documentation_fragment:
@@ -59,14 +60,15 @@ options:
     default: false
 attributes:
   check_mode:
+    description: Can run in C(check_mode) and return changed status prediction without modifying the target.
     support: full
     details:
       - Reads the store and reports what would change, without writing.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in C(check_mode)), when in diff mode.
     support: none
 seealso:
-  - role: microvm.sandbox.workspace_export
-  - role: microvm.sandbox.workspace_restore
+  - module: microvm.sandbox.workspace_archive
 """
 
 EXAMPLES = r"""
