@@ -242,9 +242,11 @@ from ansible.utils.display import Display  # noqa: E402
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import option_defs  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import MuxClient, host_tag, run_identity  # noqa: E402
 
 display = Display()
+option_defs.register("connection", __name__, DOCUMENTATION)  # saves core's slow parse in every worker
 
 # Error kinds of the mux that mean "this host cannot be reached": Ansible marks it UNREACHABLE.
 UNREACHABLE_KINDS = frozenset([mp.ERR_UNREACHABLE, mp.ERR_LOST, mp.ERR_GONE, mp.ERR_PROTOCOL])
