@@ -5,7 +5,7 @@
    - `connection: local`,
    - `connection: ssh` to a private sshd on 127.0.0.1 with ControlPersist and pipelining,
    each warmed up once (mux / ControlMaster started) and then timed REPEAT times, interleaved.
-2. A 256 MiB file copied in and out: the plugin's put_file/fetch_file path (the session's mux)
+2. A 256 MiB file copied in and out REPEAT times, interleaved (median): the plugin's put_file/fetch_file path (the session's mux)
    against scp to localhost over the same warm ControlMaster.
 
 Prints a table with ratios and writes bench/results/connection.json.
@@ -74,6 +74,11 @@ class Sshd:
                         "-o", "UserKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=no", "-o", "LogLevel=ERROR",
                         "-o", "IdentitiesOnly=yes", "-i", self.key]
 
+    def inventory_vars(self):
+        """Inventory variables for `connection: ssh` to this sshd with ControlPersist and pipelining."""
+        return ("ansible_host=127.0.0.1 ansible_port=%d ansible_user=root ansible_connection=ssh ansible_pipelining=true "
+                "ansible_ssh_private_key_file=%s ansible_ssh_args='%s'" % (self.port, self.key, " ".join(self.options[:-2])))
+
     def stop(self):
         subprocess.run(["ssh", "-O", "exit", "-p", str(self.port)] + self.options + ["root@127.0.0.1"],
                        capture_output=True, check=False)
@@ -111,11 +116,8 @@ def main():
             "local": write(os.path.join(tmp, "local.ini"),
                            "target ansible_connection=local ansible_python_interpreter=/usr/bin/python3 "
                            "dest_dir=%s\n" % local_dir),
-            "ssh": write(os.path.join(tmp, "ssh.ini"),
-                         "target ansible_host=127.0.0.1 ansible_port=%d ansible_user=root ansible_connection=ssh "
-                         "ansible_pipelining=true ansible_python_interpreter=/usr/bin/python3 dest_dir=%s "
-                         "ansible_ssh_private_key_file=%s ansible_ssh_args='%s'\n"
-                         % (sshd.port, ssh_dir, sshd.key, " ".join(sshd.options[:-2]))),
+            "ssh": write(os.path.join(tmp, "ssh.ini"), "target %s ansible_python_interpreter=/usr/bin/python3 dest_dir=%s\n"
+                         % (sshd.inventory_vars(), ssh_dir)),
         }
         for mode in inventories:  # warm-up: the agent's mux and ssh's ControlMaster come up here
             run_playbook(tmp, "playbook.yml", inventories[mode], env)
@@ -136,21 +138,22 @@ def main():
                  "scratch_dir": profile.SCRATCH_DIR, "validate_certs": True}
         mux = MuxClient(mux_dir, mp.mux_key(plane.url, profile.DEFAULT_PREFIX, session["name"], profile.AGENT_PORT),
                         spawn, plane.token).connect()
-        transfer = {}
-        start = time.perf_counter()
-        mux.put(big, "/workspace/big.bin")
-        transfer["agent_in"] = time.perf_counter() - start
-        start = time.perf_counter()
-        mux.fetch("/workspace/big.bin", os.path.join(tmp, "big.agent"))
-        transfer["agent_out"] = time.perf_counter() - start
-        mux.close()
         scp = ["scp", "-q", "-P", str(sshd.port)] + sshd.options
-        start = time.perf_counter()
-        subprocess.run(scp + [big, "root@127.0.0.1:%s/big.bin" % ssh_dir], check=True)
-        transfer["scp_in"] = time.perf_counter() - start
-        start = time.perf_counter()
-        subprocess.run(scp + ["root@127.0.0.1:%s/big.bin" % ssh_dir, os.path.join(tmp, "big.scp")], check=True)
-        transfer["scp_out"] = time.perf_counter() - start
+        copies = {
+            "agent_in": lambda: mux.put(big, "/workspace/big.bin"),
+            "agent_out": lambda: mux.fetch("/workspace/big.bin", os.path.join(tmp, "big.agent")),
+            "scp_in": lambda: subprocess.run(scp + [big, "root@127.0.0.1:%s/big.bin" % ssh_dir], check=True),
+            "scp_out": lambda: subprocess.run(scp + ["root@127.0.0.1:%s/big.bin" % ssh_dir, os.path.join(tmp, "big.scp")],
+                                              check=True),
+        }
+        copy_runs = {name: [] for name in copies}
+        for _dummy in range(args.repeat):  # interleaved, like the playbooks; the median counts
+            for name, copy in copies.items():
+                start = time.perf_counter()
+                copy()
+                copy_runs[name].append(round(time.perf_counter() - start, 3))
+        mux.close()
+        transfer = {name: statistics.median(runs) for name, runs in copy_runs.items()}
         for path in ("big.agent", "big.scp"):
             if os.path.getsize(os.path.join(tmp, path)) != args.size_mib << 20:
                 raise RuntimeError("%s has the wrong size" % path)
@@ -162,6 +165,7 @@ def main():
             "ratio_to_local": {m: per_task[m] / per_task["local"] for m in per_task},
             "copy_mib": args.size_mib,
             "copy_seconds": transfer,
+            "copy_runs_seconds": copy_runs,
             "copy_mib_per_second": {k: mib / v for k, v in transfer.items()},
             "copy_ratio_agent_to_scp": {"in": transfer["scp_in"] / transfer["agent_in"],
                                         "out": transfer["scp_out"] / transfer["agent_out"]},

@@ -7,9 +7,11 @@ Two playbooks, 30 `command` tasks and the 30-task mix (20 `command`, 10 `copy`),
   - the agent connection with the warm runner off (plain pipelined exec, a fresh python3 per module),
   - the agent connection with the warm runner on,
   - `connection: local`,
-  - with --mitogen-venv DIR (a venv with ansible-core and mitogen): `connection: local` under Mitogen's
-    mitogen_linear strategy (Mitogen has no transport for the sandbox agent, so local is its best case),
-each warmed up once (mux and runner started) and then timed REPEAT times, interleaved.
+  - `connection: ssh` to a private sshd on 127.0.0.1 with ControlPersist and pipelining,
+  - with --mitogen-venv DIR (a venv with ansible-core and mitogen), under Mitogen's mitogen_linear strategy:
+    over SSH to the same sshd, and `connection: local` (Mitogen has no transport for the sandbox agent;
+    local is its best case, with no network at all),
+each warmed up once (mux, runner, ControlMaster started) and then timed REPEAT times, interleaved.
 
 Prints per-task medians and writes bench/results/fastpath.json.
 Usage: PYTHONPATH=.local/collections:localplane .venv/bin/python bench/fastpath_bench.py [--repeat 3]
@@ -25,7 +27,10 @@ import tempfile
 import benchlib  # first: it puts the collection and localplane on sys.path
 from benchlib import BIN, COLLECTIONS, ROOT, ansible_env, playbook_text, run_playbook, write
 
+from connection_bench import Sshd
 from microvm_localplane.testing import start_local_plane, stop_local_plane
+
+MODES = ("agent_cold", "agent_warm", "local", "ssh", "mitogen_ssh", "mitogen_local")
 
 
 def main():
@@ -36,15 +41,18 @@ def main():
     args = parser.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="fastbench-")
-    plane = None
+    plane = sshd = None
     try:
         os.makedirs(os.path.join(tmp, "plane"))
         plane = start_local_plane(os.path.join(tmp, "plane"))
         client = plane.client()
         session = client.wait_session(client.create_session({"name": "fastbench", "agent": "none"})["session_id"],
                                       timeout=120)
+        sshd = Sshd(tmp)
         local_dir = os.path.join(tmp, "local-dest")
+        ssh_dir = os.path.join(tmp, "ssh-dest")
         os.makedirs(local_dir)
+        os.makedirs(ssh_dir)
         env = ansible_env(plane, os.path.join(tmp, "mux"), 300, PYTHONPATH=COLLECTIONS)
         playbooks = {"command30": write(os.path.join(tmp, "command30.yml"), playbook_text(mixed=False)),
                      "mixed30": write(os.path.join(tmp, "mixed30.yml"), playbook_text(mixed=True))}
@@ -56,6 +64,8 @@ def main():
             "local": write(os.path.join(tmp, "local.ini"),
                            "target ansible_connection=local ansible_python_interpreter=/usr/bin/python3 "
                            "dest_dir=%s\n" % local_dir),
+            "ssh": write(os.path.join(tmp, "ssh.ini"), "target %s ansible_python_interpreter=/usr/bin/python3 dest_dir=%s\n"
+                         % (sshd.inventory_vars(), ssh_dir)),
         }
         runners = {mode: (env, BIN) for mode in inventories}
         if args.mitogen_venv:
@@ -65,8 +75,9 @@ def main():
             mitogen_env = dict(env, ANSIBLE_STRATEGY_PLUGINS=os.path.join(found, "plugins", "strategy"),
                                ANSIBLE_STRATEGY="mitogen_linear")
             mitogen_env.pop("PYTHONPATH", None)
-            inventories["mitogen_local"] = inventories["local"]
-            runners["mitogen_local"] = (mitogen_env, os.path.join(args.mitogen_venv, "bin"))
+            for mode, base in (("mitogen_ssh", "ssh"), ("mitogen_local", "local")):
+                inventories[mode] = inventories[base]
+                runners[mode] = (mitogen_env, os.path.join(args.mitogen_venv, "bin"))
         result = {"repeat": args.repeat, "per_task_s": {}, "runs_s": {}}
         for name, playbook in playbooks.items():
             for mode in inventories:  # warm-up: the mux and the warm runner come up here
@@ -79,15 +90,19 @@ def main():
                     times[mode].append(run_playbook(tmp, playbook, inventories[mode], *runners[mode]))
             result["runs_s"][name] = {mode: [round(t, 3) for t in ts] for mode, ts in times.items()}
             result["per_task_s"][name] = {mode: round(statistics.median(ts) / 30, 4) for mode, ts in times.items()}
+        result["warm_ratio_to"] = {name: {mode: round(per["agent_warm"] / per[mode], 3) for mode in per}
+                                   for name, per in result["per_task_s"].items()}
         benchlib.save_json(args.output, result, sort_keys=True)
-        print("%-10s %12s %12s %12s %14s %10s" % ("playbook", "agent cold", "agent warm", "local", "mitogen local",
-                                                  "warm/cold"))
+        print("seconds per task (median run / 30); the ratio is agent_warm / mode, below 1 means agent_warm is faster")
+        print("%-10s" % "playbook" + "".join("%15s" % m for m in MODES))
         for name, per in result["per_task_s"].items():
-            mito = ("%13.3fs" % per["mitogen_local"]) if "mitogen_local" in per else "%14s" % "-"
-            row = (name, per["agent_cold"], per["agent_warm"], per["local"], mito, per["agent_warm"] / per["agent_cold"])
-            print("%-10s %11.3fs %11.3fs %11.3fs %s %9.2fx" % row)
+            print("%-10s" % name + "".join(("%14.3fs" % per[m]) if m in per else "%15s" % "-" for m in MODES))
+            print("%-10s" % "" + "".join(("%14.2fx" % (per["agent_warm"] / per[m])) if m in per else "%15s" % "-"
+                                         for m in MODES))
         print("wrote %s" % args.output)
     finally:
+        if sshd is not None:
+            sshd.stop()
         benchlib.stop_muxes(os.path.join(tmp, "mux"))
         if plane is not None:
             stop_local_plane(plane)
