@@ -313,3 +313,75 @@ def test_restore_dest_outside_workspace_is_refused(sandbox, s3, env, tmp_path, p
     res = restore(playbook_runner, sandbox["name"], env, tmp_path, "-e", "restore_src=%s" % (tmp_path / "x.tgz"),
                   "-e", "restore_dest=/tmp/x")
     assert res.rc != 0 and "inside /workspace" in res.output, res
+
+
+AGENT_REFUSES_PLAY = """
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - name: A link in the session that points outside the workspace
+      ansible.builtin.file:
+        src: /etc
+        dest: /workspace/home/evil
+        state: link
+        force: true
+    - name: Restore an archive that writes through it (lexically inside, so only the agent can see it)
+      microvm.sandbox.workspace_archive:
+        src: "{{ archive }}"
+      register: through
+      ignore_errors: true
+    - name: Report
+      ansible.builtin.debug:
+        msg: "THROUGH={{ through | to_json }}"
+    - name: Check mode sends nothing
+      microvm.sandbox.workspace_archive:
+        src: "{{ good }}"
+        dest: /workspace/checkmode
+      check_mode: true
+      register: checked
+    - name: Report check mode
+      ansible.builtin.debug:
+        msg: "CHECKED={{ checked | to_json }}"
+"""
+
+
+def test_the_agent_refuses_what_only_the_session_shows(sandbox, env, tmp_path, playbook_runner):
+    """A link that already exists in the session is invisible to the controller's check: the agent refuses the
+    whole archive, the task says why, and no member is written. Check mode sends nothing."""
+    archive = tmp_path / "through.tar.gz"
+    good = tmp_path / "good.tar.gz"
+    for path, names in ((archive, ("home/first.txt", "home/evil/microvm-restore-test")), (good, ("x.txt",))):
+        with tarfile.open(str(path), "w:gz") as tar:
+            for name in names:
+                info = tarfile.TarInfo(name)
+                info.size = 3
+                tar.addfile(info, io.BytesIO(b"hi\n"))
+    res = run(playbook_runner, AGENT_REFUSES_PLAY, inventory("sbx", sandbox["session_id"]), env, tmp_path,
+              "-e", "archive=%s" % archive, "-e", "good=%s" % good)
+    assert res.rc == 0, res
+    through = markers(res.stdout, "THROUGH")[0]
+    assert through["failed"] and "refused or failed to extract" in through["msg"], through
+    assert "evil" in through["msg"], through
+    checked = markers(res.stdout, "CHECKED")[0]
+    assert checked["changed"] and checked["archive"]["files"] == 1, checked
+    got = tree(playbook_runner, sandbox["session_id"], env, tmp_path)
+    assert "/workspace/home/first.txt" not in got, "the agent wrote part of a refused archive"
+    assert "/workspace/checkmode" not in got and "/workspace/checkmode/x.txt" not in got
+
+
+def test_workspace_archive_needs_the_agent_connection(env, tmp_path, playbook_runner):
+    archive = tmp_path / "a.tar.gz"
+    with tarfile.open(str(archive), "w:gz") as tar:
+        info = tarfile.TarInfo("a.txt")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"a"))
+    play = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - microvm.sandbox.workspace_archive:
+        src: "%s"
+""" % archive
+    res = playbook_runner(play, LOCALHOST, env, workdir=str(tmp_path))
+    assert res.rc != 0
+    assert "needs the microvm.sandbox.agent connection" in res.output and "this host uses local" in res.output, res
