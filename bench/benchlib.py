@@ -3,23 +3,21 @@
 Importing it puts .local/collections and localplane on sys.path, so a bench can then import
 microvm_localplane and the collection's plugin_utils.
 """
-import glob
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLLECTIONS = os.path.join(ROOT, ".local", "collections")
-RESULTS = os.path.join(ROOT, "bench", "results")
 BIN = os.path.dirname(sys.executable)
-MUX_MODULE = b"ansible_collections.microvm.sandbox.plugins.plugin_utils.mux"
 
 for _p in (COLLECTIONS, os.path.join(ROOT, "localplane")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
+
+from microvm_localplane.testing import mux_pids, stop_muxes  # noqa: E402,F401 - the benches' mux bookkeeping
 
 PLAYBOOK = """
 - hosts: target
@@ -70,28 +68,6 @@ def run_playbook(workdir, playbook, inventory, env, bin_dir=BIN):
     if proc.returncode != 0 or "failed=0" not in proc.stdout:
         raise RuntimeError("playbook failed (%s):\n%s\n%s" % (inventory, proc.stdout[-3000:], proc.stderr[-2000:]))
     return elapsed
-
-
-def mux_pids(mux_dir):
-    """The live multiplexers whose pid files are under mux_dir (a pid is only taken if it is still a mux)."""
-    pids = []
-    for pid_file in glob.glob(os.path.join(mux_dir, "*", "mux.pid")):
-        try:
-            pid = int(open(pid_file).read())
-            with open("/proc/%d/cmdline" % pid, "rb") as f:
-                if MUX_MODULE in f.read():
-                    pids.append(pid)
-        except (OSError, ValueError):
-            pass
-    return pids
-
-
-def stop_muxes(mux_dir):
-    for pid in mux_pids(mux_dir):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except OSError:
-            pass
 
 
 def print_rows(rows, indent=""):

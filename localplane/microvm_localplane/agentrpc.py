@@ -20,6 +20,7 @@ import uuid
 import grpc
 
 from . import contract
+from .bridge import pipe
 from .httputil import ApiFailure
 from .pb import pb2, pb2_grpc
 
@@ -34,6 +35,7 @@ GRPC_TO_HTTP = {
     grpc.StatusCode.UNAVAILABLE: 502,
 }
 SOCKET_DIR = None
+PIPE_CHUNK = 65536  # what REST exec and transfers read at a time between the agent socket and the guest
 
 
 def _socket_dir():
@@ -49,21 +51,6 @@ def cleanup_sockets():
         shutil.rmtree(SOCKET_DIR, ignore_errors=True)
 
 
-async def _pipe(reader, writer):
-    try:
-        while True:
-            data = await reader.read(65536)
-            if not data:
-                break
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        with contextlib.suppress(Exception):
-            writer.close()
-
-
 @contextlib.asynccontextmanager
 async def agent_stub(guest):
     """A SandboxAgentService stub whose connections go through guest.dial(8443)."""
@@ -76,7 +63,8 @@ async def agent_stub(guest):
         except Exception:
             writer.close()
             return
-        tasks = [asyncio.ensure_future(_pipe(reader, g_writer)), asyncio.ensure_future(_pipe(g_reader, writer))]
+        tasks = [asyncio.ensure_future(pipe(reader, g_writer, PIPE_CHUNK)),
+                 asyncio.ensure_future(pipe(g_reader, writer, PIPE_CHUNK))]
         pipes.update(tasks)
         await asyncio.gather(*tasks, return_exceptions=True)
 

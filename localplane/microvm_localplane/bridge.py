@@ -20,10 +20,11 @@ import uuid
 PIPE_CHUNK = 256 * 1024
 
 
-async def _pipe(reader, writer):
+async def pipe(reader, writer, chunk=PIPE_CHUNK):
+    """Copy reader to writer until EOF or a connection error, then close writer."""
     try:
         while True:
-            data = await reader.read(PIPE_CHUNK)
+            data = await reader.read(chunk)
             if not data:
                 break
             writer.write(data)
@@ -61,7 +62,7 @@ class PortBridge:
         except Exception:
             writer.close()
             return
-        for task in (asyncio.ensure_future(_pipe(reader, g_writer)), asyncio.ensure_future(_pipe(g_reader, writer))):
+        for task in (asyncio.ensure_future(pipe(reader, g_writer)), asyncio.ensure_future(pipe(g_reader, writer))):
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 

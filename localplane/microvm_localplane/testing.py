@@ -124,6 +124,31 @@ def plane():
             shutil.rmtree(state_dir, ignore_errors=True)
 
 
+MUX_MODULE = b"ansible_collections.microvm.sandbox.plugins.plugin_utils.mux"
+
+
+def mux_pids(mux_dir):
+    """The collection's live multiplexers whose pid files are under mux_dir (a pid counts only if it is still a mux)."""
+    import glob
+    pids = []
+    for pid_file in glob.glob(os.path.join(mux_dir, "*", "mux.pid")):
+        try:
+            pid = int(open(pid_file).read())
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                if MUX_MODULE in f.read():
+                    pids.append(pid)
+        except (OSError, ValueError):
+            pass
+    return pids
+
+
+def stop_muxes(mux_dir):
+    """SIGTERM the multiplexers a test or bench started with MICROVM_MUX_DIR=mux_dir."""
+    for pid in mux_pids(mux_dir):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+
+
 def unique_name(prefix="t"):
     return "%s-%s" % (prefix, uuid.uuid4().hex[:10])
 

@@ -8,35 +8,15 @@ import uuid
 
 import pytest
 
-from microvm_localplane.testing import start_local_plane, stop_local_plane, unique_name
+from microvm_localplane.testing import start_local_plane, stop_local_plane, stop_muxes, unique_name
 
 from faultproxy import FaultProxy
-
-MUX_MODULE = b"ansible_collections.microvm.sandbox.plugins.plugin_utils.mux"
 
 
 def inventory(session, **extra):
     lines = ["[sbx]", "box ansible_host=%s" % session, "", "[sbx:vars]",
              "ansible_connection=microvm.sandbox.agent", "ansible_python_interpreter=/usr/bin/python3"]
     return "\n".join(lines + ["%s=%s" % kv for kv in extra.items()]) + "\n"
-
-
-def stop_muxes(mux_dir):
-    for pid_file in glob.glob(os.path.join(mux_dir, "*", "mux.pid")):
-        try:
-            pid = int(open(pid_file).read())
-            with open("/proc/%d/cmdline" % pid, "rb") as f:
-                if MUX_MODULE in f.read():
-                    os.kill(pid, signal.SIGTERM)
-        except (OSError, ValueError):
-            pass
-
-
-@pytest.fixture
-def mux_dir(tmp_path):
-    d = str(tmp_path / "mux")
-    yield d
-    stop_muxes(d)
 
 
 SECRET_PLAY = """
