@@ -79,6 +79,7 @@ async def agent_stub(guest):
             task.cancel()
         with contextlib.suppress(OSError):
             os.unlink(path)
+        await asyncio.gather(*pipes, return_exceptions=True)
 
 
 def rpc_failure(e, what):

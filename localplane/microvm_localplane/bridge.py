@@ -70,8 +70,10 @@ class PortBridge:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
 
@@ -106,8 +108,20 @@ class ThreadedLoop:
         return bridge.path
 
     def close(self):
+        if self.loop.is_closed():
+            return
         for bridge in self._bridges:
             with contextlib.suppress(Exception):
                 self.run(bridge.close(), timeout=10)
+
+        async def cancel_rest():
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            self.run(cancel_rest(), timeout=10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+        if not self._thread.is_alive():
+            self.loop.close()

@@ -2,6 +2,7 @@
 import contextlib
 import os
 import sys
+import time
 
 import pytest
 
@@ -59,9 +60,15 @@ class Agent:
         self.channel = ac.open_channel("unix:" + path)
         self.client = ac.AgentClient(self.channel, session_id)
 
-    def close(self):
+    def close(self, drain=10):
         with contextlib.suppress(Exception):
             self.channel.close()
+        # Let the tunnel finish the connections the channel just closed (their WebSocket close handshake)
+        # before stopping its loop: Tunnel.stop() cancels without waiting, and a connection still closing
+        # would be left pending ("Task was destroyed but it is pending").
+        deadline = time.monotonic() + drain
+        while getattr(self.tunnel, "active", 0) > 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
         with contextlib.suppress(Exception):
             self.tunnel.stop()
 

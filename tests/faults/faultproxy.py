@@ -27,6 +27,13 @@ HOP = {"host", "connection", "keep-alive", "proxy-authenticate", "proxy-authoriz
        "sec-websocket-extensions", "sec-websocket-accept", "content-encoding"}
 
 
+async def cancel_and_wait(tasks):
+    """Cancel tasks and wait until they have really ended, so none is left pending when the loop stops."""
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class FaultProxy:
     def __init__(self, upstream):
         self.upstream = upstream.rstrip("/")
@@ -95,6 +102,7 @@ class FaultProxy:
             self.url = "http://127.0.0.1:%d" % port
             ready.set()
             self._loop.run_forever()
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
 
         self._thread = threading.Thread(target=run, name="faultproxy", daemon=True)
         self._thread.start()
@@ -108,10 +116,14 @@ class FaultProxy:
         async def shutdown():
             await self._abort_all()
             await self._runner.cleanup()
+            await cancel_and_wait([t for t in asyncio.all_tasks() if t is not asyncio.current_task()])
 
         asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(15)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        if not self._thread.is_alive():
+            self._loop.close()
+        self._loop = None
 
     # -- the proxy ------------------------------------------------------------
     async def _abort_all(self):
@@ -237,8 +249,7 @@ class FaultProxy:
             await asyncio.wait(tasks + [done], return_when=asyncio.FIRST_COMPLETED)
         finally:
             self._open_ws.discard(abort)
-            for t in tasks:
-                t.cancel()
+            await cancel_and_wait(tasks)
             code = upstream.close_code
             await upstream.close()
             await session.close()
