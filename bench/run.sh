@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# make bench: every benchmark, one after the other, on this machine; results in bench/results/*.json.
+# Each bench measures its peers in the same run and reports ratios, never a pass/fail time.
+# BENCH_REPEAT (default 3) sets how many timed runs each comparison takes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+REPEAT="${BENCH_REPEAT:-3}"
+MITOGEN_VENV=.local/bench/mitogen-venv
+export PYTHONPATH=".local/collections:localplane${PYTHONPATH:+:$PYTHONPATH}"
+
+if [ ! -x "$MITOGEN_VENV/bin/ansible-playbook" ] || ! cmp -s bench/requirements-mitogen.txt "$MITOGEN_VENV/.requirements"; then
+    echo "== the Mitogen peer's venv ($MITOGEN_VENV)"
+    rm -rf "$MITOGEN_VENV"
+    python3 -m venv "$MITOGEN_VENV"
+    "$MITOGEN_VENV/bin/pip" install --quiet --disable-pip-version-check -r bench/requirements-mitogen.txt
+    cp bench/requirements-mitogen.txt "$MITOGEN_VENV/.requirements"
+fi
+
+echo "== local control plane (bench/localplane_bench.py)"
+"$PY" bench/localplane_bench.py
+echo "== connection: 30-task playbook vs local and SSH, 256 MiB copies vs scp (bench/connection_bench.py)"
+"$PY" bench/connection_bench.py --repeat "$REPEAT"
+echo "== warm runner vs cold, local, SSH and Mitogen (bench/fastpath_bench.py)"
+"$PY" bench/fastpath_bench.py --repeat "$REPEAT" --mitogen-venv "$MITOGEN_VENV"
+echo "== load: 20 sessions x 30 tasks, forks 10 (bench/load_bench.py)"
+"$PY" bench/load_bench.py
+echo "results: bench/results/"
