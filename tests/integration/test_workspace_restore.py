@@ -121,6 +121,7 @@ INSPECT_PLAY = """
                     else:
                         out[p] = {"mode": oct(stat.S_IMODE(st.st_mode)), "text": open(p, errors="replace").read()[:200]}
             out["/tmp-evil"] = os.path.exists("/tmp/evil") or os.path.exists("/workspace/../evil")
+            out["/scratch-kept"] = os.path.isdir("/workspace/.scratch")
             print(json.dumps(out, sort_keys=True))
       register: tree
       changed_when: false
@@ -307,6 +308,14 @@ def test_restore_into_a_session_with_files(sandbox, s3, env, tmp_path, playbook_
     assert wrong.rc != 0 and "not the expected" in wrong.output, wrong
     got = tree(playbook_runner, sandbox["session_id"], env, tmp_path)
     assert got["/workspace/home/proj/extra.txt"]["text"] == "only here\n", "a refused restore still cleaned the target"
+
+    whole = restore(playbook_runner, sandbox["name"], env, tmp_path, "-e", "restore_src=%s" % archive,
+                    "-e", "restore_clean=true")
+    assert whole.rc == 0, whole
+    got = tree(playbook_runner, sandbox["session_id"], env, tmp_path)
+    assert got["/scratch-kept"] is True, "clean removed the scratch dir"
+    assert sorted(p for p in got if p.startswith("/workspace/")) == [
+        "/workspace/home", "/workspace/home/proj", "/workspace/home/proj/a.txt", "/workspace/home/proj/b.txt"], got
 
 
 def test_restore_dest_outside_workspace_is_refused(sandbox, s3, env, tmp_path, playbook_runner):
