@@ -13,8 +13,11 @@ export PATH := $(BIN):$(PATH)
 # Debian packages: bubblewrap (isolated guests of the local control plane),
 # umoci and skopeo (unpacking OCI templates), buildah (template_image role),
 # docker-registry (a real local OCI registry), debootstrap (a base image with
-# no registry pull), openssh-server (the SSH peer in bench/).
-DEB_PACKAGES := bubblewrap umoci skopeo buildah docker-registry debootstrap openssh-server rsync
+# no registry pull), openssh-server (the SSH peer in bench/), sudo (guests of
+# the built-in `base` template run the host's /usr and /etc read-only, so
+# sudo there is what lets the connection tests' `become_method: sudo` run
+# instead of skipping; root, the guest's user, may sudo by Debian's default).
+DEB_PACKAGES := bubblewrap umoci skopeo buildah docker-registry debootstrap openssh-server rsync sudo
 PYTEST_ARGS ?=
 NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py
 
@@ -56,7 +59,8 @@ system-deps:
 	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; }; \
 	  else echo "Missing Debian packages:$$missing"; \
 	    echo "  bubblewrap: isolated guests of the local control plane; umoci/skopeo: OCI templates;"; \
-	    echo "  buildah/docker-registry/debootstrap: template_image role; openssh-server: bench only."; \
+	    echo "  buildah/docker-registry/debootstrap: template_image role; openssh-server: bench only;"; \
+	    echo "  sudo: become with sudo inside guests of the base template (they use the host's /usr and /etc)."; \
 	    echo "  Install them as root: apt-get install -y$$missing"; exit 1; fi; fi
 
 # The collection must resolve as ansible_collections/microvm/sandbox.
