@@ -116,8 +116,12 @@ def ensure_bucket(client, bucket, create=False):
         raise StorageError("cannot reach the bucket %s: %s" % (where(client, bucket), _explain(e)))
     if not create:
         raise ObjectMissing("the bucket %s does not exist (set create_bucket to create it)" % where(client, bucket))
+    kwargs = {"Bucket": bucket}
+    region = getattr(getattr(client, "meta", None), "region_name", None)
+    if region and region != "us-east-1":  # S3 wants the region spelled out everywhere else
+        kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
     try:
-        client.create_bucket(Bucket=bucket)
+        client.create_bucket(**kwargs)
     except (ClientError, BotoCoreError) as e:
         raise StorageError("cannot create the bucket %s: %s" % (where(client, bucket), _explain(e)))
     return True
@@ -179,7 +183,7 @@ def upload(client, bucket, key, path, check_mode=False, force=False):
         client.upload_file(path, bucket, key, ExtraArgs={"Metadata": {META_KEY: digest},
                                                          "ContentType": "application/gzip"})
         client.put_object(Bucket=bucket, Key=sidecar_key(key), ContentType="text/plain",
-                          Body=("%s  %s\n" % (digest, posixpath_basename(key))).encode("utf-8"))
+                          Body=("%s  %s\n" % (digest, _basename(key))).encode("utf-8"))
     except (ClientError, BotoCoreError) as e:
         raise StorageError("cannot upload %s to %s: %s" % (path, where(client, bucket, key), _explain(e)))
     # read it back: what the store holds is what we meant to store
@@ -189,7 +193,7 @@ def upload(client, bucket, key, path, check_mode=False, force=False):
     return result
 
 
-def posixpath_basename(key):
+def _basename(key):
     return key.rsplit("/", 1)[-1]
 
 
@@ -198,10 +202,11 @@ def download(client, bucket, key, dest, expected_sha256=None, check_mode=False):
 
     -> dict(changed, sha256, size, dest). Nothing is left at dest when the object is missing or does not verify.
     """
-    if head(client, bucket, key) is None:
+    current = head(client, bucket, key)
+    if current is None:
         raise ObjectMissing("the archive %s does not exist" % where(client, bucket, key))
     want = stored_sha256(client, bucket, key)
-    meta = (head(client, bucket, key) or {}).get("Metadata", {}).get(META_KEY)
+    meta = current.get("Metadata", {}).get(META_KEY)
     if meta and meta.lower() != want:
         raise ChecksumMismatch("%s carries sha256 %s in its metadata but %s in its sidecar %s"
                                % (where(client, bucket, key), meta, want, sidecar_key(key)))

@@ -83,3 +83,12 @@ def test_messages_never_carry_the_secret(client):
     with pytest.raises(store.StorageError) as err:
         store.download(client, "no-such-bucket", "k", "/nonexistent/x")
     assert SECRET not in str(err.value)
+
+
+def test_bucket_outside_us_east_1_is_created_with_its_region(monkeypatch):
+    for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    with moto.mock_aws():
+        client = store.make_client(region="eu-central-1", access_key="AKIAUNITTEST", secret_key=SECRET)
+        assert store.ensure_bucket(client, "snaps-eu", create=True) is True
+        assert client.get_bucket_location(Bucket="snaps-eu")["LocationConstraint"] == "eu-central-1"
