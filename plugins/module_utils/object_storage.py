@@ -78,8 +78,14 @@ def make_client(endpoint_url=None, region=None, access_key=None, secret_key=None
                                     aws_session_token=session_token or None,
                                     region_name=region or os.environ.get("AWS_REGION")
                                     or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1")
-    config = botocore.config.Config(s3={"addressing_style": addressing_style},
-                                    retries={"max_attempts": 5, "mode": "standard"})
+    options = {"s3": {"addressing_style": addressing_style}, "retries": {"max_attempts": 5, "mode": "standard"}}
+    try:
+        # botocore >= 1.36 adds CRC checksums to every upload by default, which some S3-compatible stores
+        # refuse; this module carries its own sha256, so ask for them only where S3 requires them.
+        config = botocore.config.Config(request_checksum_calculation="when_required",
+                                        response_checksum_validation="when_required", **options)
+    except TypeError:
+        config = botocore.config.Config(**options)
     return session.client("s3", endpoint_url=endpoint_from_env(endpoint_url), verify=validate_certs, config=config)
 
 
