@@ -163,8 +163,11 @@ class Tunnel:
             async def shutdown():
                 if self._server:
                     self._server.close()
-                for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for task in tasks:
                     task.cancel()
+                # wait for them to unwind (closing their WebSockets), or asyncio warns they were destroyed pending
+                await asyncio.gather(*tasks, return_exceptions=True)
             try:
                 asyncio.run_coroutine_threadsafe(shutdown(), loop).result(5)
             except Exception:  # best effort at exit

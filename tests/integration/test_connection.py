@@ -12,8 +12,7 @@ import time
 
 import pytest
 
-
-MUX_MODULE = b"ansible_collections.microvm.sandbox.plugins.plugin_utils.mux"
+from microvm_localplane.testing import mux_pids, stop_muxes
 
 
 def sha1(path):
@@ -32,29 +31,12 @@ def inventory(hosts, **extra):
     return "\n".join(lines) + "\n"
 
 
-def mux_pids(mux_dir):
-    pids = []
-    for pid_file in glob.glob(os.path.join(mux_dir, "*", "mux.pid")):
-        try:
-            pid = int(open(pid_file).read())
-            with open("/proc/%d/cmdline" % pid, "rb") as f:
-                if MUX_MODULE in f.read():
-                    pids.append(pid)
-        except (OSError, ValueError):
-            pass
-    return pids
-
-
 @pytest.fixture
 def mux_dir(tmp_path):
     """A private mux dir per test; the muxes started in it are stopped afterwards."""
     d = str(tmp_path / "mux")
     yield d
-    for pid in mux_pids(d):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except OSError:
-            pass
+    stop_muxes(d)
 
 
 @pytest.fixture
