@@ -22,6 +22,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm_runner
 log = logging.getLogger("microvm.mux")
 
 START_TIMEOUT = 30.0
+HELD_MAX = 256
 
 
 def runner_source():
@@ -46,6 +47,8 @@ class WarmRunner:
         self.alive = False
         self.info = None
         self.failure = None
+        self.held = set()      # zip keys the runner has taken: later payloads send only a reference
+        self.whole = {}        # request id -> (zip key, the whole RUN body) until the runner answers
 
     def start(self):
         argv = ["/bin/sh", "-c", 'exec "$0" -c "$1" ' + wr.MARKER, self.interpreter, runner_source()]
@@ -94,6 +97,7 @@ class WarmRunner:
             self.alive = False
             waiting = list(self.pending.values())
             self.pending.clear()
+            self.whole.clear()
         log.warning("warm runner for %s ended: %s", self.interpreter, why)
         for q in waiting:
             q.put(("dead", why))
@@ -105,7 +109,16 @@ class WarmRunner:
         if kind == wr.READY:
             q.put(("ready", json.loads(body.decode("utf-8"))))
         elif kind == wr.STARTED:
+            sent = self.whole.pop(rid, None)
+            if sent is not None and sent[0] is not None:
+                if len(self.held) >= HELD_MAX:  # the runner keeps fewer: a stale guess only costs a MISS
+                    self.held.clear()
+                self.held.add(sent[0])
             q.put(("started", None))
+        elif kind == wr.MISS:  # the runner no longer holds that zip: send the payload whole
+            key, whole = self.whole[rid]
+            self.held.discard(key)
+            self._send(rid, wr.RUN, whole)
         elif kind == wr.OUT:
             q.put(("stdout", body))
         elif kind == wr.ERR:
@@ -115,14 +128,22 @@ class WarmRunner:
             q.put(("exit", json.loads(body.decode("utf-8"))["rc"]))
         elif kind == wr.REFUSE:
             self.pending.pop(rid, None)
+            self.whole.pop(rid, None)
             q.put(("refuse", json.loads(body.decode("utf-8"))["reason"]))
 
     def _send(self, rid, kind, body=b""):
         self.feed.put(wr.HEADER.pack(len(body), rid, kind) + body)
 
     def submit(self, env, payload):
-        """Queue a module run: (request id, event queue)."""
+        """Queue a module run: (request id, event queue).
+
+        A payload whose zip the runner already holds goes without it (about 170 KiB less per task);
+        if the runner has dropped it meanwhile it answers MISS and gets the whole payload.
+        """
+        split = wr.split_payload(payload)
+        key = wr.zip_key(split[1]) if split else None
         meta = json.dumps({"env": env}).encode("utf-8")
+        whole = struct.pack("!I", len(meta)) + meta + payload
         q = queue.Queue()
         with self.lock:
             if not self.alive:
@@ -130,7 +151,12 @@ class WarmRunner:
             rid = self.next_id
             self.next_id += 1
             self.pending[rid] = q
-        self._send(rid, wr.RUN, struct.pack("!I", len(meta)) + meta + payload)
+            self.whole[rid] = (key, whole)
+        if key is not None and key in self.held:
+            ref = json.dumps({"env": env, "zip": key}).encode("utf-8")
+            self._send(rid, wr.RUNREF, struct.pack("!I", len(ref)) + ref + split[0])
+        else:
+            self._send(rid, wr.RUN, whole)
         return rid, q
 
     def kill(self, rid):

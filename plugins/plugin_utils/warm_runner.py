@@ -21,9 +21,12 @@ task runs cold as a plain pipelined exec.
 
 Frames: 9-byte header (4-byte length, 4-byte request id, 1-byte kind) + payload.
     mux -> runner: RUN   (4-byte JSON length, JSON {"env": {...}}, module payload)
+                   RUNREF (4-byte JSON length, JSON {"env": {...}, "zip": key}, the payload without
+                          its zip: split_payload's source), for a zip the runner already holds
                    KILL  (kill the request's process group)
     runner -> mux: READY (id 0, JSON {"python": "3.x.y"}), STARTED, OUT, ERR,
-                   EXIT (JSON {"rc": n}), REFUSE (JSON {"reason": "..."})
+                   EXIT (JSON {"rc": n}), REFUSE (JSON {"reason": "..."}),
+                   MISS (a RUNREF's zip is not held: send the whole RUN)
     child -> runner (its own pipe, never forwarded): the module_utils it imported
 Stdlib only; Python 3.6+.
 """
@@ -45,8 +48,8 @@ import zipfile
 import zipimport
 
 HEADER = struct.Struct("!IIB")
-RUN, KILL = 1, 2
-READY, STARTED, OUT, ERR, EXIT, REFUSE = 10, 11, 12, 13, 14, 15
+RUN, KILL, RUNREF = 1, 2, 3
+READY, STARTED, OUT, ERR, EXIT, REFUSE, MISS = 10, 11, 12, 13, 14, 15, 16
 IMPORTS = "imports"  # the child's report pipe
 MARKER = "microvm-warm-runner"
 PRELOAD = ("ansible.module_utils.basic", "ansible.module_utils._internal._ansiballz._loader")
@@ -79,6 +82,11 @@ def split_payload(payload):
     return source, found.group(1).decode("ascii")
 
 
+def zip_key(zip_b64):
+    """The name both sides give an embedded zip: the sha256 of its base64 text."""
+    return hashlib.sha256(zip_b64.encode("ascii")).hexdigest()
+
+
 class Runner:
     def __init__(self, proto_in, proto_out):
         self.proto_in = proto_in
@@ -98,7 +106,7 @@ class Runner:
         self.preloaded = None     # arcname -> sha256 of the preloaded files
         self.preload_error = None
         self.generation = 0       # grows with self.preloaded: older verifications are stale
-        self.verified = collections.OrderedDict()  # zip sha256 -> (path on disk, generation)
+        self.verified = collections.OrderedDict()  # zip_key -> [path on disk, generation, base64 text]
         self.base_env = dict(os.environ)
         self.cwd = os.getcwd()
 
@@ -180,9 +188,9 @@ class Runner:
                     sys.modules.pop(key, None)
         self.record_preloaded()
 
-    def verified_zip(self, zip_bytes):
+    def verified_zip(self, zip_b64, zip_bytes):
         """(why this zip cannot run warm or None, its path on disk)."""
-        key = hashlib.sha256(zip_bytes).hexdigest()
+        key = zip_key(zip_b64)
         known = self.verified.get(key)
         if known is not None and known[1] == self.generation:
             self.verified.move_to_end(key)
@@ -199,9 +207,9 @@ class Runner:
             zipimport.zipimporter(path)  # reads its directory into zipimport's cache, which every fork inherits
         else:
             path = known[0]
-        self.verified[key] = (path, self.generation)
+        self.verified[key] = [path, self.generation, zip_b64]
         while len(self.verified) > ZIP_CACHE:
-            for old_key, (old_path, _gen) in self.verified.items():
+            for old_key, (old_path, _gen, _b64) in self.verified.items():
                 if old_path not in self.roots:
                     del self.verified[old_key]
                     try:
@@ -213,10 +221,11 @@ class Runner:
                 break
         return None, path
 
-    def refusal(self, env, zip_bytes):
+    def refusal(self, env, zip_b64):
         """(why this payload cannot run warm or None, the path of its verified zip)."""
-        if zip_bytes is None:
+        if zip_b64 is None:
             return "not an AnsiballZ Python module payload", None
+        zip_bytes = base64.b64decode(zip_b64)
         for key, value in env.items():
             if STARTUP_VARS.match(key) and self.base_env.get(key) != value:
                 return "the task sets %s, which the interpreter reads at start-up" % key, None
@@ -224,15 +233,14 @@ class Runner:
             self.preload(zip_bytes)
         if self.preload_error:
             return self.preload_error, None
-        return self.verified_zip(zip_bytes)
+        return self.verified_zip(zip_b64, zip_bytes)
 
     # -- running ---------------------------------------------------------------------
-    def run(self, rid, env, payload):
-        split = split_payload(payload)
+    def run(self, rid, env, split):
+        """Run a payload given as split_payload's (source, zip base64), or refuse it (None: not a module)."""
         zip_path = None
         try:
-            zip_bytes = base64.b64decode(split[1]) if split else None
-            reason, zip_path = self.refusal(env, zip_bytes)
+            reason, zip_path = self.refusal(env, split[1] if split else None)
         except Exception as e:
             reason = "cannot inspect the payload: %s: %s" % (type(e).__name__, e)
         if reason:
@@ -392,10 +400,16 @@ class Runner:
                 break
             body = self.buf[HEADER.size:HEADER.size + length]
             self.buf = self.buf[HEADER.size + length:]
-            if kind == RUN:
+            if kind in (RUN, RUNREF):
                 jlen = struct.unpack("!I", body[:4])[0]
                 req = json.loads(body[4:4 + jlen].decode("utf-8"))
-                self.run(rid, req.get("env") or {}, body[4 + jlen:])
+                rest = body[4 + jlen:]
+                if kind == RUN:
+                    self.run(rid, req.get("env") or {}, split_payload(rest))
+                elif req.get("zip") in self.verified:
+                    self.run(rid, req.get("env") or {}, (rest, self.verified[req["zip"]][2]))
+                else:
+                    self.send(rid, MISS)
             elif kind == KILL:
                 self.kill(rid)
         return True

@@ -198,6 +198,39 @@ def test_runner_preloads_what_clean_runs_import(tmp_path):
         r.close()
 
 
+def test_runner_takes_a_held_zip_by_reference(tmp_path):
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm_runner as wr
+
+    r = LocalRunner(tmp_path)
+    data = payload()
+    source, zip_b64 = wr.split_payload(data)
+    key = wr.zip_key(zip_b64)
+
+    def run_ref(rid, run_env):
+        meta = json.dumps({"env": run_env, "zip": key}).encode()
+        r.send(rid, wr.RUNREF, struct.pack("!I", len(meta)) + meta + source)
+
+    try:
+        run_ref(1, {})  # not held yet: the runner asks for the whole payload and runs nothing
+        assert r.frame() == (1, wr.MISS, b"")
+        rc, out, err = r.run(2, {"FOO": "whole"}, data)
+        assert rc == 0, err
+        run_ref(3, {"FOO": "by reference"})  # now held: the same module runs from the kept zip
+        assert r.frame()[:2] == (3, STARTED)
+        out = b""
+        while True:
+            rid, kind, body = r.frame()
+            assert rid == 3
+            if kind == OUT:
+                out += body
+            if kind == EXIT:
+                assert json.loads(body)["rc"] == 0
+                break
+        assert json.loads(out)["foo"] == "by reference" and json.loads(out)["probe"] == "probe"
+    finally:
+        r.close()
+
+
 def test_runner_replaces_only_the_zip_literal():
     from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm_runner as wr
 

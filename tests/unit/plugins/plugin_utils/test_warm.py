@@ -1,0 +1,65 @@
+"""The mux's side of the warm runner: a zip the runner holds is sent by reference, a MISS gets it whole."""
+import base64
+import json
+import queue
+import struct
+
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm_runner as wr
+
+
+def module_payload(zip_bytes=b"PK-not-really-a-zip", params="{}"):
+    return ("_ANSIBALLZ_WRAPPER = True\n_ansiballz_main(\nzip_data='%s',\nparams=%r,\n)\n"
+            % (base64.b64encode(zip_bytes).decode(), params)).encode()
+
+
+def runner():
+    r = warm.WarmRunner(agent=None, interpreter="/usr/bin/python3", label="s")
+    r.feed = queue.Queue()
+    r.alive = True
+    return r
+
+
+def sent(r):
+    frame = r.feed.get_nowait()
+    length, rid, kind = wr.HEADER.unpack_from(frame)
+    body = frame[wr.HEADER.size:]
+    assert len(body) == length
+    jlen = struct.unpack("!I", body[:4])[0]
+    return rid, kind, json.loads(body[4:4 + jlen]), body[4 + jlen:]
+
+
+def test_whole_until_started_then_by_reference():
+    r = runner()
+    data = module_payload()
+    rid, events = r.submit({"A": "1"}, data)
+    assert sent(r) == (rid, wr.RUN, {"env": {"A": "1"}}, data)
+    r._dispatch(rid, wr.STARTED, b"")
+    assert events.get_nowait() == ("started", None)
+
+    data2 = module_payload(params='{"x": 2}')  # same zip, other parameters
+    rid2, dummy = r.submit({}, data2)
+    rid_seen, kind, meta, rest = sent(r)
+    source, zip_b64 = wr.split_payload(data2)
+    assert (rid_seen, kind, meta, rest) == (rid2, wr.RUNREF, {"env": {}, "zip": wr.zip_key(zip_b64)}, source)
+    assert zip_b64.encode() not in rest
+
+    # the runner dropped it meanwhile: it gets the whole payload under the same request id
+    r._dispatch(rid2, wr.MISS, b"")
+    assert sent(r) == (rid2, wr.RUN, {"env": {}}, data2)
+    assert wr.zip_key(zip_b64) not in r.held
+
+
+def test_refused_or_non_module_payloads_are_never_referenced():
+    r = runner()
+    data = module_payload(b"other zip")
+    rid, dummy = r.submit({}, data)
+    sent(r)
+    r._dispatch(rid, wr.REFUSE, json.dumps({"reason": "differs"}).encode())
+    rid2, dummy = r.submit({}, data)
+    assert sent(r)[1] == wr.RUN  # a refused zip is not held by the runner
+
+    rid3, dummy = r.submit({}, b"print('raw')")
+    assert sent(r)[1] == wr.RUN
+    r._dispatch(rid3, wr.STARTED, b"")
+    assert r.held == set()
