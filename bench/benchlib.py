@@ -3,6 +3,7 @@
 Importing it puts .local/collections and localplane on sys.path, so a bench can then import
 microvm_localplane and the collection's plugin_utils.
 """
+import compileall
 import json
 import os
 import subprocess
@@ -16,6 +17,11 @@ BIN = os.path.dirname(sys.executable)
 for _p in (COLLECTIONS, os.path.join(ROOT, "localplane")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
+
+# Bytecode for the collection's plugins, as an installed collection has it after its first use: this machine
+# sets PYTHONDONTWRITEBYTECODE, so without this every task's worker would compile the plugin from source,
+# a cost the peers (ansible-core, Mitogen: installed with their bytecode) never pay.
+compileall.compile_dir(os.path.join(ROOT, "plugins"), quiet=1)
 
 from microvm_localplane.testing import mux_pids, stop_muxes  # noqa: E402,F401 - the benches' mux bookkeeping
 

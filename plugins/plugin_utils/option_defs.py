@@ -9,10 +9,16 @@ DOCUMENTATION with its origin-tracking YAML loader, about 15-20 ms for the
 agent connection's, on every task. Core skips that parse when the options are
 already defined (ConfigManager.has_configuration_definition), so the plugin
 defines them itself when it is imported, from the same DOCUMENTATION, parsed
-by libyaml in about 2 ms. Anything unusual (no libyaml, doc fragments to merge,
+by libyaml in about 2 ms, once per run (the other workers read the result from
+the run's local temp dir). Anything unusual (no libyaml, doc fragments to merge,
 a template in a default, which core would need to mark as trusted) leaves the
 work to core, unchanged.
 """
+
+import hashlib
+import json
+import os
+import tempfile
 
 try:
     import yaml
@@ -34,6 +40,33 @@ def parsed_options(documentation):
     return options
 
 
+def cached_options(documentation):
+    """parsed_options, kept as JSON in this run's local temp dir: the first worker parses, the others read.
+
+    The dir is ansible-core's per-run one (created by the parent before it forks workers), so nothing
+    outlives the run; a file that cannot be read or written just means parsing again.
+    """
+    from ansible import constants as C
+
+    path = os.path.join(C.DEFAULT_LOCAL_TMP, "microvm-options-%s.json"
+                        % hashlib.sha256(documentation.encode("utf-8")).hexdigest()[:32])
+    try:
+        with open(path, "r") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        pass
+    options = parsed_options(documentation)
+    if options is not None:
+        try:
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".microvm-options-")
+            with os.fdopen(fd, "w") as f:
+                json.dump(options, f)
+            os.replace(tmp, path)
+        except (OSError, TypeError, ValueError):
+            pass
+    return options
+
+
 def register(plugin_type, name, documentation):
     """Define the options of plugin `name` unless core already has them; True if defined here.
 
@@ -45,7 +78,7 @@ def register(plugin_type, name, documentation):
 
         if C.config.has_configuration_definition(plugin_type, name):
             return False
-        options = parsed_options(documentation)
+        options = cached_options(documentation)
         if options is None:
             return False
         C.config.initialize_plugin_configuration_definitions(plugin_type, name, options)

@@ -56,3 +56,16 @@ def test_registered_once_and_core_keeps_what_it_has():
 def test_unusual_documentation_is_left_to_core(doc):
     assert option_defs.parsed_options(doc) is None
     assert option_defs.register("connection", "microvm.sandbox.test_%d" % abs(hash(doc)), doc) is False
+
+
+def test_the_first_worker_parses_the_others_read_the_runs_copy(tmp_path, monkeypatch):
+    monkeypatch.setattr(C, "DEFAULT_LOCAL_TMP", str(tmp_path))
+    first = option_defs.cached_options(agent.DOCUMENTATION)
+    assert first == option_defs.parsed_options(agent.DOCUMENTATION)
+    (cache,) = tmp_path.glob("microvm-options-*.json")
+    monkeypatch.setattr(option_defs, "parsed_options", lambda doc: pytest.fail("parsed again"))
+    assert option_defs.cached_options(agent.DOCUMENTATION) == first
+    cache.write_text("{not json")  # a damaged copy is parsed anew, never trusted
+    monkeypatch.undo()
+    monkeypatch.setattr(C, "DEFAULT_LOCAL_TMP", str(tmp_path))
+    assert option_defs.cached_options(agent.DOCUMENTATION) == first
