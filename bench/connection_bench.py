@@ -13,77 +13,18 @@ Usage: PYTHONPATH=.local/collections:localplane .venv/bin/python bench/connectio
 """
 import argparse
 import os
-import shutil
-import socket
 import statistics
 import subprocess
-import tempfile
 import time
 
 import benchlib  # first: it puts the collection and localplane on sys.path
-from benchlib import COLLECTIONS, ROOT, ansible_env, playbook_text, run_playbook, write
+from benchlib import ROOT, playbook_text, run_playbook, write
 
-from microvm_localplane.testing import start_local_plane, stop_local_plane
+from stage import Stage
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import MuxClient
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-class Sshd:
-    """A private sshd on a loopback port, with its own host key and a generated client key."""
-
-    def __init__(self, tmp):
-        self.dir = os.path.join(tmp, "ssh")
-        os.makedirs(self.dir, mode=0o700)
-        self.port = free_port()
-        self.key = os.path.join(self.dir, "id_ed25519")
-        host_key = os.path.join(self.dir, "host_ed25519")
-        for path in (self.key, host_key):
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", path], check=True)
-        auth = os.path.join(self.dir, "authorized_keys")
-        shutil.copy(self.key + ".pub", auth)
-        os.chmod(auth, 0o600)
-        config = os.path.join(self.dir, "sshd_config")
-        with open(config, "w") as f:
-            f.write("\n".join([
-                "Port %d" % self.port, "ListenAddress 127.0.0.1", "HostKey %s" % host_key,
-                "AuthorizedKeysFile %s" % auth, "PidFile %s" % os.path.join(self.dir, "sshd.pid"),
-                "PermitRootLogin prohibit-password", "PasswordAuthentication no", "UsePAM no", "StrictModes no",
-                "Subsystem sftp internal-sftp", "LogLevel ERROR", ""]))
-        os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory
-        self.proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", config],
-                                     stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.dir, "sshd.log"), "w"))
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        self.control_path = os.path.join(self.dir, "cp-%C")
-        self.options = ["-o", "ControlMaster=auto", "-o", "ControlPersist=120s", "-o", "ControlPath=" + self.control_path,
-                        "-o", "UserKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=no", "-o", "LogLevel=ERROR",
-                        "-o", "IdentitiesOnly=yes", "-i", self.key]
-
-    def inventory_vars(self):
-        """Inventory variables for `connection: ssh` to this sshd with ControlPersist and pipelining."""
-        return ("ansible_host=127.0.0.1 ansible_port=%d ansible_user=root ansible_connection=ssh ansible_pipelining=true "
-                "ansible_ssh_private_key_file=%s ansible_ssh_args='%s'" % (self.port, self.key, " ".join(self.options[:-2])))
-
-    def stop(self):
-        subprocess.run(["ssh", "-O", "exit", "-p", str(self.port)] + self.options + ["root@127.0.0.1"],
-                       capture_output=True, check=False)
-        self.proc.terminate()
-        self.proc.wait(10)
 
 
 def main():
@@ -93,32 +34,12 @@ def main():
     parser.add_argument("--output", default=os.path.join(ROOT, "bench", "results", "connection.json"))
     args = parser.parse_args()
 
-    tmp = tempfile.mkdtemp(prefix="connbench-")
-    plane = sshd = None
+    stage = Stage("connbench")
     try:
-        os.makedirs(os.path.join(tmp, "plane"))
-        plane = start_local_plane(os.path.join(tmp, "plane"))
-        client = plane.client()
-        session = client.wait_session(client.create_session({"name": "connbench", "agent": "none"})["session_id"],
-                                      timeout=120)
-        sshd = Sshd(tmp)
-        local_dir = os.path.join(tmp, "local-dest")
-        ssh_dir = os.path.join(tmp, "ssh-dest")
-        os.makedirs(local_dir)
-        os.makedirs(ssh_dir)
-        mux_dir = os.path.join(tmp, "mux")
-        env = ansible_env(plane, mux_dir, 300, PYTHONPATH=COLLECTIONS)
+        tmp, plane, session, sshd, env = stage.tmp, stage.plane, stage.session, stage.sshd, stage.env
+        mux_dir, ssh_dir = stage.mux_dir, stage.ssh_dir
         write(os.path.join(tmp, "playbook.yml"), playbook_text(mixed=True))
-        inventories = {
-            "agent": write(os.path.join(tmp, "agent.ini"),
-                           "target ansible_host=%s ansible_connection=microvm.sandbox.agent "
-                           "ansible_python_interpreter=/usr/bin/python3 dest_dir=/workspace\n" % session["name"]),
-            "local": write(os.path.join(tmp, "local.ini"),
-                           "target ansible_connection=local ansible_python_interpreter=/usr/bin/python3 "
-                           "dest_dir=%s\n" % local_dir),
-            "ssh": write(os.path.join(tmp, "ssh.ini"), "target %s ansible_python_interpreter=/usr/bin/python3 dest_dir=%s\n"
-                         % (sshd.inventory_vars(), ssh_dir)),
-        }
+        inventories = {mode: stage.inventory(mode) for mode in ("agent", "local", "ssh")}
         for mode in inventories:  # warm-up: the agent's mux and ssh's ControlMaster come up here
             run_playbook(tmp, "playbook.yml", inventories[mode], env)
         times = {mode: [] for mode in inventories}
@@ -185,13 +106,7 @@ def main():
                 result["copy_mib_per_second"]["scp_" + direction], result["copy_ratio_agent_to_scp"][direction]))
         print("wrote %s" % benchlib.save_json(args.output, result))
     finally:
-        if sshd:
-            sshd.stop()
-        benchlib.stop_muxes(os.path.join(tmp, "mux"))
-        if plane:
-            stop_local_plane(plane)
-        shutil.rmtree(tmp, ignore_errors=True)
-
+        stage.stop()
 
 if __name__ == "__main__":
     main()

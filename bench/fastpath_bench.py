@@ -18,17 +18,14 @@ Usage: PYTHONPATH=.local/collections:localplane .venv/bin/python bench/fastpath_
 """
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 
 import benchlib  # first: it puts the collection and localplane on sys.path
-from benchlib import BIN, COLLECTIONS, ROOT, ansible_env, playbook_text, run_playbook, write
+from benchlib import BIN, ROOT, playbook_text, run_playbook, write
 
-from connection_bench import Sshd
-from microvm_localplane.testing import start_local_plane, stop_local_plane
+from stage import Stage
 
 MODES = ("agent_cold", "agent_warm", "local", "ssh", "mitogen_ssh", "mitogen_local")
 
@@ -40,32 +37,16 @@ def main():
     parser.add_argument("--output", default=os.path.join(ROOT, "bench", "results", "fastpath.json"))
     args = parser.parse_args()
 
-    tmp = tempfile.mkdtemp(prefix="fastbench-")
-    plane = sshd = None
+    stage = Stage("fastbench")
     try:
-        os.makedirs(os.path.join(tmp, "plane"))
-        plane = start_local_plane(os.path.join(tmp, "plane"))
-        client = plane.client()
-        session = client.wait_session(client.create_session({"name": "fastbench", "agent": "none"})["session_id"],
-                                      timeout=120)
-        sshd = Sshd(tmp)
-        local_dir = os.path.join(tmp, "local-dest")
-        ssh_dir = os.path.join(tmp, "ssh-dest")
-        os.makedirs(local_dir)
-        os.makedirs(ssh_dir)
-        env = ansible_env(plane, os.path.join(tmp, "mux"), 300, PYTHONPATH=COLLECTIONS)
+        tmp, env = stage.tmp, stage.env
         playbooks = {"command30": write(os.path.join(tmp, "command30.yml"), playbook_text(mixed=False)),
                      "mixed30": write(os.path.join(tmp, "mixed30.yml"), playbook_text(mixed=True))}
-        agent = ("target ansible_host=%s ansible_connection=microvm.sandbox.agent ansible_python_interpreter=/usr/bin/python3 "
-                 "dest_dir=/workspace ansible_microvm_warm_runner=%s\n")
         inventories = {
-            "agent_cold": write(os.path.join(tmp, "cold.ini"), agent % (session["name"], "false")),
-            "agent_warm": write(os.path.join(tmp, "warm.ini"), agent % (session["name"], "true")),
-            "local": write(os.path.join(tmp, "local.ini"),
-                           "target ansible_connection=local ansible_python_interpreter=/usr/bin/python3 "
-                           "dest_dir=%s\n" % local_dir),
-            "ssh": write(os.path.join(tmp, "ssh.ini"), "target %s ansible_python_interpreter=/usr/bin/python3 dest_dir=%s\n"
-                         % (sshd.inventory_vars(), ssh_dir)),
+            "agent_cold": stage.inventory("agent", ansible_microvm_warm_runner="false"),
+            "agent_warm": stage.inventory("agent", ansible_microvm_warm_runner="true"),
+            "local": stage.inventory("local"),
+            "ssh": stage.inventory("ssh"),
         }
         runners = {mode: (env, BIN) for mode in inventories}
         if args.mitogen_venv:
@@ -101,12 +82,7 @@ def main():
                                          for m in MODES))
         print("wrote %s" % args.output)
     finally:
-        if sshd is not None:
-            sshd.stop()
-        benchlib.stop_muxes(os.path.join(tmp, "mux"))
-        if plane is not None:
-            stop_local_plane(plane)
-        shutil.rmtree(tmp, ignore_errors=True)
+        stage.stop()
     return 0
 
 

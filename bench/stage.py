@@ -1,0 +1,117 @@
+"""The stage the playbook benches share: a local plane with one ready session, a private sshd, per-mode
+destination dirs, the ansible-playbook environment, and inventories for each peer; torn down by stop()."""
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+import benchlib  # first: it puts the collection and localplane on sys.path
+from benchlib import COLLECTIONS, ansible_env, write
+
+from microvm_localplane.testing import start_local_plane, stop_local_plane
+
+PYTHON = "ansible_python_interpreter=/usr/bin/python3"
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Sshd:
+    """A private sshd on a loopback port, with its own host key and a generated client key."""
+
+    def __init__(self, tmp):
+        self.dir = os.path.join(tmp, "ssh")
+        os.makedirs(self.dir, mode=0o700)
+        self.port = free_port()
+        self.key = os.path.join(self.dir, "id_ed25519")
+        host_key = os.path.join(self.dir, "host_ed25519")
+        for path in (self.key, host_key):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", path], check=True)
+        auth = os.path.join(self.dir, "authorized_keys")
+        shutil.copy(self.key + ".pub", auth)
+        os.chmod(auth, 0o600)
+        config = os.path.join(self.dir, "sshd_config")
+        with open(config, "w") as f:
+            f.write("\n".join([
+                "Port %d" % self.port, "ListenAddress 127.0.0.1", "HostKey %s" % host_key,
+                "AuthorizedKeysFile %s" % auth, "PidFile %s" % os.path.join(self.dir, "sshd.pid"),
+                "PermitRootLogin prohibit-password", "PasswordAuthentication no", "UsePAM no", "StrictModes no",
+                "Subsystem sftp internal-sftp", "LogLevel ERROR", ""]))
+        os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory
+        self.proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", config],
+                                     stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.dir, "sshd.log"), "w"))
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        self.control_path = os.path.join(self.dir, "cp-%C")
+        self.options = ["-o", "ControlMaster=auto", "-o", "ControlPersist=120s", "-o", "ControlPath=" + self.control_path,
+                        "-o", "UserKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=no", "-o", "LogLevel=ERROR",
+                        "-o", "IdentitiesOnly=yes", "-i", self.key]
+
+    def inventory_vars(self):
+        """Inventory variables for `connection: ssh` to this sshd with ControlPersist and pipelining."""
+        return ("ansible_host=127.0.0.1 ansible_port=%d ansible_user=root ansible_connection=ssh ansible_pipelining=true "
+                "ansible_ssh_private_key_file=%s ansible_ssh_args='%s'" % (self.port, self.key, " ".join(self.options[:-2])))
+
+    def stop(self):
+        subprocess.run(["ssh", "-O", "exit", "-p", str(self.port)] + self.options + ["root@127.0.0.1"],
+                       capture_output=True, check=False)
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+class Stage:
+    """Everything a bench needs to run the same playbook through the agent, local and SSH."""
+
+    def __init__(self, name):
+        self.tmp = tempfile.mkdtemp(prefix="%s-" % name)
+        self.plane = self.sshd = None
+        self.mux_dir = os.path.join(self.tmp, "mux")
+        try:
+            os.makedirs(os.path.join(self.tmp, "plane"))
+            self.plane = start_local_plane(os.path.join(self.tmp, "plane"))
+            client = self.plane.client()
+            self.session = client.wait_session(client.create_session({"name": name, "agent": "none"})["session_id"],
+                                               timeout=120)
+            self.sshd = Sshd(self.tmp)
+            self.local_dir = os.path.join(self.tmp, "local-dest")
+            self.ssh_dir = os.path.join(self.tmp, "ssh-dest")
+            os.makedirs(self.local_dir)
+            os.makedirs(self.ssh_dir)
+            self.env = ansible_env(self.plane, self.mux_dir, 300, PYTHONPATH=COLLECTIONS)
+        except BaseException:
+            self.stop()
+            raise
+
+    def path(self, name):
+        return os.path.join(self.tmp, name)
+
+    def inventory(self, mode, **extra):
+        """An inventory file with host `target` for mode agent, local or ssh; extra become host variables."""
+        line = {
+            "agent": "ansible_host=%s ansible_connection=microvm.sandbox.agent dest_dir=/workspace" % self.session["name"],
+            "local": "ansible_connection=local dest_dir=%s" % self.local_dir,
+            "ssh": "%s dest_dir=%s" % (self.sshd.inventory_vars(), self.ssh_dir),
+        }[mode]
+        words = [line, PYTHON] + ["%s=%s" % kv for kv in sorted(extra.items())]
+        name = "-".join([mode] + ["%s-%s" % kv for kv in sorted(extra.items())]) + ".ini"
+        return write(self.path(name), "target %s\n" % " ".join(words))
+
+    def stop(self):
+        if self.sshd is not None:
+            self.sshd.stop()
+        benchlib.stop_muxes(self.mux_dir)
+        if self.plane is not None:
+            stop_local_plane(self.plane)
+        shutil.rmtree(self.tmp, ignore_errors=True)
