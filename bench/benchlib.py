@@ -23,7 +23,6 @@ for _p in (COLLECTIONS, os.path.join(ROOT, "localplane")):
 # a cost the peers (ansible-core, Mitogen: installed with their bytecode) never pay.
 compileall.compile_dir(os.path.join(ROOT, "plugins"), quiet=1)
 
-from microvm_localplane.testing import mux_pids, stop_muxes  # noqa: E402,F401 - the benches' mux bookkeeping
 
 PLAYBOOK = """
 - hosts: target

@@ -108,5 +108,6 @@ def main():
     finally:
         stage.stop()
 
+
 if __name__ == "__main__":
     main()

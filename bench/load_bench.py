@@ -17,9 +17,9 @@ import tempfile
 import time
 
 import benchlib  # first: it puts the collection and localplane on sys.path
-from benchlib import BIN, ROOT, ansible_env, mux_pids, playbook_argv, timed_run
+from benchlib import BIN, ROOT, ansible_env, playbook_argv, timed_run
 
-from microvm_localplane.testing import start_local_plane, stop_local_plane
+from microvm_localplane.testing import mux_pids, start_local_plane, stop_local_plane, stop_muxes
 
 TASKS = 30
 
@@ -133,7 +133,7 @@ def main():
         result["tasks_total"] = args.sessions * TASKS
         result["per_task_ms"] = round(1000 * result["run_s"] / result["tasks_total"], 1)
     finally:
-        benchlib.stop_muxes(mux_dir)
+        stop_muxes(mux_dir)
         stop_local_plane(plane)
         shutil.rmtree(work, ignore_errors=True)
 

@@ -7,10 +7,9 @@ import subprocess
 import tempfile
 import time
 
-import benchlib  # first: it puts the collection and localplane on sys.path
 from benchlib import COLLECTIONS, ansible_env, write
 
-from microvm_localplane.testing import start_local_plane, stop_local_plane
+from microvm_localplane.testing import start_local_plane, stop_local_plane, stop_muxes
 
 PYTHON = "ansible_python_interpreter=/usr/bin/python3"
 
@@ -111,7 +110,7 @@ class Stage:
     def stop(self):
         if self.sshd is not None:
             self.sshd.stop()
-        benchlib.stop_muxes(self.mux_dir)
+        stop_muxes(self.mux_dir)
         if self.plane is not None:
             stop_local_plane(self.plane)
         shutil.rmtree(self.tmp, ignore_errors=True)

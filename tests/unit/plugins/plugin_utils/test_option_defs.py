@@ -30,8 +30,8 @@ def test_fast_parse_equals_core_parse():
 def test_importing_the_plugin_defined_its_options():
     assert CORE_NAME == "ansible_collections.microvm.sandbox.plugins.connection.agent"
     assert C.config.has_configuration_definition("connection", CORE_NAME)
-    assert C.config.get_configuration_definitions("connection", CORE_NAME) == core_options(agent.DOCUMENTATION,
-                                                                                         agent.__file__)
+    expected = core_options(agent.DOCUMENTATION, agent.__file__)
+    assert C.config.get_configuration_definitions("connection", CORE_NAME) == expected
     # core finds them under the name it loads the plugin by, and does not parse DOCUMENTATION again
     calls = []
     original = connection_loader._load_config_defs
