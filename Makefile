@@ -19,7 +19,7 @@ export PATH := $(BIN):$(PATH)
 # instead of skipping; root, the guest's user, may sudo by Debian's default).
 DEB_PACKAGES := bubblewrap umoci skopeo buildah docker-registry debootstrap openssh-server rsync sudo
 PYTEST_ARGS ?=
-NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py
+NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py tests/unit/plugins/plugin_utils/test_option_defs.py tests/unit/plugins/plugin_utils/test_warm.py
 
 .PHONY: help venv system-deps collection proto proto-check lint sanity ansible-lint docs-lint docs \
         unit localplane-test integration molecule test test-live demo local-up local-down build clean bench
