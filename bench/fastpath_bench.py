@@ -36,6 +36,8 @@ def main():
     parser.add_argument("--mitogen-venv", help="a venv with ansible-core and mitogen installed")
     parser.add_argument("--output", default=os.path.join(ROOT, "bench", "results", "fastpath.json"))
     args = parser.parse_args()
+    if args.mitogen_venv:  # the playbooks run in a temporary dir: a relative venv path would not be found there
+        args.mitogen_venv = os.path.abspath(args.mitogen_venv)
 
     stage = Stage("fastbench")
     try:
