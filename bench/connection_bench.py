@@ -5,7 +5,7 @@
    - `connection: local`,
    - `connection: ssh` to a private sshd on 127.0.0.1 with ControlPersist and pipelining,
    each warmed up once (mux / ControlMaster started) and then timed REPEAT times, interleaved.
-2. A 256 MiB file copied in and out REPEAT times, interleaved (median): the plugin's put_file/fetch_file path (the session's mux)
+2. A 256 MiB file copied in and out REPEAT times, interleaved (median): the plugin's put_file/fetch_file path (the shared mux)
    against scp to localhost over the same warm ControlMaster.
 
 Prints a table with ratios and writes bench/results/connection.json.
@@ -22,9 +22,8 @@ from benchlib import ROOT, playbook_text, run_playbook, write
 
 from stage import Stage
 
-from ansible_collections.microvm.sandbox.plugins.module_utils import profile
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import MuxClient
+from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import SessionConfig
 
 
 def main():
@@ -54,11 +53,8 @@ def main():
         with open(big, "wb") as f:
             for _dummy in range(args.size_mib):
                 f.write(os.urandom(1 << 20))
-        spawn = {"api_url": plane.url, "prefix": profile.DEFAULT_PREFIX, "session": session["name"],
-                 "agent_port": profile.AGENT_PORT, "connect_timeout": 60, "persist": 300,
-                 "scratch_dir": profile.SCRATCH_DIR, "validate_certs": True}
-        mux = MuxClient(mux_dir, mp.mux_key(plane.url, profile.DEFAULT_PREFIX, session["name"], profile.AGENT_PORT),
-                        spawn, plane.token).connect()
+        mux = MuxClient(mux_dir, SessionConfig(session=session["name"], token=plane.token, api_url=plane.url,
+                                               persist=300)).connect()
         scp = ["scp", "-q", "-P", str(sshd.port)] + sshd.options
         copies = {
             "agent_in": lambda: mux.put(big, "/workspace/big.bin"),

@@ -14,9 +14,11 @@ description:
   - Runs commands and copies files in a sandbox session of the managed microVM platform
     (DigitalOcean Managed Agents, also called Harness Runtime) or of the local control plane,
     over the guest agent's gRPC service reached through the platform's port-forward WebSocket.
-  - The first task starts a per-session multiplexer process on the controller that holds one WebSocket
-    and one gRPC channel; every later task, fork and run (within O(persist) idle seconds) reuses it,
-    like SSH's ControlPersist. The task worker itself only speaks a small framed protocol over a unix socket.
+  - The first task starts the controller user's shared multiplexer process (one per O(mux_dir), or a small pool of
+    them, see O(mux_processes)); it holds one WebSocket port-forward and one gRPC channel per session, opened on the
+    session's first task and closed after O(persist) idle seconds. Every later task, fork and run reuses them, like
+    SSH's ControlPersist, and hundreds of sessions share the process. The task worker itself only speaks a small
+    framed protocol over a unix socket.
   - Pipelining is on by default, so a module runs with one round trip and no file transfer.
   - Files can be copied to and from any guest path. Paths under C(/workspace) are transferred directly;
     other paths are staged through the run's scratch directory with commands in the guest.
@@ -28,7 +30,8 @@ description:
 notes:
   - The API token is passed to the multiplexer on its standard input, never on a command line or in a file,
     and is never printed, not even at C(-vvvv).
-  - "C(meta: reset_connection) stops the session's multiplexer; the next task starts a new one."
+  - "C(meta: reset_connection) closes this session's channel in the multiplexer (other sessions keep theirs);
+    the next task opens a new one."
   - The guest agent has no terminal. C(become) with C(sudo) works with and without a password;
     C(su) works when it does not ask for a password (for example from root).
   - See docs/connection.md in the collection for the scratch rules and what survives what.
@@ -128,7 +131,8 @@ options:
         key: command_timeout
   persist:
     description:
-      - Seconds the session's multiplexer stays up without any task before it exits.
+      - Seconds the session's channel in the multiplexer stays open without any task before it is closed.
+        The multiplexer process exits soon after its last channel is closed.
     type: int
     default: 60
     env:
@@ -140,7 +144,8 @@ options:
         key: persist
   mux_dir:
     description:
-      - Local directory of the multiplexers' sockets, pid files and logs (0700; sockets 0600).
+      - Local directory of the multiplexers' sockets, pid files and logs (0700; sockets 0600, reachable only
+        by the user who runs the play).
     type: path
     default: ~/.ansible/microvm
     env:
@@ -148,6 +153,19 @@ options:
     ini:
       - section: microvm_agent_connection
         key: mux_dir
+  mux_processes:
+    description:
+      - How many shared multiplexer processes the controller user runs per O(mux_dir); each session is served by
+        one of them, chosen by a hash of its endpoint and id. V(0) means one per CPU core, at most 4.
+      - More processes let bulk transfers to several sessions use more cores; each costs about 50 MB.
+      - Every play using the same O(mux_dir) should use the same value.
+    type: int
+    default: 0
+    env:
+      - name: MICROVM_MUX_PROCESSES
+    ini:
+      - section: microvm_agent_connection
+        key: mux_processes
   validate_certs:
     description:
       - Whether to verify the TLS certificate of O(api_url) (REST and WebSocket).
@@ -159,8 +177,9 @@ options:
       - name: ansible_microvm_validate_certs
   warm_runner:
     description:
-      - Run pipelined Python modules in a warm interpreter that the session's multiplexer keeps
-        in the guest; each module runs in a fresh fork of it with C(ansible.module_utils.basic) already imported
+      - Run pipelined Python modules in a warm interpreter (the warm module runner) that the multiplexer keeps
+        in the guest, one per session and interpreter; each module runs in a fresh fork of it
+        with C(ansible.module_utils.basic) already imported
         (from the module payload itself, never from the controller).
       - Only used for a pipelined Python module without become, async or O(command_timeout); anything else,
         a payload whose module_utils differ from the preloaded ones, a guest without the interpreter, or a runner
@@ -168,7 +187,6 @@ options:
       - Set V(false) to run every module as a plain pipelined command. See docs/connection.md for the figures.
     type: bool
     default: true
-    version_added: 0.2.0
     env:
       - name: MICROVM_WARM_RUNNER
     vars:
@@ -244,6 +262,7 @@ from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import option_defs  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import MuxClient, host_tag, run_identity  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import DEFAULT_POOL_SIZE, SessionConfig  # noqa: E402
 
 display = Display()
 option_defs.register("connection", __name__, DOCUMENTATION)  # saves core's slow parse in every worker
@@ -326,8 +345,8 @@ def warm_shape(argv, in_data):
     return (interpreter, env), None
 
 
-def mux_error(e, label):
-    """A mux error as the Ansible exception that gives the right task outcome."""
+def mux_error(e):
+    """A mux error as the Ansible exception that gives the right task outcome (the one place that decides)."""
     message = "microvm.sandbox.agent: %s" % e
     if e.kind in UNREACHABLE_KINDS:
         return AnsibleConnectionFailure(message)
@@ -417,28 +436,15 @@ class Connection(ConnectionBase):
             self._check_paths()
         except profile.TransferPathError as e:
             raise AnsibleError("microvm.sandbox.agent: %s" % e)
-        token = self.get_option("api_token")
-        if not token:
-            raise AnsibleConnectionFailure("microvm.sandbox.agent: no API token for session %s: set option api_token "
-                                           "(ansible_microvm_api_token) or env %s" % (session, profile.API_TOKEN_ENV))
-        api_url = self.get_option("api_url") or profile.DEFAULT_API_URL
-        prefix = self.get_option("route_prefix") or profile.DEFAULT_PREFIX
-        port = int(self.get_option("agent_port") or profile.AGENT_PORT)
-        key = mp.mux_key(api_url, prefix, session, port)
-        spawn = {"api_url": api_url, "prefix": prefix, "session": session, "agent_port": port,
-                 "connect_timeout": self.get_option("connect_timeout"), "persist": self.get_option("persist"),
-                 "scratch_dir": self._scratch_dir(), "validate_certs": self.get_option("validate_certs"),
-                 "host_tag": host_tag()}
-        display.vvv("ESTABLISH MICROVM AGENT CONNECTION to session %s via %s%s" % (session, api_url, prefix),
+        cfg = self._session_config(session)
+        display.vvv("ESTABLISH MICROVM AGENT CONNECTION to session %s via %s%s" % (session, cfg.api_url, cfg.prefix),
                     host=session)
-        self._mux = MuxClient(os.path.expanduser(self.get_option("mux_dir")), key, spawn, token,
-                              connect_timeout=self.get_option("connect_timeout"),
-                              log=lambda msg: display.vvvv(msg, host=session))
+        self._mux = self._mux_client(cfg)
         try:
             self._mux.connect()
         except mp.MuxError as e:
             self._mux = None
-            raise mux_error(e, session)
+            raise mux_error(e)
         except OSError as e:
             self._mux = None
             raise AnsibleConnectionFailure("microvm.sandbox.agent: cannot reach the multiplexer of session %s: %s"
@@ -446,12 +452,30 @@ class Connection(ConnectionBase):
         self._connected = True
         return self
 
+    def _session_config(self, session):
+        """The session's settings for the mux, from this connection's options (one object, read once)."""
+        token = self.get_option("api_token")
+        if not token:
+            raise AnsibleConnectionFailure("microvm.sandbox.agent: no API token for session %s: set option api_token "
+                                           "(ansible_microvm_api_token) or env %s" % (session, profile.API_TOKEN_ENV))
+        return SessionConfig(session=session, token=token, api_url=self.get_option("api_url"),
+                             prefix=self.get_option("route_prefix"), agent_port=self.get_option("agent_port"),
+                             connect_timeout=self.get_option("connect_timeout"), persist=self.get_option("persist"),
+                             scratch_dir=self._scratch_dir(), validate_certs=self.get_option("validate_certs"),
+                             host_tag=host_tag())
+
+    def _mux_client(self, cfg):
+        session = cfg.session
+        return MuxClient(os.path.expanduser(self.get_option("mux_dir")), cfg,
+                         pool_size=int(self.get_option("mux_processes") or 0) or DEFAULT_POOL_SIZE,
+                         log=lambda msg: display.vvvv(msg, host=session))
+
     def _call(self, what, fn, *args, **kwargs):
         """Run a mux call, turning its failures into the right Ansible exceptions."""
         try:
             return fn(*args, **kwargs)
         except mp.MuxError as e:
-            raise mux_error(e, self._session())
+            raise mux_error(e)
         except (OSError, mp.ProtocolError) as e:
             self.close()
             raise AnsibleConnectionFailure("microvm.sandbox.agent: lost the multiplexer of session %s during %s: %s"
@@ -505,7 +529,7 @@ class Connection(ConnectionBase):
             rc, stdout, stderr, info = self._mux.warm(interpreter, env, stdin, run=run)
         except mp.MuxError as e:
             if e.kind != mp.ERR_WARM:
-                raise mux_error(e, session)
+                raise mux_error(e)
             display.vvv("WARM RUNNER refused, running cold: %s" % e, host=session)
             return None
         except (OSError, mp.ProtocolError) as e:
@@ -561,22 +585,18 @@ class Connection(ConnectionBase):
         self._connected = False
 
     def reset(self):
-        """meta: reset_connection: stop the session's multiplexer; the next task starts a fresh one."""
+        """meta: reset_connection: close this session's channel in the mux; the next task opens a fresh one."""
         session = self._session()
         try:
-            api_url = self.get_option("api_url") or profile.DEFAULT_API_URL
-            prefix = self.get_option("route_prefix") or profile.DEFAULT_PREFIX
-            port = int(self.get_option("agent_port") or profile.AGENT_PORT)
-            base = os.path.expanduser(self.get_option("mux_dir"))
-        except KeyError:
-            return
+            client = self._mux_client(self._session_config(session))
+        except (KeyError, AnsibleError, profile.TransferPathError):
+            return  # options not set, or no token: nothing was ever opened with them
         self.close()
-        client = MuxClient(base, mp.mux_key(api_url, prefix, session, port), {}, None)
         try:
-            stopped = client.shutdown()
+            done = client.reset()
         except (OSError, mp.ProtocolError) as e:
             display.vvv("reset_connection: the multiplexer of session %s did not answer: %s" % (session, e), host=session)
             return
-        if stopped:
-            display.vvv("reset_connection: stopped the multiplexer (pid %s) of session %s" % (stopped.get("pid"), session),
-                        host=session)
+        if done and done.get("reset"):
+            display.vvv("reset_connection: closed the channel of session %s in the multiplexer (pid %s)"
+                        % (session, done.get("pid")), host=session)

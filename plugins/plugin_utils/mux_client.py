@@ -1,7 +1,7 @@
 # Copyright (c) 2026, microvm.sandbox contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The worker's side of the multiplexer: find or start the session's mux, and talk to it.
+"""The worker's side of the multiplexer: find or start the user's shared mux, attach to a session, talk.
 
 Stdlib only (see mux_protocol.py): this runs in every task's worker process.
 """
@@ -20,6 +20,7 @@ import threading
 import time
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import DEFAULT_POOL_SIZE, ProcessConfig
 
 MUX_MODULE = "ansible_collections.microvm.sandbox.plugins.plugin_utils.mux"
 PYTHON_START_GRACE = 20.0  # python + grpc start-up on a loaded machine, on top of connect_timeout
@@ -45,19 +46,10 @@ def host_tag():
     return hashlib.sha256(("%s/%s" % (socket.gethostname(), machine)).encode("utf-8")).hexdigest()[:8]
 
 
-def process_start(pid):
-    try:
-        with open("/proc/%d/stat" % int(pid), "rb") as f:
-            data = f.read()
-        return data[data.rfind(b")") + 2:].split()[19].decode()
-    except (OSError, IndexError, ValueError):
-        return "0"
-
-
 def run_identity(playbook_pid=None):
     """(run id, pid, start): shared by all tasks of one ansible-playbook run."""
     pid = int(playbook_pid) if playbook_pid else os.getppid()
-    start = process_start(pid)
+    start = str(mp.process_start_time(pid) or 0)
     return "%s-%d-%s" % (host_tag(), pid, start), pid, start
 
 
@@ -70,44 +62,75 @@ def _is_our_mux(pid):
 
 
 class MuxClient:
-    """One connection to the session's mux, started on demand."""
+    """One connection to the mux serving `session`, started on demand and attached to that session."""
 
-    def __init__(self, base_dir, key, spawn_config, token, connect_timeout=60.0, log=None):
-        self.dir = os.path.join(base_dir, key)
+    def __init__(self, base_dir, session, pool_size=DEFAULT_POOL_SIZE, log=None):
+        self.session = session  # a SessionConfig
+        self.key = session.key
         self.base_dir = base_dir
+        self.slot = mp.pool_slot(self.key, pool_size)
+        self.dir = mp.process_dir(base_dir, self.slot)
         self.socket_path = os.path.join(self.dir, mp.SOCKET_NAME)
-        self._spawn_config = spawn_config
-        self._token = token
-        self.connect_timeout = float(connect_timeout)
+        self.connect_timeout = float(session.connect_timeout)
         self._log = log or (lambda msg: None)
         self.sock = None
+        self.attached = None  # the mux's answer to attach: pid, session_id, label, generation
         self.started = False  # True when this client started the mux
 
     def __repr__(self):
-        return "MuxClient(%r, token=<hidden>)" % self.socket_path
+        return "MuxClient(%r, %r)" % (self.socket_path, self.session)
 
     # -- connecting --------------------------------------------------------------
     def connect(self):
+        """Connect (starting the mux if none runs) and attach to the session: UNREACHABLE errors if it cannot be."""
         if self.sock is not None:
             return self
+        self._open_socket()
+        try:
+            self._attach()
+        except mp.NotAccepted:  # that mux was exiting: the next one takes it
+            self.close()
+            self._open_socket()
+            try:
+                self._attach()
+            except mp.NotAccepted:
+                self.close()
+                raise mp.MuxError(mp.ERR_UNREACHABLE, "the connection multiplexer closed the connection twice "
+                                  "before taking a request; see %s" % os.path.join(self.dir, mp.LOG_NAME))
+        return self
+
+    def _attach(self):
+        try:
+            mp.send_frame(self.sock, mp.REQUEST, {"op": "attach", "session": self.session.to_wire()})
+        except (BrokenPipeError, ConnectionResetError):
+            raise mp.NotAccepted()
+        for kind, payload in self._frames(self.sock):
+            if kind == mp.RESULT:
+                self.attached = payload
+                return payload
+            self.close()
+            if kind == mp.ERROR:
+                raise mp.MuxError(payload.get("kind"), payload.get("message"))
+            raise mp.MuxError(mp.ERR_PROTOCOL, "unexpected frame %d from the mux" % kind)
+
+    def _open_socket(self):
         mp.private_dir(self.base_dir)
         mp.private_dir(self.dir)
         try:
             self.sock = mp.connect(self.socket_path, timeout=5)
-            return self
+            return
         except (FileNotFoundError, ConnectionRefusedError):
             pass
         with open(os.path.join(self.dir, mp.LOCK_NAME), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one starter per session; the others find its socket
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one starter per mux; the others find its socket
             try:
                 self.sock = mp.connect(self.socket_path, timeout=5)
-                return self
+                return
             except (FileNotFoundError, ConnectionRefusedError):
                 self._clear_stale()
             self._spawn()
             self.sock = mp.connect(self.socket_path, timeout=5)
             self.started = True
-        return self
 
     def _clear_stale(self):
         """A dead or wedged mux left its socket or pid file: remove them (and it)."""
@@ -148,7 +171,7 @@ class MuxClient:
         root = collections_root()
         env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         for name in ("DO_AGENTS_API_TOKEN", "ANSIBLE_MICROVM_API_TOKEN"):
-            env.pop(name, None)  # the token travels on stdin only
+            env.pop(name, None)  # the token travels in attach requests only
         log_path = os.path.join(self.dir, mp.LOG_NAME)
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
@@ -156,8 +179,8 @@ class MuxClient:
                                     stderr=log_fd, cwd=self.dir, env=env, close_fds=True, start_new_session=True)
         finally:
             os.close(log_fd)
-        config = dict(self._spawn_config, token=self._token, dir=self.dir)
-        self._log("starting mux for %s" % self._spawn_config.get("session"))
+        config = ProcessConfig(dir=self.dir, slot=self.slot).to_wire()
+        self._log("starting the shared mux in %s" % self.dir)
         try:
             proc.stdin.write((json.dumps(config) + "\n").encode("utf-8"))
             proc.stdin.close()
@@ -166,7 +189,7 @@ class MuxClient:
         reply = self._read_reply(proc, log_path)
         if not reply.get("ok"):
             raise mp.MuxError(reply.get("kind") or mp.ERR_UNREACHABLE, reply.get("message") or "the mux failed to start")
-        self._log("mux pid %s serves session %s" % (reply.get("pid"), reply.get("label")))
+        self._log("mux pid %s serves %s" % (reply.get("pid"), self.dir))
         # the mux outlives this worker; it is reparented to init when we exit
         proc.returncode = 0
 
@@ -200,6 +223,7 @@ class MuxClient:
                 self.sock.close()
             finally:
                 self.sock = None
+                self.attached = None
 
     # -- requests ------------------------------------------------------------------
     def _frames(self, sock):
@@ -215,8 +239,9 @@ class MuxClient:
         while True:
             frame = mp.recv_frame(sock)
             if frame is None:
-                raise mp.MuxError(mp.ERR_LOST, "the connection multiplexer hung up during the request; "
-                                  "see %s" % os.path.join(self.dir, mp.LOG_NAME))
+                raise mp.MuxError(mp.ERR_LOST, "the connection multiplexer of session %s hung up during the request: "
+                                  "it may have partly run and is not re-run; see %s"
+                                  % (self.session.session, os.path.join(self.dir, mp.LOG_NAME)))
             yield frame
 
     def _retrying(self, attempt):
@@ -334,14 +359,14 @@ class MuxClient:
     def fetch(self, remote, local, run=None):
         return self.request("fetch", remote=remote, local=os.path.abspath(local), run=run)
 
-    def shutdown(self):
-        """Stop the mux if one runs (meta: reset_connection); never starts one."""
+    def reset(self):
+        """meta: reset_connection: close this session's link in the mux, if one runs; never starts one."""
         try:
             sock = mp.connect(self.socket_path, timeout=5)
         except OSError:
             return None
         try:
-            mp.send_frame(sock, mp.REQUEST, {"op": "shutdown"})
+            mp.send_frame(sock, mp.REQUEST, {"op": "reset", "key": self.key})
             for kind, payload in self._frames(sock):
                 return payload if kind == mp.RESULT else None
         except mp.NotAccepted:

@@ -1,7 +1,7 @@
 # Copyright (c) 2026, microvm.sandbox contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The small framed protocol between a task worker and the session multiplexer.
+"""The small framed protocol between a task worker and the controller's shared multiplexer.
 
 Stdlib only, on purpose: every task runs in a freshly forked worker that
 imports the connection plugin anew, so nothing heavy (grpc, websockets,
@@ -9,8 +9,12 @@ requests) may be imported on the worker side.
 
 A frame is a 5-byte header (4-byte big-endian payload length, 1-byte kind)
 followed by the payload. Control messages carry UTF-8 JSON; data frames carry
-raw bytes. A worker opens one unix-socket connection per task and sends one
-request at a time on it:
+raw bytes. A worker opens one unix-socket connection per task, binds it to
+its session with "attach" (the session's configuration, API token included:
+the socket is reachable only by its user), then sends one request at a time:
+
+    worker -> REQUEST {"op": "attach", "session": {...}}
+    mux    -> ACK, RESULT {"label", "session_id", "pid", "generation"} or ERROR
 
     worker -> REQUEST {"op": "exec", ...}, STDIN*, STDIN_EOF
     mux    -> ACK, STDOUT* / STDERR* (as they arrive), then EXIT or ERROR
@@ -18,8 +22,11 @@ request at a time on it:
     worker -> REQUEST {"op": "warm", "interpreter", "env", "run"}, STDIN*, STDIN_EOF
     mux    -> ACK, then STDOUT* / STDERR*, EXIT, or ERROR (kind warm_refused: run it cold)
 
-    worker -> REQUEST {"op": "put" | "fetch" | "hello" | "shutdown", ...}
+    worker -> REQUEST {"op": "put" | "fetch" | "put_archive" | "hello", ...}
     mux    -> ACK, RESULT or ERROR
+
+    worker -> REQUEST {"op": "reset", "key": <session key>}   (meta: reset_connection; no attach needed)
+    mux    -> ACK, RESULT {"reset": true|false}
 
 The worker always ends stdin with STDIN_EOF, even after the EXIT, so the
 connection stays in step for the next request.
@@ -33,7 +40,7 @@ import socket
 import stat
 import struct
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 HEADER = struct.Struct("!IB")
 MAX_FRAME = 64 * 1024 * 1024  # a worker never needs more; refuse garbage early
@@ -57,7 +64,6 @@ ERR_GONE = "gone"                 # the session is deleted, failed or unknown
 ERR_NOT_FOUND = "not_found"       # a file to transfer does not exist
 ERR_DENIED = "denied"             # the guest refused a path
 ERR_PATH = "path"                 # refused locally by the platform profile
-ERR_TIMEOUT = "timeout"           # a command ran past its timeout
 ERR_FAILED = "failed"             # anything else: a plain task failure
 ERR_PROTOCOL = "protocol"         # a bug or a version mismatch between worker and mux
 ERR_WARM = "warm_refused"         # the warm runner did not start the module: the worker runs it cold
@@ -136,16 +142,49 @@ def recv_frame(sock):
 
 # -- where a mux lives ---------------------------------------------------------
 
-def mux_key(api_url, prefix, session, agent_port, uid=None):
-    """One mux per (api_url, prefix, session, agent port, local user)."""
-    uid = os.getuid() if uid is None else uid
-    text = "\0".join([api_url.rstrip("/"), prefix, session, str(agent_port), str(uid)])
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
+def session_key(api_url, prefix, session, agent_port, token):
+    """One channel per (api_url, prefix, session, agent port, token) inside the user's mux.
+
+    The token's digest is part of the key, so a run with another token never rides on a channel
+    opened with this one (and the token itself is never shown: the key is a digest).
+    """
+    text = "\0".join([api_url.rstrip("/"), prefix, session, str(agent_port),
+                       hashlib.sha256((token or "").encode("utf-8")).hexdigest()])
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
 
 
-def mux_dir(base_dir, key):
-    """The private directory of one mux: <base>/<key>."""
-    return os.path.join(base_dir, key)
+def pool_slot(key, pool_size):
+    """Which of the user's `pool_size` mux processes serves the session `key`."""
+    return int(key, 16) % max(1, int(pool_size))
+
+
+def process_dir(base_dir, slot, uid=None):
+    """The private directory of one mux process: <base>/mux-<uid>-<slot>."""
+    return os.path.join(base_dir, "mux-%d-%d" % (os.getuid() if uid is None else uid, slot))
+
+
+def process_start_time(pid):
+    """The start time (clock ticks since boot) of a local process, or None when it is gone.
+
+    With the pid it names one process for good: a pid reused later has another start time.
+    """
+    try:
+        with open("/proc/%d/stat" % int(pid), "rb") as f:
+            data = f.read()
+    except (OSError, ValueError):
+        return None
+    # the command name may contain spaces and parentheses: split after the last ')'
+    fields = data[data.rfind(b")") + 2:].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def process_alive(pid, start):
+    """Whether process `pid` still runs and is the one that started at `start` (when given)."""
+    current = process_start_time(pid)
+    return current is not None and (not start or str(current) == str(start))
 
 
 def private_dir(path):
@@ -174,3 +213,11 @@ def connect(path, timeout=None):
         raise
     sock.settimeout(None)
     return sock
+
+
+def peer_uid(sock):
+    """The uid of the process at the other end of a unix socket (SO_PEERCRED), or None where unsupported."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return None
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]

@@ -24,6 +24,7 @@ import time
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import hint_for
 
 try:
     from websockets.asyncio.client import connect as ws_connect
@@ -62,21 +63,26 @@ def ws_url(api_url, prefix, session_id, port):
 
 
 def status_error(status, label, port):
-    """The pre-upgrade HTTP status of a port-forward dial, as a clear error."""
+    """The pre-upgrade HTTP status of a port-forward dial, as a clear error.
+
+    The advice is the modules' own (rest.hint_for), so the same status reads the same everywhere.
+    """
+    advice = hint_for(status, "session", label)
+    advice = (". " + advice) if advice else ""
     if status == 404:
         return TunnelError("session %s was not found by the port-forward endpoint (HTTP 404): "
                            "it was deleted or never existed" % label, status=status, fatal=True)
     if status == 401:
-        return TunnelError("the API token was refused when opening the port-forward to session %s (HTTP 401): "
-                           "check option api_token or env %s" % (label, profile.API_TOKEN_ENV), status=status, fatal=True)
+        return TunnelError("the API token was refused when opening the port-forward to session %s (HTTP 401)%s"
+                           % (label, advice), status=status, fatal=True)
     if status == 403:
-        return TunnelError("the API token is not entitled to port-forward to session %s (HTTP 403)" % label,
+        return TunnelError("the API token is not entitled to port-forward to session %s (HTTP 403)%s" % (label, advice),
                            status=status, fatal=True)
     if status == 502:
         return TunnelError("the platform could not reach guest port %d of session %s (HTTP 502): "
                            "the guest agent is not listening (yet)" % (port, label), status=status)
-    return TunnelError("the port-forward to session %s was refused with HTTP %d" % (label, status), status=status,
-                       fatal=400 <= status < 500 and status not in (408, 429))
+    return TunnelError("the port-forward to session %s was refused with HTTP %d%s" % (label, status, advice),
+                       status=status, fatal=400 <= status < 500 and status not in (408, 429))
 
 
 def close_error(code, reason, label, port):

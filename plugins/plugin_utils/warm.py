@@ -3,7 +3,10 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The mux's side of the warm module runner (see warm_runner.py, which runs in the guest).
 
-One WarmRunner per (session, interpreter), held by the mux over one long-lived
+Not to be confused with the local plane's warm helper processes (localplane), the guest agent
+(the gRPC service every command goes through) or the session's `agent` field (an AI agent spec).
+
+One WarmRunner per (session, interpreter), held by the session's link over one long-lived
 Exec stream. Requests carry ids, so several tasks can run at once (each in its
 own fork in the guest). A runner that dies is replaced by the next request; a
 request the runner never started is refused (the worker then runs it cold), one
@@ -35,10 +38,9 @@ class Refused(Exception):
 
 
 class WarmRunner:
-    def __init__(self, agent, interpreter, label):
+    def __init__(self, agent, interpreter):
         self.agent = agent
         self.interpreter = interpreter
-        self.label = label
         self.lock = threading.Lock()
         self.pending = {}      # request id -> queue of events
         self.next_id = 1
@@ -46,7 +48,6 @@ class WarmRunner:
         self.feed = None
         self.alive = False
         self.info = None
-        self.failure = None
         self.held = set()      # zip keys the runner has taken: later payloads send only a reference
         self.whole = {}        # request id -> (zip key, the whole RUN body) until the runner answers
 
@@ -66,7 +67,7 @@ class WarmRunner:
             raise Refused("the warm runner could not start with %s: %s" % (self.interpreter, event[1]))
         self.info = event[1]
         self.alive = True
-        log.info("warm runner for %s started in the guest (python %s, pid %s)", self.interpreter,
+        log.info("session %s: warm runner for %s started in the guest (python %s, pid %s)", self.agent.label, self.interpreter,
                  self.info.get("python"), self.info.get("pid"))
 
     def _read(self):
@@ -98,7 +99,7 @@ class WarmRunner:
             waiting = list(self.pending.values())
             self.pending.clear()
             self.whole.clear()
-        log.warning("warm runner for %s ended: %s", self.interpreter, why)
+        log.warning("session %s: warm runner for %s ended: %s", self.agent.label, self.interpreter, why)
         for q in waiting:
             q.put(("dead", why))
 
@@ -174,11 +175,10 @@ class WarmRunner:
 
 
 class WarmRunners:
-    """The mux's runners, one per interpreter; interpreters that cannot run one are remembered."""
+    """A session's runners, one per interpreter; interpreters that cannot run one are remembered."""
 
-    def __init__(self, agent, label):
+    def __init__(self, agent):
         self.agent = agent
-        self.label = label
         self.lock = threading.Lock()
         self.runners = {}
         self.broken = {}
@@ -192,7 +192,7 @@ class WarmRunners:
                 return runner
             if runner is not None:
                 log.info("warm runner for %s died: starting a new one", interpreter)
-            runner = WarmRunner(self.agent, interpreter, self.label)
+            runner = WarmRunner(self.agent, interpreter)
             try:
                 runner.start()
             except Refused as e:

@@ -1,9 +1,9 @@
 # Copyright (c) 2026, microvm.sandbox contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The warm module runner: a Python program that runs INSIDE the guest (experimental).
+"""The warm module runner: a Python program that runs INSIDE the guest (on by default, option warm_runner).
 
-The mux starts it once per (session, interpreter) with one long-lived Exec
+The shared mux starts it once per (session, interpreter) with one long-lived Exec
 (`<python> -c <this file's source> microvm-warm-runner`) and speaks a small
 framed protocol over its stdin/stdout. It never imports anything from the
 controller: on the first module payload it puts that payload's own AnsiballZ

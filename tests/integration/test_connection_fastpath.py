@@ -368,12 +368,12 @@ KILL_RUNNER = r"""
         tr '\0' ' ' < /proc/$runner/cmdline | grep -q microvm-warm-runner && kill -9 $runner
         sleep 1
       register: k
-      ignore_errors: true
+      ignore_unreachable: true
     - name: the next task works (a new runner)
       ansible.builtin.command: echo after
       register: after
     - ansible.builtin.assert:
-        that: ["after.stdout == 'after'", "k is failed"]
+        that: ["after.stdout == 'after'", "k is unreachable"]
 """
 
 
@@ -382,7 +382,7 @@ def test_runner_killed_mid_run(plane, sandbox, env, playbook_runner):  # noqa: F
                           extra_args=["-vvv"])
     assert res.rc == 0, res
     assert "died during the task" in res.stdout, res
-    assert "the task is not re-run" in res.stdout, res
+    assert "it is not re-run" in res.stdout, res  # a lost module is UNREACHABLE, like a lost cold command
     assert res.stdout.count(WARM_RAN) >= 2, res
 
 

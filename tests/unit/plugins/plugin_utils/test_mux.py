@@ -1,4 +1,4 @@
-"""The worker <-> mux protocol end to end in-process: a real Mux (minus tunnel and REST) over the fake agent."""
+"""The worker <-> mux protocol end to end in-process: a real MuxServer (minus tunnel and REST) over the fake agent."""
 import os
 import socket
 import stat
@@ -11,43 +11,62 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_clien
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux as mux_mod
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_client as mc
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_transfers
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
+from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import ProcessConfig, SessionConfig
 
 
 class NoTunnel:
     def errors_since(self, since):
         return []
 
+    def stop(self):
+        pass
+
+
+CFG = SessionConfig(session="box", token="s3cr3t", api_url="http://127.0.0.1:9", persist=60)
+
+
+def fake_link(server, channel, cfg=CFG):
+    """A SessionLink of `server` already open on the fake agent's channel (no tunnel, no REST)."""
+    link = server.link_for(cfg)
+    link.session_id, link.label = "sid-" + cfg.session, "%s (sid-%s)" % (cfg.session, cfg.session)
+    link.tunnel, link.channel = NoTunnel(), channel
+    link.agent = ac.AgentClient(channel, link.label)
+    link.warm = warm.WarmRunners(link.agent)
+    link.state = grpc.ChannelConnectivity.READY
+    link.check_session = lambda: {"status": "SESSION_STATUS_READY"}
+    link.opened = True
+    return link
+
 
 @pytest.fixture
 def served(fake_agent, tmp_path):
-    """(agent, MuxClient): a Mux serving on <tmp>/mux/k/mux.sock, talking to the fake agent."""
+    """(agent, MuxClient, MuxServer): a shared mux serving on its socket, its session link on the fake agent."""
     agent, channel = fake_agent
     base = str(tmp_path / "mux")
     mp.private_dir(base)
-    d = mp.private_dir(os.path.join(base, "k"))
-    m = mux_mod.Mux({"dir": d, "session": "box", "api_url": "http://127.0.0.1:9", "token": "s3cr3t", "persist": 60})
-    m.session_id, m.label = "sid-1", "box (sid-1)"
-    m.tunnel, m.channel = NoTunnel(), channel
-    m.agent = ac.AgentClient(channel, m.label)
-    m.state = grpc.ChannelConnectivity.READY
-    m.check_session = lambda: {"status": "SESSION_STATUS_READY"}
-    m.listen()
-    t = threading.Thread(target=m.serve_forever, daemon=True)
+    server = mux_mod.MuxServer(ProcessConfig(dir=mp.private_dir(mp.process_dir(base, 0))))
+    fake_link(server, channel)
+    server.listen()
+    t = threading.Thread(target=server.serve_forever, daemon=True)
     t.start()
-    client = mc.MuxClient(base, "k", {}, None)
-    yield agent, client, m
+    client = mc.MuxClient(base, CFG, pool_size=1)
+    yield agent, client, server
     client.close()
-    m.stop(clean=False)
+    server.stop(clean=False)
     t.join(5)
 
 
-RUN = {"id": "tag-1-2", "pid": os.getpid(), "start": mc.process_start(os.getpid()), "dir": "/workspace/.scratch/run.tag-1-2"}
+RUN = {"id": "tag-1-2", "pid": os.getpid(), "start": mp.process_start_time(os.getpid()),
+       "dir": "/workspace/.scratch/run.tag-1-2"}
 
 
 def test_socket_is_0600_in_a_0700_dir(served):
     client, m = served[1:]
     assert stat.S_IMODE(os.stat(m.socket_path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.dirname(m.socket_path)).st_mode) == 0o700
+    assert client.connect().attached["label"] == "box (sid-box)"
 
 
 def test_exec_round_trip_with_big_stdin_and_run_dir(served):
@@ -110,16 +129,16 @@ def test_fetch_of_a_missing_file_is_not_found(served, tmp_path):
 
 
 def test_relative_and_home_guest_paths():
-    assert mux_mod.Mux.guest_path("x/y") == "/workspace/x/y"
-    assert mux_mod.Mux.guest_path("~/f") == "/workspace/home/f"
-    assert mux_mod.Mux.guest_path("/etc/../etc/x") == "/etc/x"
+    assert mux_transfers.guest_path("x/y") == "/workspace/x/y"
+    assert mux_transfers.guest_path("~/f") == "/workspace/home/f"
+    assert mux_transfers.guest_path("/etc/../etc/x") == "/etc/x"
 
 
 def test_run_liveness_uses_pid_and_start_time():
     me = os.getpid()
-    assert mux_mod.run_alive(me, mux_mod.pid_start_time(me))
-    assert not mux_mod.run_alive(me, "1")  # a reused pid is another process
-    assert not mux_mod.run_alive(2 ** 22 + 1, None)
+    assert mp.process_alive(me, mp.process_start_time(me))
+    assert not mp.process_alive(me, "1")  # a reused pid is another process
+    assert not mp.process_alive(2 ** 22 + 1, None)
 
 
 def test_run_identity_names_the_playbook_process():
@@ -129,7 +148,7 @@ def test_run_identity_names_the_playbook_process():
 
 
 class OneShotServer:
-    """A fake mux that hangs up on the first connection before acknowledging, then answers."""
+    """A fake mux that hangs up on the first connection before acknowledging, then answers every request."""
 
     def __init__(self, path):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -146,21 +165,24 @@ class OneShotServer:
                 first = False
                 conn.close()
                 continue
-            req = mp.recv_frame(conn)[1]
-            self.requests += 1
-            mp.send_frame(conn, mp.ACK)
-            mp.send_frame(conn, mp.RESULT, {"op": req["op"]})
+            while True:
+                frame = mp.recv_frame(conn)
+                if frame is None:
+                    break
+                self.requests += 1
+                mp.send_frame(conn, mp.ACK)
+                mp.send_frame(conn, mp.RESULT, {"op": frame[1]["op"]})
             conn.close()
 
 
 def test_a_request_never_acknowledged_is_retried_once(tmp_path):
     base = str(tmp_path / "m")
-    mp.private_dir(mp.private_dir(base) and os.path.join(base, "k"))
-    server = OneShotServer(os.path.join(base, "k", mp.SOCKET_NAME))
-    client = mc.MuxClient(base, "k", {}, None)
+    mp.private_dir(mp.private_dir(base) and mp.process_dir(base, 0))
+    server = OneShotServer(os.path.join(mp.process_dir(base, 0), mp.SOCKET_NAME))
+    client = mc.MuxClient(base, CFG, pool_size=1)
     client.sock = mp.connect(client.socket_path)  # this connection will be dropped unacknowledged
     assert client.request("hello") == {"op": "hello"}
-    assert server.requests == 1
+    assert server.requests == 2  # the attach of the new connection, then the request
 
 
 def test_collections_root_contains_the_collection():
@@ -169,5 +191,5 @@ def test_collections_root_contains_the_collection():
 
 
 def test_token_is_not_in_reprs():
-    client = mc.MuxClient("/tmp/x", "k", {"session": "s"}, "s3cr3t")
-    assert "s3cr3t" not in repr(client)
+    client = mc.MuxClient("/tmp/x", CFG)
+    assert "s3cr3t" not in repr(client) and "s3cr3t" not in repr(CFG) and "s3cr3t" not in client.key

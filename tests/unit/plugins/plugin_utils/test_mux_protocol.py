@@ -68,16 +68,24 @@ def test_encode_matches_send_frame(pair):
     assert mp.recv_frame(b) == (mp.EXIT, {"rc": 3})
 
 
-def test_mux_key_is_per_url_prefix_session_port_and_user():
-    base = mp.mux_key("http://h:1/", "/v2/agents", "s1", 8443, uid=0)
-    assert base == mp.mux_key("http://h:1", "/v2/agents", "s1", 8443, uid=0)
-    others = {mp.mux_key("http://h:2", "/v2/agents", "s1", 8443, uid=0),
-              mp.mux_key("http://h:1", "/v2/harness-runtime", "s1", 8443, uid=0),
-              mp.mux_key("http://h:1", "/v2/agents", "s2", 8443, uid=0),
-              mp.mux_key("http://h:1", "/v2/agents", "s1", 9000, uid=0),
-              mp.mux_key("http://h:1", "/v2/agents", "s1", 8443, uid=1000)}
+def test_session_key_is_per_url_prefix_session_port_and_token():
+    base = mp.session_key("http://h:1/", "/v2/agents", "s1", 8443, "t")
+    assert base == mp.session_key("http://h:1", "/v2/agents", "s1", 8443, "t")
+    others = {mp.session_key("http://h:2", "/v2/agents", "s1", 8443, "t"),
+              mp.session_key("http://h:1", "/v2/harness-runtime", "s1", 8443, "t"),
+              mp.session_key("http://h:1", "/v2/agents", "s2", 8443, "t"),
+              mp.session_key("http://h:1", "/v2/agents", "s1", 9000, "t"),
+              mp.session_key("http://h:1", "/v2/agents", "s1", 8443, "another token")}
     assert base not in others and len(others) == 5
-    assert len(base) == 20  # short: unix socket paths are limited to 108 bytes
+    assert len(base) == 24 and "token" not in mp.session_key("http://h:1", "/v2/agents", "s1", 8443, "token")
+
+
+def test_one_process_dir_per_user_and_slot():
+    assert mp.process_dir("/b", 0, uid=7) == "/b/mux-7-0"
+    assert mp.process_dir("/b", 1, uid=7) != mp.process_dir("/b", 0, uid=7) != mp.process_dir("/b", 0, uid=8)
+    keys = [mp.session_key("http://h", "/v2/agents", "s%d" % i, 8443, "t") for i in range(64)]
+    assert {mp.pool_slot(k, 4) for k in keys} == {0, 1, 2, 3}
+    assert {mp.pool_slot(k, 1) for k in keys} == {0}
 
 
 def test_private_dir_is_0700_and_fixed_when_loose(tmp_path):
@@ -99,8 +107,8 @@ def test_private_dir_refuses_a_file(tmp_path):
 def test_protocol_imports_only_the_stdlib():
     import ast
     import sys
-    for module in (mp, __import__("ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client",
-                                  fromlist=["x"])):
+    for module in (mp, __import__("ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client", fromlist=["x"]),
+                   __import__("ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config", fromlist=["x"])):
         tree = ast.parse(open(module.__file__).read())
         names = set()
         for node in ast.walk(tree):

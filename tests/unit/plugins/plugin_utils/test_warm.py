@@ -14,7 +14,7 @@ def module_payload(zip_bytes=b"PK-not-really-a-zip", params="{}"):
 
 
 def runner():
-    r = warm.WarmRunner(agent=None, interpreter="/usr/bin/python3", label="s")
+    r = warm.WarmRunner(agent=None, interpreter="/usr/bin/python3")
     r.feed = queue.Queue()
     r.alive = True
     return r

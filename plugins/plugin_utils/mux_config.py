@@ -1,0 +1,73 @@
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The multiplexer's configuration: one object per session, built by the worker, read by the mux.
+
+Stdlib only (it is imported by every task's worker, see mux_protocol.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
+
+DEFAULT_POOL_SIZE = min(os.cpu_count() or 1, 4)
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionConfig:
+    """Everything the mux needs to reach one session; sent by the worker with "attach"."""
+
+    session: str
+    token: str = dataclasses.field(repr=False)
+    api_url: str = profile.DEFAULT_API_URL
+    prefix: str = profile.DEFAULT_PREFIX
+    agent_port: int = profile.AGENT_PORT
+    connect_timeout: float = 60.0
+    persist: float = 60.0
+    scratch_dir: str = profile.SCRATCH_DIR
+    validate_certs: bool = True
+    host_tag: str = ""
+
+    def __post_init__(self) -> None:
+        # the options may arrive as strings or None (env vars, ini): normalise once, here
+        object.__setattr__(self, "agent_port", int(self.agent_port or profile.AGENT_PORT))
+        object.__setattr__(self, "connect_timeout", float(self.connect_timeout or 60))
+        object.__setattr__(self, "persist", float(self.persist if self.persist is not None else 60))
+        object.__setattr__(self, "api_url", self.api_url or profile.DEFAULT_API_URL)
+        object.__setattr__(self, "prefix", self.prefix or profile.DEFAULT_PREFIX)
+        object.__setattr__(self, "scratch_dir", self.scratch_dir or profile.SCRATCH_DIR)
+        if self.validate_certs is None:
+            object.__setattr__(self, "validate_certs", True)
+
+    @property
+    def key(self) -> str:
+        return mp.session_key(self.api_url, self.prefix, self.session, self.agent_port, self.token)
+
+    def to_wire(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_wire(cls, data: dict) -> SessionConfig:
+        """The config of an attach request; unknown fields are a protocol error, not silently dropped."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise mp.ProtocolError("unknown session settings %s (worker and mux versions differ?)" % ", ".join(unknown))
+        if not data.get("session") or not data.get("token"):
+            raise mp.ProtocolError("an attach request needs a session and a token")
+        return cls(**data)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessConfig:
+    """What one mux process is given on its standard input when it starts (no secrets)."""
+
+    dir: str
+    slot: int = 0
+
+    def to_wire(self) -> dict:
+        return dataclasses.asdict(self)

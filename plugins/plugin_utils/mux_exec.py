@@ -1,0 +1,163 @@
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Command streaming for one session: the exec and warm ops of the mux (see mux.py).
+
+Output goes to the worker as it arrives; stdin comes from the worker until STDIN_EOF. A command
+whose stream is lost is reported as lost and never re-run; a worker that hangs up mid-command
+(task timeout, ^C) gets its command stopped in the guest.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_client as ac
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_errors as errors
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
+
+DEADLINE_GRACE = 30.0          # client deadline beyond the agent's own command timeout
+
+
+def op_exec(link, conn, req: dict) -> None:
+    timeout = int(req.get("timeout") or 0)
+    try:
+        link.ensure_ready()
+        link.runs.ensure(req.get("run"))
+        call, feed = link.agent.exec_stream(req["argv"], env=req.get("env"), workdir=req.get("workdir") or "",
+                                            timeout=timeout, deadline=(timeout + DEADLINE_GRACE) if timeout else None)
+    except errors.EXPECTED as e:
+        # answer first (the worker may hold stdin back), then drain its stdin up to STDIN_EOF
+        # so that the next request on this connection is read as a request
+        mp.send_frame(conn, mp.ERROR, link.explain(e))
+        drain_stdin(conn)
+        return
+    done = threading.Event()
+    reader = threading.Thread(target=_pump_stdin, args=(conn, call, feed, done), name="stdin", daemon=True)
+    reader.start()
+    # the worker may hold stdin back (a become password prompt), so the final frame goes out
+    # before waiting for its STDIN_EOF
+    final = (mp.ERROR, {"kind": mp.ERR_LOST, "message": "the command on session %s ended without a status" % link.label})
+    try:
+        for kind, data in link.agent.iter_exec(call, feed):
+            if kind == "stdout":
+                mp.send_frame(conn, mp.STDOUT, data)
+            elif kind == "stderr":
+                mp.send_frame(conn, mp.STDERR, data)
+            else:
+                final = (mp.EXIT, {"rc": data.exit_code, "timed_out": data.timed_out,
+                                   "duration_ms": data.duration_ms, "hitl_rejected": data.hitl_rejected})
+    except OSError:
+        call.cancel()  # the worker went away (task timeout, ^C): stop the command
+        raise
+    except ac.AgentError as e:
+        final = (mp.ERROR, link.explain(e))
+    done.set()
+    mp.send_frame(conn, *final)
+    reader.join()
+
+
+def op_warm(link, conn, req: dict) -> None:
+    """Run a pipelined module payload in the session's warm module runner (see warm.py).
+
+    Before any output, a request the runner cannot take is answered with an ERR_WARM error, and
+    the worker runs it cold; once started, a lost runner is a lost command (never re-run).
+    """
+    payload = bytearray()
+    while True:
+        frame = mp.recv_frame(conn)
+        if frame is None:
+            return
+        if frame[0] == mp.STDIN_EOF:
+            break
+        if frame[0] != mp.STDIN:
+            raise mp.ProtocolError("expected stdin, got frame %d" % frame[0])
+        payload += frame[1]
+    try:
+        link.ensure_ready()
+        link.runs.ensure(req.get("run"))
+        runner = link.warm.get(req["interpreter"])
+        rid, events = runner.submit(req.get("env") or {}, bytes(payload))
+    except warm.Refused as e:
+        mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_WARM, "message": str(e)})
+        return
+    except errors.EXPECTED as e:
+        mp.send_frame(conn, mp.ERROR, link.explain(e))
+        return
+    done = threading.Event()
+
+    def watch_hangup():
+        # the worker sends nothing until it has the EXIT: readable before that means it went away
+        try:
+            if not conn.recv(1, socket.MSG_PEEK) and not done.is_set():
+                runner.kill(rid)
+        except OSError:
+            if not done.is_set():
+                runner.kill(rid)
+
+    threading.Thread(target=watch_hangup, name="warm-hangup", daemon=True).start()
+    started = False
+    try:
+        while True:
+            kind, data = events.get()
+            if kind == "started":
+                started = True
+            elif kind in ("stdout", "stderr"):
+                mp.send_frame(conn, mp.STDOUT if kind == "stdout" else mp.STDERR, data)
+            elif kind == "exit":
+                done.set()
+                mp.send_frame(conn, mp.EXIT, {"rc": data, "timed_out": False, "warm": True})
+                return
+            elif kind == "refuse" or not started:
+                done.set()
+                mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_WARM, "message": data})
+                return
+            else:
+                done.set()
+                lost = errors.CommandLost("the warm module runner on session %s died during the task (%s): "
+                                          "the module was lost (it may have partly run; it is not re-run)"
+                                          % (link.label, data))
+                mp.send_frame(conn, mp.ERROR, link.explain(lost))
+                return
+    except OSError:
+        runner.kill(rid)
+        raise
+
+
+def drain_stdin(conn) -> None:
+    while True:
+        frame = mp.recv_frame(conn)
+        if frame is None or frame[0] == mp.STDIN_EOF:
+            return
+        if frame[0] != mp.STDIN:
+            raise mp.ProtocolError("expected stdin, got frame %d" % frame[0])
+
+
+def _pump_stdin(conn, call, feed, done) -> None:
+    """Forward stdin frames until STDIN_EOF, then watch for the worker hanging up mid-command."""
+    try:
+        while True:
+            frame = mp.recv_frame(conn)
+            if frame is None:
+                call.cancel()
+                return
+            kind, data = frame
+            if kind == mp.STDIN_EOF:
+                break
+            if kind != mp.STDIN:
+                call.cancel()
+                return
+            feed.put(data)
+        feed.put(None)
+        # The worker sends nothing more until it has the EXIT, so readable-before-done means it
+        # went away (a task timeout, ^C): stop the command in the guest. Peek, never consume:
+        # after the EXIT these bytes are the worker's next request.
+        if not conn.recv(1, socket.MSG_PEEK) and not done.is_set():
+            call.cancel()
+    except (OSError, mp.ProtocolError):
+        if not done.is_set():
+            call.cancel()
+    finally:
+        feed.put(None)

@@ -1,0 +1,103 @@
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Runs and their TMPDIRs, per session: created before a run's first use, removed when the run is over.
+
+A run is one ansible-playbook process, named by the worker as <host tag>-<pid>-<start time>.
+Its TMPDIR lives under the session's scratch dir; the mux removes it once that process is gone,
+and sweeps the dirs of crashed runs of this controller (and very old ones of any controller).
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import threading
+
+from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
+
+log = logging.getLogger("microvm.mux")
+
+STALE_RUN_MINUTES = 24 * 60    # run dirs of other controllers are swept after a day
+
+
+class RunDirs:
+    """The runs one session has seen: run id -> {"pid", "start", "dir"}."""
+
+    def __init__(self, link):
+        self.link = link
+        self.runs: dict[str, dict] = {}
+        self.lock = threading.Lock()
+        self.run_locks: dict[str, threading.Lock] = {}
+
+    def ensure(self, run: dict | None) -> str | None:
+        """Create the run's TMPDIR (sticky and world-writable like /tmp, for become users) once per run."""
+        if not run or not run.get("id"):
+            return None
+        run_id = run["id"]
+        known = self.runs.get(run_id)
+        if known is not None:
+            return known["dir"]
+        with self.lock:
+            rlock = self.run_locks.setdefault(run_id, threading.Lock())
+        with rlock:
+            if run_id not in self.runs:
+                run_dir = profile.check_scratch_dir(run["dir"], what="run TMPDIR")
+                self.link.guest('mkdir -p -- "$1" && chmod 1777 -- "$1"', run_dir)
+                self.runs[run_id] = {"pid": run.get("pid"), "start": run.get("start"), "dir": run_dir}
+                log.info("session %s: run %s: TMPDIR %s created", self.link.label, run_id, run_dir)
+        return self.runs[run_id]["dir"]
+
+    def reap(self) -> None:
+        """Remove the TMPDIR of every run whose ansible-playbook process is gone.
+
+        Never wakes a paused session for this: its run dirs are left to a later sweep.
+        """
+        ended = [(run_id, run) for run_id, run in list(self.runs.items())
+                 if not (run.get("pid") and mp.process_alive(run["pid"], run.get("start")))]
+        if not ended:
+            return
+        if not self.link.usable_now():
+            for run_id, run in ended:
+                log.info("session %s: run %s ended while the session is not usable: %s is left to a later sweep",
+                         self.link.label, run_id, run["dir"])
+                self._forget(run_id)
+            return
+        for run_id, run in ended:
+            try:
+                self.link.guest('rm -rf -- "$1"', run["dir"])
+                log.info("session %s: run %s ended: removed %s", self.link.label, run_id, run["dir"])
+            except Exception as e:  # the session may be gone; nothing left to clean then
+                log.warning("session %s: run %s ended: could not remove %s: %s", self.link.label, run_id, run["dir"], e)
+            self._forget(run_id)
+
+    def _forget(self, run_id: str) -> None:
+        self.runs.pop(run_id, None)
+        with self.lock:
+            self.run_locks.pop(run_id, None)
+
+    def sweep_stale(self, host_tag: str) -> None:
+        """Remove run dirs left by crashed runs of this controller, and very old ones of any controller."""
+        scratch = self.link.cfg.scratch_dir
+        try:
+            listing = self.link.guest('cd -- "$1" 2>/dev/null && ls -1A || true', scratch).stdout
+        except Exception as e:
+            log.warning("session %s: sweep: cannot list %s: %s", self.link.label, scratch, e)
+            return
+        stale = []
+        for name in listing.decode("utf-8", "replace").split("\n"):
+            if not name.startswith("run.") or "/" in name:
+                continue
+            parts = name[4:].split("-")
+            if len(parts) == 3 and parts[0] == host_tag and parts[1].isdigit():
+                if not mp.process_alive(int(parts[1]), parts[2]):
+                    stale.append(posixpath.join(scratch, name))
+        script = 'find "$1" -mindepth 1 -maxdepth 1 -type d -name "run.*" -mmin +%d -exec rm -rf -- {} + 2>/dev/null; ' \
+                 'shift; [ $# -eq 0 ] || rm -rf -- "$@"' % STALE_RUN_MINUTES
+        try:
+            self.link.guest(script, scratch, *stale)
+            if stale:
+                log.info("session %s: sweep: removed %s", self.link.label, ", ".join(stale))
+        except Exception as e:  # housekeeping: never fails a task
+            log.warning("session %s: sweep failed: %s", self.link.label, e)

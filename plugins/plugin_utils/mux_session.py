@@ -1,0 +1,299 @@
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""One session inside the shared mux: its port-forward, its gRPC channel, its health and wake-up.
+
+A SessionLink is opened by the first worker that attaches to it, serves every task of every run
+on that session, and is closed when it has been idle for its `persist` seconds, when its session
+is deleted, or by `meta: reset_connection`. Nothing here touches another session's link: one
+session's trouble (deleted, paused, cut) stays in its own link.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import threading
+import time
+
+from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, WaitTimeout
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_client as ac
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_errors as errors
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
+from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import SessionConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_runs import RunDirs
+from ansible_collections.microvm.sandbox.plugins.plugin_utils.tunnel import Tunnel
+
+grpc = ac.grpc
+log = logging.getLogger("microvm.mux")
+
+SESSION_CHECK_INTERVAL = 10.0  # REST check that the session still exists
+
+
+class LinkClosed(Exception):
+    """The link was closed before the request began: the request may go to a fresh link."""
+
+
+class SessionLink:
+    """The channel to one session's guest agent, shared by every worker attached to it."""
+
+    def __init__(self, cfg: SessionConfig, socket_dir: str, generation: int = 1):
+        self.cfg = cfg
+        self.key = cfg.key
+        self.generation = generation  # how many links this mux process opened for this key so far
+        self.socket_dir = socket_dir  # private dir of this link's tunnel socket
+        self.api = ApiClient(cfg.api_url, cfg.token, prefix=cfg.prefix, timeout=min(cfg.connect_timeout, 30.0),
+                             retries=3, validate_certs=cfg.validate_certs)
+        self.session_id: str | None = None
+        self.label = cfg.session
+        self.tunnel: Tunnel | None = None
+        self.channel = None
+        self.agent: ac.AgentClient | None = None
+        self.warm: warm.WarmRunners | None = None
+        self.runs = RunDirs(self)
+        self.state = None
+        self.opened = False
+        self.closed = threading.Event()   # set: no new request is taken
+        self.torn_down = False
+        self.closed_because: errors.MuxFailure | None = None  # why a closed link refuses requests
+        self.open_lock = threading.Lock()
+        self.ready_lock = threading.Lock()
+        self.lock = threading.Lock()
+        self.users = 0                    # requests in progress
+        self.last_activity = time.monotonic()
+        self.next_check = time.monotonic() + SESSION_CHECK_INTERVAL
+        self.maintaining = False          # a watch pass of this link is running
+
+    def __repr__(self) -> str:
+        return "SessionLink(%r, generation=%d)" % (self.label, self.generation)
+
+    # -- opening and closing ------------------------------------------------------------
+    def open(self) -> None:
+        """Resolve the session, start its tunnel and channel, and wait until the agent answers (once)."""
+        if self.opened:
+            return
+        with self.open_lock:
+            if self.closed.is_set():
+                raise self.closed_because or errors.Unreachable("the link to session %s was closed" % self.label)
+            if self.opened:
+                return
+            self.resolve()
+            os.makedirs(self.socket_dir, mode=0o700, exist_ok=True)
+            self.tunnel = Tunnel(self.cfg.api_url, self.cfg.prefix, self.session_id, self.cfg.token,
+                                 port=self.cfg.agent_port, label=self.label, connect_timeout=self.cfg.connect_timeout,
+                                 validate_certs=self.cfg.validate_certs, socket_dir=self.socket_dir)
+            self.tunnel.start()
+            self.channel = ac.open_channel("unix:" + self.tunnel.socket_path)
+            self.channel.subscribe(self._on_state, try_to_connect=False)
+            self.agent = ac.AgentClient(self.channel, self.label, self.cfg.scratch_dir)
+            self.warm = warm.WarmRunners(self.agent)
+            try:
+                self.ensure_ready()
+            except errors.MuxFailure:
+                self._teardown()
+                raise
+            self.opened = True
+        log.info("session %s: link %d open", self.label, self.generation)
+        if self.cfg.host_tag:
+            threading.Thread(target=self.runs.sweep_stale, args=(self.cfg.host_tag,), name="sweep", daemon=True).start()
+
+    def close(self, why: str, clean: bool = True, because: errors.MuxFailure | None = None) -> None:
+        """Close this link only: its warm runners, channel and tunnel. With clean, reap ended runs first."""
+        with self.lock:
+            if self.torn_down:
+                return
+            self.torn_down = True
+            if because is not None or not self.closed.is_set():
+                self.closed_because = because
+            self.closed.set()
+        if clean and self.opened:
+            self.runs.reap()
+        self._teardown()
+        log.info("session %s: link %d closed (%s)", self.label, self.generation, why)
+
+    def _teardown(self) -> None:
+        if self.warm is not None:
+            self.warm.stop()
+        if self.channel is not None:
+            with contextlib.suppress(Exception):
+                self.channel.close()
+        if self.tunnel is not None:
+            self.tunnel.stop()
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+    def try_close_idle(self, now: float) -> bool:
+        """Stop taking requests if idle for `persist` seconds; atomic with in_use(), so none slips in."""
+        with self.lock:
+            if self.users or now - self.last_activity < self.cfg.persist or self.closed.is_set():
+                return False
+            self.closed.set()
+            return True
+
+    @contextlib.contextmanager
+    def in_use(self):
+        """Count a request in progress, so the link is not closed as idle under it (LinkClosed if it was)."""
+        with self.lock:
+            if self.closed.is_set():
+                raise LinkClosed()
+            self.users += 1
+            self.last_activity = time.monotonic()
+        try:
+            yield self
+        finally:
+            with self.lock:
+                self.users -= 1
+                self.last_activity = time.monotonic()
+
+    def idle_for(self, now: float) -> float:
+        with self.lock:
+            return 0.0 if self.users else now - self.last_activity
+
+    # -- the session's health -------------------------------------------------------------
+    def resolve(self) -> dict:
+        """Session name or id -> id; a destroyed or unknown session is a clear error."""
+        try:
+            found = self.api.find_session(self.cfg.session)
+        except ApiError as e:
+            raise errors.Unreachable("cannot look up session %s: %s" % (self.cfg.session, e))
+        if not found:
+            raise errors.SessionGone("session %s does not exist (no live session has this id or name)" % self.cfg.session)
+        self.session_id = found.get("session_id") or self.cfg.session
+        name = found.get("name")
+        self.label = "%s (%s)" % (name, self.session_id) if name and name != self.session_id else self.session_id
+        if profile.short_status(found.get("status")) in profile.GONE:
+            raise errors.SessionGone(self._gone_message(found))
+        return found
+
+    def _gone_message(self, session: dict) -> str:
+        msg = "session %s is %s" % (self.label, profile.short_status(session.get("status")))
+        if session.get("error_message"):
+            msg += ": %s" % session["error_message"]
+        return msg + "; it cannot run tasks any more"
+
+    def check_session(self) -> dict:
+        """Raise SessionGone when the session is deleted, failed or unknown; return it otherwise."""
+        try:
+            session = self.api.get_session(self.session_id)
+        except ApiError as e:
+            if e.gone:
+                raise errors.SessionGone("session %s no longer exists (HTTP %d): it was deleted" % (self.label, e.status))
+            raise errors.Unreachable("cannot check session %s: %s" % (self.label, e))
+        if profile.short_status(session.get("status")) in profile.GONE:
+            raise errors.SessionGone(self._gone_message(session))
+        return session
+
+    def wake_if_paused(self) -> None:
+        session = self.check_session()
+        status = profile.short_status(session.get("status"))
+        try:
+            if status == "PAUSED":
+                log.info("session %s is paused: resuming it", self.label)
+                try:
+                    self.api.resume_session(self.session_id)
+                except ApiError as e:
+                    if e.status != 409:  # someone else resumed it meanwhile
+                        raise
+            if status in ("PAUSED", "PROVISIONING"):
+                self.api.wait_session(self.session_id, timeout=self.cfg.connect_timeout)
+        except (ApiError, WaitTimeout) as e:
+            raise errors.Unreachable("session %s is %s and could not be made ready: %s" % (self.label, status, e))
+
+    def _on_state(self, state) -> None:
+        self.state = state
+
+    def usable_now(self) -> bool:
+        """Whether guest helpers may run without waking the session (for housekeeping only)."""
+        if self.state == grpc.ChannelConnectivity.READY:
+            return True
+        try:
+            return profile.short_status(self.check_session().get("status")) in profile.USABLE
+        except errors.Unreachable:
+            return False
+
+    def ensure_ready(self) -> None:
+        """Wait until the gRPC channel is connected; wake a paused session; fail clearly otherwise."""
+        if self.state == grpc.ChannelConnectivity.READY:
+            return
+        with self.ready_lock:
+            since = time.monotonic()
+            deadline = since + self.cfg.connect_timeout
+            checked = 0.0
+            while True:
+                future = grpc.channel_ready_future(self.channel)
+                try:
+                    future.result(timeout=0.5)
+                    return
+                except grpc.FutureTimeoutError:
+                    future.cancel()
+                errors_seen = self.tunnel.errors_since(since)
+                now = time.monotonic()
+                if errors_seen and errors_seen[-1].fatal:
+                    self.check_session()  # a deleted session is reported as such
+                    raise errors.Unreachable(str(errors_seen[-1]))
+                if errors_seen and now - checked > 2.0:
+                    checked = now
+                    self.wake_if_paused()
+                if now >= deadline:
+                    last = (": last error: %s" % errors_seen[-1]) if errors_seen else ""
+                    raise errors.Unreachable("could not connect to the guest agent of session %s within %ss "
+                                             "(option connect_timeout)%s" % (self.label, int(self.cfg.connect_timeout),
+                                                                             last))
+
+    def explain(self, e: BaseException) -> dict:
+        """The ERROR payload of a failure on this session; a lost stream is explained by the session's state.
+
+        A gone session also closes this link (only this one).
+        """
+        kind, message = errors.classify(e)
+        if kind == mp.ERR_LOST:
+            try:
+                self.check_session()
+            except errors.Unreachable as why:
+                kind, message = why.kind, "%s; %s" % (message, why)
+            else:
+                recent = self.tunnel.errors_since(time.monotonic() - 60) if self.tunnel else []
+                if recent:
+                    message += "; tunnel: %s" % recent[-1]
+        if kind == mp.ERR_GONE:
+            threading.Thread(target=self.close, args=("the session is gone",),
+                             kwargs={"clean": False, "because": errors.SessionGone(message)}, daemon=True).start()
+        return {"kind": kind, "message": message}
+
+    # -- helpers in the guest ------------------------------------------------------------------
+    def guest(self, script: str, *args: str) -> ac.ExecResult:
+        """Run a small sh script in the guest (the mux's own helpers); raise on failure."""
+        self.ensure_ready()
+        result = self.agent.exec(["/bin/sh", "-c", script, "sh"] + list(args), deadline=self.cfg.connect_timeout + 60)
+        if result.exit_code != 0:
+            err = result.stderr.decode("utf-8", "replace").strip()
+            kind = mp.ERR_FAILED
+            if "No such file" in err:
+                kind = mp.ERR_NOT_FOUND
+            elif "Permission denied" in err:
+                kind = mp.ERR_DENIED
+            raise errors.GuestCommandFailed(err or "exit code %d" % result.exit_code, kind)
+        return result
+
+    # -- housekeeping (the mux's watch thread calls this every second or so) ---------------------
+    def maintain(self, now: float) -> tuple[str, bool, errors.MuxFailure | None] | None:
+        """Reap ended runs, check the session now and then.
+
+        Returns None, or why to close the link: (reason, clean, the error later requests get).
+        """
+        if self.try_close_idle(now):
+            return "idle for %ss" % int(self.cfg.persist), True, None
+        if self.idle_for(now) > 0:
+            self.runs.reap()
+        if now >= self.next_check:
+            self.next_check = now + SESSION_CHECK_INTERVAL
+            try:
+                self.check_session()
+            except errors.SessionGone as e:
+                return str(e), False, e
+            except errors.Unreachable as e:
+                log.warning("%s", e)
+        return None
