@@ -1,13 +1,13 @@
-"""Load bench (not a test): 20 sessions x 30 tasks with forks 10 through the agent connection, nothing lost.
+"""Load bench (not a test): 50 sessions x 30 tasks with forks 25 through the agent connection, nothing lost.
 
 Starts its own local control plane, creates SESSIONS sessions, runs one warm-up task per host
-(starting one mux per session), then a 30-task playbook (20 `shell` tasks that each append one
-numbered line to /workspace/load.txt, 10 `copy`) with --forks 10. Then checks every session over
+(opening each session's channel in the shared mux), then a 30-task playbook (20 `shell` tasks that each append one
+numbered line to /workspace/load.txt, 10 `copy`) with --forks FORKS. Then checks every session over
 REST: exactly the 20 lines in order and the 10 files. Records the RSS of the plane process (and of
 its whole process tree: guests included) and of all the muxes, after the warm-up and after the run.
 Prints a table and writes bench/results/load.json.
 
-Usage: PYTHONPATH=.local/collections:localplane .venv/bin/python bench/load_bench.py [--sessions 20] [--forks 10] [--output FILE]
+Usage: PYTHONPATH=.local/collections:localplane .venv/bin/python bench/load_bench.py [--sessions 50] [--forks 25] [--output FILE]
 """
 import argparse
 import os
@@ -80,8 +80,8 @@ def snapshot(plane, mux_dir):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sessions", type=int, default=20)
-    ap.add_argument("--forks", type=int, default=10)
+    ap.add_argument("--sessions", type=int, default=50)
+    ap.add_argument("--forks", type=int, default=25)
     ap.add_argument("--output", default=os.path.join(ROOT, "bench", "results", "load.json"))
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="load-bench-")

@@ -23,6 +23,8 @@ echo "== connection: 30-task playbook vs local and SSH, 256 MiB copies vs scp (b
 "$PY" bench/connection_bench.py --repeat "$REPEAT"
 echo "== warm runner vs cold, local, SSH and Mitogen (bench/fastpath_bench.py)"
 "$PY" bench/fastpath_bench.py --repeat "$REPEAT" --mitogen-venv "$MITOGEN_VENV"
-echo "== load: 20 sessions x 30 tasks, forks 10 (bench/load_bench.py)"
+echo "== load: 50 sessions x 30 tasks, forks 25 (bench/load_bench.py)"
 "$PY" bench/load_bench.py
+echo "== fleet: 100 sessions vs SSH to 100 hosts, 10 tasks, forks 50 (bench/fleet_bench.py)"
+"$PY" bench/fleet_bench.py
 echo "results: bench/results/"

@@ -475,6 +475,8 @@ class Connection(ConnectionBase):
         try:
             return fn(*args, **kwargs)
         except mp.MuxError as e:
+            if e.kind == mp.ERR_WARM:  # not an error: the module was not started, the caller runs it cold
+                raise
             raise mux_error(e)
         except (OSError, mp.ProtocolError) as e:
             self.close()
@@ -526,16 +528,10 @@ class Connection(ConnectionBase):
             return None
         interpreter, env = shape
         try:
-            rc, stdout, stderr, info = self._mux.warm(interpreter, env, stdin, run=run)
-        except mp.MuxError as e:
-            if e.kind != mp.ERR_WARM:
-                raise mux_error(e)
+            rc, stdout, stderr, _info = self._call("a module run", self._mux.warm, interpreter, env, stdin, run=run)
+        except mp.MuxError as e:  # ERR_WARM only (see _call)
             display.vvv("WARM RUNNER refused, running cold: %s" % e, host=session)
             return None
-        except (OSError, mp.ProtocolError) as e:
-            self.close()
-            raise AnsibleConnectionFailure("microvm.sandbox.agent: lost the multiplexer of session %s during a module run: %s"
-                                           % (session, e))
         display.vvv("WARM RUNNER ran the module with %s (rc %s)" % (interpreter, rc), host=session)
         return rc, stdout, stderr
 

@@ -221,6 +221,8 @@ class Tunnel:
         self.active += 1
         try:
             await self._pump(reader, writer, ws)
+        except asyncio.CancelledError:
+            pass  # stop() (a link closing in a live mux): not an error for asyncio to log
         finally:
             self.active -= 1
 
