@@ -128,6 +128,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--sessions", type=int, default=100)
     ap.add_argument("--forks", type=int, default=50)
+    ap.add_argument("--phases", default="cold,warm", help="cold (no mux, no ControlMaster yet), warm, or both")
     ap.add_argument("--output", default=os.path.join(ROOT, "bench", "results", "fleet.json"))
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="fleet-bench-")
@@ -176,9 +177,10 @@ def main():
         result["muxes_one_session"] = total(mux_pids(mux_dir))
 
         runs = {}
-        for phase in ("cold", "warm"):
+        phases = [p for p in ("cold", "warm") if p in args.phases.split(",")]
+        for phase in phases:
             for mode in ("agent", "ssh"):
-                if phase == "cold" and mode == "agent":
+                if phase == "cold" and mode == "agent":  # the one-session run above started one: a cold start
                     stop_muxes(mux_dir)
                     deadline = time.time() + 20
                     while mux_pids(mux_dir) and time.time() < deadline:
@@ -196,8 +198,10 @@ def main():
                     print("%s %s run failed:\n%s\n%s" % (mode, phase, proc.stdout[-3000:], proc.stderr[-2000:]))
         result["runs"] = runs
         result["muxes_all_sessions"] = total(mux_pids(mux_dir))
+        # each process of the pool costs what the one serving one session costs; the rest is per session
         one, many = result["muxes_one_session"]["pss_kib"], result["muxes_all_sessions"]["pss_kib"]
-        result["mux_kib_per_additional_session"] = round((many - one) / max(1, args.sessions - 1), 1)
+        procs = result["muxes_all_sessions"]["processes"]
+        result["mux_kib_per_additional_session"] = round((many - procs * one) / max(1, args.sessions - procs), 1)
         result["plane_after"] = total(tree(processes(), plane.process.pid))
         result["load_at_end"] = os.getloadavg()
     finally:
@@ -219,7 +223,7 @@ def main():
                                                                       mib(result["plane_after"]["rss_kib"])))]
     for name, run in runs.items():
         rows.append(("%s: wall, ok" % name, "%.1f s, %s (load before %.1f)" % (run["seconds"], run["ok"], run["load_before"][0])))
-    for phase in ("cold", "warm"):
+    for phase in phases:
         a, s = runs["agent_" + phase], runs["ssh_" + phase]
         rows.append(("%s: agent / ssh wall" % phase, "%.2fx" % (a["seconds"] / s["seconds"])))
         rows.append(("%s: peak muxes vs ssh processes (PSS)" % phase, "%s vs %s" % (
