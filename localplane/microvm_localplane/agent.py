@@ -426,7 +426,7 @@ class AgentService(pb2_grpc.SandboxAgentServiceServicer):
             with os.fdopen(fd, "w+b") as spool:
                 size = self._receive(request_iterator, spool)
                 spool.seek(0)
-                extract_archive(spool, target, given)
+                extract_archive(spool, target, given, walk)
             return size
         except OSError as e:
             raise oserror_refusal(e, given)
@@ -510,7 +510,7 @@ ARCHIVE_STATUS = {"invalid": grpc.StatusCode.INVALID_ARGUMENT, "escape": grpc.St
                   "conflict": grpc.StatusCode.FAILED_PRECONDITION, "limit": grpc.StatusCode.INVALID_ARGUMENT}
 
 
-def extract_archive(fileobj, target, given, run_dir=RUN_DIR):
+def extract_archive(fileobj, target, given, walk, run_dir=RUN_DIR):
     """Check the whole archive first (agentarchive.plan), then extract it under target; nothing escapes it."""
     try:
         tar = tarfile.open(fileobj=fileobj, mode="r:*")
@@ -519,7 +519,7 @@ def extract_archive(fileobj, target, given, run_dir=RUN_DIR):
     with tar:
         try:
             members = agentarchive.plan(tar, target, given, agentarchive.load_limits(run_dir))
-            agentarchive.extract(tar, members, target, given)
+            agentarchive.extract(tar, members, target, given, walk)
         except agentarchive.ArchiveRefused as e:
             raise Refusal(ARCHIVE_STATUS[e.kind], e.message)
         except tarfile.TarError as e:

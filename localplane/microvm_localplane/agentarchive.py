@@ -182,17 +182,20 @@ def plan(tar, target, given, limits):
     return planner.finish()
 
 
-def extract(tar, members, target, given):
-    """Write the planned members under target, each through fds resolved from "/" and checked again."""
-    base, base_path = target.names, target.logical
-    with Walk() as w:
-        w.dir_fd(w.resolve(base_path))
+def extract(tar, members, target, given, walk):
+    """Write the planned members under target (resolved by `walk`, whose fds are still held).
+
+    Every member is resolved from the destination's own fd, not by its name, and checked again: a tree changed
+    meanwhile cannot move a write outside the destination.
+    """
+    base = target.names
+    walk.dir_fd(target)
     for m in members:
         rel = posixpath.normpath(m.name)
         if rel == ".":
             continue
         with Walk() as w:
-            r = w.resolve(base_path + "/" + rel, follow_last=m.isdir())
+            r = w.resolve(rel, follow_last=m.isdir(), start=target.entries)
             if not r.within(base):
                 raise ArchiveRefused("escape", 'archive member "%s" would land outside "%s": the sandbox changed '
                                      "while it was extracted" % (m.name, given))
@@ -210,7 +213,7 @@ def extract(tar, members, target, given):
                 elif m.issym():
                     os.symlink(m.linkname, tmp, dir_fd=parent)
                 else:
-                    src = w.resolve(base_path + "/" + posixpath.normpath(m.linkname), follow_last=False)
+                    src = w.resolve(posixpath.normpath(m.linkname), follow_last=False, start=target.entries)
                     if not src.within(base):
                         raise ArchiveRefused("escape", 'archive member "%s" links outside "%s"' % (m.name, given))
                     os.link(src.final.name, tmp, src_dir_fd=w.parent_fd_existing(src), dst_dir_fd=parent,

@@ -140,12 +140,14 @@ class Walk:
                 return Entry(name, FILE)
             raise
 
-    def resolve(self, path, follow_last=True, overlay=None):
-        """Resolve an absolute path like the guest's realpath would; the final component may be missing.
+    def resolve(self, path, follow_last=True, overlay=None, start=None):
+        """Resolve a path like the guest's realpath would; the final component may be missing.
 
-        A non-directory in the middle makes the rest missing (as realpath does); writing through it then fails.
+        An absolute path starts at "/", a relative one at `start` (the entries of a resolution whose fds are still
+        held, e.g. an archive's destination). A non-directory in the middle makes the rest missing (as realpath
+        does); writing through it then fails.
         """
-        entries = [Entry("", DIR, fd=self.root)]
+        entries = list(start) if start and not path.startswith("/") else [Entry("", DIR, fd=self.root)]
         todo = deque(path.split("/"))
         links = 0
         while todo:
