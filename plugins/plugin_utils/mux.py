@@ -116,7 +116,6 @@ class Mux:
         self.session_id = None
         self.label = self.session
         self.tunnel = None
-        self.channel = None
         self.agent = None
         self.state = None
         self.stopping = threading.Event()
@@ -161,15 +160,26 @@ class Mux:
                              label=self.label, connect_timeout=self.connect_timeout,
                              validate_certs=self.cfg.get("validate_certs", True), socket_dir=self.dir)
         self.tunnel.start()
-        self.channel = ac.open_channel("unix:" + self.tunnel.socket_path)
-        self.channel.subscribe(self._on_state, try_to_connect=False)
-        self.agent = ac.AgentClient(self.channel, self.label, self.scratch_dir)
+        # A lost stream drops its connection: the agent client then dials through a fresh channel (_dial).
+        self.agent = ac.AgentClient(self._dial(), self.label, self.scratch_dir, redial=self._dial)
         self.warm = warm.WarmRunners(self.agent, self.label)
         self.ensure_ready()
         self.listen()
 
-    def _on_state(self, state):
-        self.state = state
+    @property
+    def channel(self):
+        return self.agent.channel if self.agent is not None else None
+
+    def _dial(self):
+        """A gRPC channel through the tunnel; its connectivity feeds self.state while it is the agent's."""
+        channel = ac.open_channel("unix:" + self.tunnel.socket_path)
+        self.state = None
+
+        def on_state(state):
+            if self.agent is None or self.agent.channel is channel:
+                self.state = state
+        channel.subscribe(on_state, try_to_connect=False)
+        return channel
 
     def listen(self):
         if os.path.exists(self.socket_path):
@@ -722,8 +732,8 @@ def main():
         mux.serve_forever()
     finally:
         mux.stop(clean=False)
-        if mux.channel is not None:
-            mux.channel.close()
+        if mux.agent is not None:
+            mux.agent.close()
         mux.tunnel.stop()
         try:
             os.unlink(os.path.join(mux.dir, mp.PID_NAME))
