@@ -46,7 +46,7 @@ def env(plane, mux_dir):
 
 def new_session(plane, name):
     client = plane.client()
-    s = client.create_session({"name": "%s-%s" % (name, os.urandom(4).hex()), "agent": "none"})
+    s = client.create_session({"name": "%s-%s" % (name, os.urandom(4).hex()), "agent": "custom"})
     return client.wait_session(s["session_id"], timeout=120)
 
 
