@@ -45,8 +45,8 @@ options:
     default: 30
   blocking_timeout:
     description:
-      - Timeout in seconds of the calls that answer only once their work is done, which can take minutes:
-        checkpoint create, rollback, resume and fork.
+      - Timeout in seconds of the calls that answer only once their work is done, which can take minutes
+        (checkpoint create, rollback, resume and fork).
       - When such a call gets no answer in time, it is B(not) sent again. The module looks up whether it happened
         (for up to O(wait_timeout) seconds) and reports success when it did, or fails saying the outcome is unknown.
     type: float

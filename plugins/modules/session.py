@@ -19,7 +19,7 @@ description:
   - B(What the platform reports back.) The session object carries C(agent_kind), C(idle_timeout_seconds) and
     C(workspace_id), so O(agent), O(idle_timeout) and O(persistent_workspace) are compared with an existing session.
     It does B(not) report the template, the size, env, secrets or egress, so those are only used when the session is
-    created and a change to them is not detected on an existing session: use O(recreate) with a new name, or delete
+    created and a change to them is not detected on an existing session; use O(recreate) with a new name, or delete
     the session, to apply them.
   - When an existing session differs in a reported setting, the module B(fails) and lists the differing fields,
     because running work in a sandbox that is not the one asked for is worse than stopping. Set O(recreate=true) to
@@ -60,7 +60,7 @@ options:
       - The adapter (the spec's C(agent) field), which selects what runs in the sandbox. The documented adapters are
         V(codex), V(claude-code), V(opencode), V(hermes), V(langgraph), V(codex-agentapi) and V(custom)
         (U(https://docs.digitalocean.com/products/managed-agents/agent-harness-runtime/concepts/agent-adapters/)).
-      - The default V(custom) is a bare sandbox that runs your own code: the Agent Adapters page describes it as
+      - The default V(custom) is a bare sandbox that runs your own code. The Agent Adapters page describes it as
         running "a container image you supply", and the platform base template V(sandbox) "carries no agent"
         (U(https://docs.digitalocean.com/reference/doctl/reference/harness-runtime/template/create/)). This collection
         drives the sandbox itself over its guest agent, so it needs no coding agent.

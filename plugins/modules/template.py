@@ -18,7 +18,7 @@ description:
     (U(https://docs.digitalocean.com/reference/pydo/reference/harness/create_template/)), so an existing template is
     compared on O(base_template) alone and is not rebuilt when nothing reported differs. The platform does not
     report the image a template was built from, so a new O(source_oci_ref) (or a new image under the same tag) is
-    B(not) detected: set O(force_rebuild=true) to rebuild from it.
+    B(not) detected; set O(force_rebuild=true) to rebuild from it.
   - A template whose last build failed is rebuilt by V(present), since it does not hold a usable image.
 author:
   - microvm.sandbox maintainers (@microvm)
