@@ -372,3 +372,56 @@ def test_bad_input_is_named(plane, box, tmp_path):
     assert "does not exist" in run.result("sync")["msg"]
     run = sync(plane, box, tmp_path, {"src": str(tmp_path), "dest": "/workspace/x", "exclude_from": ["/nonexistent"]})
     assert "exclude_from" in run.result("sync")["msg"]
+
+
+@pytest.fixture
+def proxy(plane):
+    """The fault proxy of tests/faults in front of the local plane."""
+    if plane.live:
+        pytest.skip("the fault proxy sits in front of the local control plane only")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "faults"))
+    from faultproxy import FaultProxy
+    p = FaultProxy(plane.url).start()
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+def files_only(state):
+    return {k: v[3] for k, v in state.items() if v[0] != "d"}
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.95], ids=["mid-archive", "end-of-archive"])
+def test_cut_connection_leaves_each_file_old_or_new(plane, box, tmp_path, proxy, fraction):
+    sid = box["sid"]
+    src = str(tmp_path / "src")
+    dest = "/workspace/cut-%s" % int(fraction * 100)
+    for i in range(4):
+        write(src, "big/%d.bin" % i, os.urandom(1 << 20) * 2, mtime=1_600_000_000)
+    for i in range(40):
+        write(src, "small/%02d.txt" % i, "old %d\n" % i, mtime=1_600_000_000)
+    result(sync(plane, box, tmp_path, {"src": src, "dest": dest}))
+    old = files_only(guest_state(plane, sid, dest))
+
+    for i in range(4):
+        write(src, "big/%d.bin" % i, os.urandom(1 << 20) * 2, mtime=1_700_000_000)
+    for i in range(40):
+        write(src, "small/%02d.txt" % i, "new content %d\n" % i, mtime=1_700_000_000)
+    write(src, "small/added.txt", "added\n")
+    new = files_only(local_state(src))
+
+    mux = str(tmp_path / "cut-mux")
+    proxy.cut_ws(up=int(8 * (1 << 20) * fraction))
+    run = sync(plane, box, tmp_path, {"src": src, "dest": dest},
+               env={"DO_AGENTS_API_URL": proxy.url, "MICROVM_MUX_DIR": mux, "MICROVM_CONNECT_TIMEOUT": "20"})
+    stop_muxes(mux)
+    assert run.rc != 0, run
+    assert proxy.cuts == ["cut-up"], proxy.cuts
+    after = files_only(guest_state(plane, sid, dest))
+    assert set(after) <= set(old) | set(new), "stray names after the cut: %s" % (set(after) - set(old) - set(new))
+    for path, sha in after.items():
+        assert sha in (old.get(path), new.get(path)), "%s is neither the old nor the new file after the cut" % path
+
+    result(sync(plane, box, tmp_path, {"src": src, "dest": dest}))
+    assert files_only(guest_state(plane, sid, dest)) == new
