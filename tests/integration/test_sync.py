@@ -425,3 +425,31 @@ def test_cut_connection_leaves_each_file_old_or_new(plane, box, tmp_path, proxy,
 
     result(sync(plane, box, tmp_path, {"src": src, "dest": dest}))
     assert files_only(guest_state(plane, sid, dest)) == new
+
+
+def test_roles_restore_from_and_export_to_a_directory(plane, box, tmp_path):
+    sid = box["sid"]
+    src = str(tmp_path / "src")
+    write(src, "project/main.py", "print(1)\n", mtime=1_600_000_000)
+    write(src, "project/__pycache__/main.cpython.pyc", "c\n")
+    write(src, "notes.txt", "n\n", mtime=1_600_000_000)
+    guest_sh(plane, sid, "mkdir -p /workspace/restored && echo stale > /workspace/restored/stale.txt")
+    exported = str(tmp_path / "exported")
+    tasks = [
+        {"name": "restore", "ansible.builtin.include_role": {"name": "microvm.sandbox.workspace_restore"},
+         "vars": {"workspace_restore_src": src, "workspace_restore_dest": "/workspace/restored",
+                  "workspace_restore_clean": True}},
+        {"name": "restored", "ansible.builtin.debug": {"var": "workspace_restore_result"}},
+        {"name": "export", "ansible.builtin.include_role": {"name": "microvm.sandbox.workspace_export"},
+         "vars": {"workspace_export_paths": ["restored"], "workspace_export_dest_dir": exported}},
+        {"name": "exported", "ansible.builtin.debug": {"var": "workspace_export_result"}},
+    ]
+    run = sync(plane, box, tmp_path, tasks=tasks)
+    assert run.rc == 0, run
+    assert run.result("restored")["workspace_restore_result"]["synced"]["deleted"] == 1
+    assert "stale.txt" not in guest_state(plane, sid, "/workspace/restored")
+    assert without(guest_state(plane, sid, "/workspace/restored"), ".") == without(local_state(src), ".")
+    # the export leaves the default excludes (__pycache__) out
+    assert without(local_state(os.path.join(exported, "restored")), ".") == \
+        without(local_state(src), ".", "project/__pycache__")
+    assert run.result("exported")["workspace_export_result"]["paths"] == ["restored"]
