@@ -16,8 +16,10 @@ export PATH := $(BIN):$(PATH)
 # no registry pull), openssh-server (the SSH peer in bench/), sudo (guests of
 # the built-in `base` template run the host's /usr and /etc read-only, so
 # sudo there is what lets the connection tests' `become_method: sudo` run
-# instead of skipping; root, the guest's user, may sudo by Debian's default).
-DEB_PACKAGES := bubblewrap umoci skopeo buildah docker-registry debootstrap openssh-server rsync sudo
+# instead of skipping; root, the guest's user, may sudo by Debian's default),
+# podman (builds and runs the execution environment, make ee-test).
+# bindep.txt lists the same packages by profile (hack/bindep-check.py).
+DEB_PACKAGES := bubblewrap umoci skopeo buildah docker-registry debootstrap openssh-server rsync sudo podman
 PYTEST_ARGS ?=
 NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py tests/unit/plugins/plugin_utils/test_option_defs.py tests/unit/plugins/plugin_utils/test_warm.py
 
@@ -34,7 +36,7 @@ help:
 	@echo "make galaxy-import - run Galaxy's importer (offline) on the built tarball"
 	@echo "make molecule - run every Molecule scenario (extensions/molecule/) on a local control plane of its own"
 
-$(VENV)/.stamp: requirements-dev.txt requirements.txt
+$(VENV)/.stamp: requirements-dev.txt requirements.txt localplane/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements-dev.txt
