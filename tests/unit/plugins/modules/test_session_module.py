@@ -129,6 +129,20 @@ def test_absent(run_module, fake_plane):
     assert by_id.result["changed"] is False
 
 
+def test_absent_deletes_failed_sessions(run_module, fake_plane):
+    failed = fake_plane.add_session("web-1", status="FAILED", error_message="the sandbox failed to boot")
+    gone = fake_plane.add_session("web-1", status="DESTROYED")
+    run = run_module(MAIN, {"name": "web-1", "state": "absent"})
+    assert run.result["changed"] is True
+    assert fake_plane.sessions[failed["session_id"]]["status"] == "SESSION_STATUS_DESTROYED"
+    assert ("DELETE", "/sessions/%s" % gone["session_id"]) not in fake_plane.calls
+    assert run_module(MAIN, {"name": "web-1", "state": "absent"}).result["changed"] is False
+    by_id = fake_plane.add_session("web-2", status="FAILED")
+    run = run_module(MAIN, {"name": by_id["session_id"], "state": "absent"})
+    assert run.result["changed"] is True
+    assert fake_plane.sessions[by_id["session_id"]]["status"] == "SESSION_STATUS_DESTROYED"
+
+
 def test_address_by_id(run_module, fake_plane):
     rec = fake_plane.add_session("web-1")
     run = run_module(MAIN, {"name": rec["session_id"], "state": "paused"})
@@ -222,6 +236,7 @@ def test_session_info_filters_and_pages(run_module, fake_plane):
     assert sorted(s["name"] for s in run.result["sessions"]) == ["ci-gone", "ci-paused"]
     run = run_module(session_info.main, {"session": "CI-3"})
     assert [s["name"] for s in run.result["sessions"]] == ["ci-3"]
+    assert run_module(session_info.main, {"name": "ci-3"}).result["sessions"] == run.result["sessions"]
     run = run_module(session_info.main, {"session": "nope"})
     assert run.result["sessions"] == [] and not run.failed
     run = run_module(session_info.main, {"statuses": ["sleepy"]})
