@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import shlex
 import signal
 import socket
@@ -60,6 +61,7 @@ WATCH_INTERVAL = 1.0          # idle and run-liveness checks
 SESSION_CHECK_INTERVAL = 10.0  # REST check that the session still exists
 DEADLINE_GRACE = 30.0          # client deadline beyond the agent's own command timeout
 STALE_RUN_MINUTES = 24 * 60    # run dirs of other controllers are swept after a day
+TASK_TMP = re.compile(r"^ansible-tmp-[0-9.]+-(\d+)-\d+$")  # ansible-core's name: time, worker pid, random
 
 
 class Unreachable(Exception):
@@ -324,6 +326,32 @@ class Mux:
             except Exception as e:  # the session may be gone; nothing left to clean then
                 log.warning("run %s ended: could not remove %s: %s", run_id, run["dir"], e)
             self.runs.pop(run_id, None)
+        self.sweep_abandoned_task_dirs()
+
+    def sweep_abandoned_task_dirs(self):
+        """rmdir the empty ansible-tmp-* dirs of the shared remote_tmp whose controller worker is gone.
+
+        A task that ends UNREACHABLE never removes its own. The dir name carries the worker's pid; rmdir
+        removes empty directories only, so a dir another task is filling right now is never lost.
+        """
+        tmp = posixpath.join(self.scratch_dir, "ansible-tmp")
+        try:
+            listing = self.guest('cd -- "$1" 2>/dev/null || exit 0; find . -mindepth 1 -maxdepth 1 -type d -empty '
+                                 '-name "ansible-tmp-*"', tmp).stdout.decode("utf-8", "replace")
+        except Exception as e:
+            log.warning("sweep: cannot list %s: %s", tmp, e)
+            return
+        abandoned = []
+        for line in listing.split("\n"):
+            m = TASK_TMP.match(line[2:] if line.startswith("./") else line)
+            if m and not run_alive(int(m.group(1)), None):
+                abandoned.append(posixpath.join(tmp, m.group(0)))
+        if abandoned:
+            try:
+                self.guest('rmdir -- "$@" 2>/dev/null; true', *abandoned)
+                log.info("sweep: removed %d empty task dir(s) of gone workers in %s", len(abandoned), tmp)
+            except Exception as e:
+                log.warning("sweep: cannot remove task dirs in %s: %s", tmp, e)
 
     def sweep_stale_runs(self, host_tag):
         """Remove run dirs left by crashed runs of this controller, and very old ones of any controller."""
@@ -348,6 +376,7 @@ class Mux:
                 log.info("sweep: removed %s", ", ".join(stale))
         except Exception as e:
             log.warning("sweep failed: %s", e)
+        self.sweep_abandoned_task_dirs()
 
     # -- serving workers ---------------------------------------------------------------
     def serve_forever(self):
