@@ -103,7 +103,9 @@ class Routes:
         if ctype not in contract.CREATE_CONTENT_TYPES:
             raise ApiFailure(415, "unsupported content type %r: send the create body as application/yaml "
                                   "(or application/json)" % ctype)
-        doc = await read_document(request, contract.CREATE_KEYS, "session create")
+        # Documented keys the local plane cannot honour pass the strict decoding and are refused by name in parse_create.
+        doc = await read_document(request, contract.CREATE_KEYS | contract.DOCUMENTED_UNSUPPORTED_KEYS,
+                                  "session create")
         rec, warnings = self.sessions.create(parse_create(doc))
         return web.json_response({"session": public_view(rec, warnings)}, status=201)
 
@@ -121,6 +123,10 @@ class Routes:
         page = paginate(request, recs, "sessions", scope)
         page["sessions"] = [public_view(r) for r in page["sessions"]]
         return web.json_response(page)
+
+    async def list_sizes(self, request):
+        # Static, not paginated, smallest first (list_session_sandbox_sizes).
+        return web.json_response({"sizes": [dict(s) for s in contract.SIZES]})
 
     async def get_session(self, request):
         return web.json_response({"session": public_view(self.session(request))})
@@ -266,6 +272,7 @@ def add_routes(app, routes):
     table = [
         ("POST", "/sessions", routes.create_session),
         ("GET", "/sessions", routes.list_sessions),
+        ("GET", "/sessions/sandbox/sizes", routes.list_sizes),
         ("GET", s, routes.get_session),
         ("DELETE", s, routes.delete_session),
         ("POST", s + "/pause", routes.pause),

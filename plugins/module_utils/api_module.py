@@ -21,6 +21,7 @@ from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, NotFound, WaitTimeout
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
+DEFAULT_BLOCKING_TIMEOUT = 900.0
 DEFAULT_WAIT_TIMEOUT = 600
 
 _SESSION_PATH = re.compile(r"^/sessions/([^/?]+)")
@@ -31,8 +32,9 @@ def api_argument_spec(**module_options):
     spec = dict(
         api_url=dict(type="str", default=profile.DEFAULT_API_URL, fallback=(env_fallback, [profile.API_URL_ENV])),
         api_token=dict(type="str", no_log=True, fallback=(env_fallback, [profile.API_TOKEN_ENV])),
-        route_prefix=dict(type="str", default=profile.DEFAULT_PREFIX),
+        route_prefix=dict(type="str", default=profile.DEFAULT_PREFIX, fallback=(env_fallback, [profile.API_PREFIX_ENV])),
         request_timeout=dict(type="float", default=DEFAULT_REQUEST_TIMEOUT),
+        blocking_timeout=dict(type="float", default=DEFAULT_BLOCKING_TIMEOUT),
         wait_timeout=dict(type="int", default=DEFAULT_WAIT_TIMEOUT),
         validate_certs=dict(type="bool", default=True),
     )
@@ -45,7 +47,8 @@ def client_from_module(module):
     p = module.params
     try:
         return ApiClient(api_url=p["api_url"], api_token=p["api_token"], prefix=p["route_prefix"],
-                         timeout=p["request_timeout"], validate_certs=p["validate_certs"])
+                         timeout=p["request_timeout"], validate_certs=p["validate_certs"],
+                         blocking_timeout=p["blocking_timeout"], reconcile_timeout=p["wait_timeout"])
     except ApiError as e:
         fail_from_error(module, e)
 
