@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import posixpath
+import re
 import threading
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
@@ -20,6 +21,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protoco
 log = logging.getLogger("microvm.mux")
 
 STALE_RUN_MINUTES = 24 * 60    # run dirs of other controllers are swept after a day
+TASK_TMP = re.compile(r"^ansible-tmp-[0-9.]+-(\d+)-\d+$")  # ansible-core's name: time, worker pid, random
 
 
 class RunDirs:
@@ -71,6 +73,7 @@ class RunDirs:
             except Exception as e:  # the session may be gone; nothing left to clean then
                 log.warning("session %s: run %s ended: could not remove %s: %s", self.link.label, run_id, run["dir"], e)
             self._forget(run_id)
+        self.sweep_abandoned_task_dirs()
 
     def _forget(self, run_id: str) -> None:
         self.runs.pop(run_id, None)
@@ -101,3 +104,30 @@ class RunDirs:
                 log.info("session %s: sweep: removed %s", self.link.label, ", ".join(stale))
         except Exception as e:  # housekeeping: never fails a task
             log.warning("session %s: sweep failed: %s", self.link.label, e)
+        self.sweep_abandoned_task_dirs()
+
+    def sweep_abandoned_task_dirs(self) -> None:
+        """rmdir the empty ansible-tmp-* dirs of the shared remote_tmp whose controller worker is gone.
+
+        A task that ends UNREACHABLE never removes its own. The dir name carries the worker's pid; rmdir
+        removes empty directories only, so a dir another task is filling right now is never lost.
+        """
+        tmp = posixpath.join(self.link.cfg.scratch_dir, "ansible-tmp")
+        try:
+            listing = self.link.guest('cd -- "$1" 2>/dev/null || exit 0; find . -mindepth 1 -maxdepth 1 -type d -empty '
+                                      '-name "ansible-tmp-*"', tmp).stdout.decode("utf-8", "replace")
+        except Exception as e:
+            log.warning("session %s: sweep: cannot list %s: %s", self.link.label, tmp, e)
+            return
+        abandoned = []
+        for line in listing.split("\n"):
+            m = TASK_TMP.match(line[2:] if line.startswith("./") else line)
+            if m and not mp.process_alive(int(m.group(1)), None):
+                abandoned.append(posixpath.join(tmp, m.group(0)))
+        if abandoned:
+            try:
+                self.link.guest('rmdir -- "$@" 2>/dev/null; true', *abandoned)
+                log.info("session %s: sweep: removed %d empty task dir(s) of gone workers in %s",
+                         self.link.label, len(abandoned), tmp)
+            except Exception as e:
+                log.warning("session %s: sweep: cannot remove task dirs in %s: %s", self.link.label, tmp, e)

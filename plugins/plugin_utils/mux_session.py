@@ -51,7 +51,6 @@ class SessionLink:
         self.session_id: str | None = None
         self.label = cfg.session
         self.tunnel: Tunnel | None = None
-        self.channel = None
         self.agent: ac.AgentClient | None = None
         self.warm: warm.WarmRunners | None = None
         self.runs = RunDirs(self)
@@ -87,9 +86,8 @@ class SessionLink:
                                  port=self.cfg.agent_port, label=self.label, connect_timeout=self.cfg.connect_timeout,
                                  validate_certs=self.cfg.validate_certs, socket_dir=self.socket_dir)
             self.tunnel.start()
-            self.channel = ac.open_channel("unix:" + self.tunnel.socket_path)
-            self.channel.subscribe(self._on_state, try_to_connect=False)
-            self.agent = ac.AgentClient(self.channel, self.label, self.cfg.scratch_dir)
+            # A lost stream drops its connection: the agent client then dials through a fresh channel (_dial).
+            self.agent = ac.AgentClient(self._dial(), self.label, self.cfg.scratch_dir, redial=self._dial)
             self.warm = warm.WarmRunners(self.agent)
             try:
                 self.ensure_ready()
@@ -118,9 +116,9 @@ class SessionLink:
     def _teardown(self) -> None:
         if self.warm is not None:
             self.warm.stop()
-        if self.channel is not None:
+        if self.agent is not None:
             with contextlib.suppress(Exception):
-                self.channel.close()
+                self.agent.close()
         if self.tunnel is not None:
             self.tunnel.stop()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
@@ -202,8 +200,20 @@ class SessionLink:
         except (ApiError, WaitTimeout) as e:
             raise errors.Unreachable("session %s is %s and could not be made ready: %s" % (self.label, status, e))
 
-    def _on_state(self, state) -> None:
-        self.state = state
+    @property
+    def channel(self):
+        return self.agent.channel if self.agent is not None else None
+
+    def _dial(self):
+        """A gRPC channel through the tunnel; its connectivity feeds self.state while it is the agent's."""
+        channel = ac.open_channel("unix:" + self.tunnel.socket_path)
+        self.state = None
+
+        def on_state(state):
+            if self.agent is None or self.agent.channel is channel:
+                self.state = state
+        channel.subscribe(on_state, try_to_connect=False)
+        return channel
 
     def usable_now(self) -> bool:
         """Whether guest helpers may run without waking the session (for housekeeping only)."""

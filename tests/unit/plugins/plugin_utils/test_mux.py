@@ -31,7 +31,7 @@ def fake_link(server, channel, cfg=CFG):
     """A SessionLink of `server` already open on the fake agent's channel (no tunnel, no REST)."""
     link = server.link_for(cfg)
     link.session_id, link.label = "sid-" + cfg.session, "%s (sid-%s)" % (cfg.session, cfg.session)
-    link.tunnel, link.channel = NoTunnel(), channel
+    link.tunnel = NoTunnel()
     link.agent = ac.AgentClient(channel, link.label)
     link.warm = warm.WarmRunners(link.agent)
     link.state = grpc.ChannelConnectivity.READY
