@@ -142,7 +142,7 @@ def main():
         client = plane.client()
         t = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            ids = list(pool.map(lambda i: client.create_session({"name": "fleet-%03d" % i, "agent": "none"})["session_id"],
+            ids = list(pool.map(lambda i: client.create_session({"name": "fleet-%03d" % i, "agent": "custom"})["session_id"],
                                 range(args.sessions)))
             list(pool.map(lambda sid: client.wait_session(sid, timeout=600), ids))
         result["create_all_s"] = round(time.monotonic() - t, 1)

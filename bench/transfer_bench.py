@@ -50,7 +50,7 @@ def main():
               "load_at_start": os.getloadavg()}
     try:
         client = plane.client()
-        ids = [client.create_session({"name": "xfer-%d" % i, "agent": "none"})["session_id"] for i in range(args.sessions)]
+        ids = [client.create_session({"name": "xfer-%d" % i, "agent": "custom"})["session_id"] for i in range(args.sessions)]
         for sid in ids:
             client.wait_session(sid, timeout=300)
         big = os.path.join(tmp, "big.bin")

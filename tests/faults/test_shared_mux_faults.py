@@ -18,7 +18,7 @@ def sessions(plane):
     made = []
 
     def make(n):
-        ids = [client.create_session({"name": unique_name("shared"), "agent": "none"})["session_id"] for _ in range(n)]
+        ids = [client.create_session({"name": unique_name("shared"), "agent": "custom"})["session_id"] for _ in range(n)]
         made.extend(ids)
         return [client.wait_session(sid, timeout=120) for sid in ids]
 
