@@ -17,14 +17,15 @@ export PATH := $(BIN):$(PATH)
 # the built-in `base` template run the host's /usr and /etc read-only, so
 # sudo there is what lets the connection tests' `become_method: sudo` run
 # instead of skipping; root, the guest's user, may sudo by Debian's default),
-# podman (builds and runs the execution environment, make ee-test).
+# podman and runc (build and run the execution environment, make ee-test;
+# runc because crun refuses cgroup v1 hosts).
 # bindep.txt lists the same packages by profile (hack/bindep-check.py).
-DEB_PACKAGES := bubblewrap umoci skopeo buildah docker-registry debootstrap openssh-server rsync sudo podman
+DEB_PACKAGES := bubblewrap umoci skopeo buildah docker-registry debootstrap openssh-server rsync sudo podman runc
 PYTEST_ARGS ?=
 NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py tests/unit/plugins/plugin_utils/test_option_defs.py tests/unit/plugins/plugin_utils/test_warm.py
 
 .PHONY: help venv system-deps collection proto proto-check lint sanity ansible-lint docs-lint docs \
-        unit localplane-test integration molecule galaxy-import test test-live demo local-up local-down build clean bench
+        unit localplane-test integration molecule galaxy-import ee-test test test-live demo local-up local-down build clean bench
 
 help:
 	@echo "make demo   - set up everything and run the demo end to end on the local control plane"
@@ -33,6 +34,7 @@ help:
 	@echo "make local-up / local-down - start / stop the local control plane (.local/env)"
 	@echo "make proto  - regenerate the guest agent stubs from protos/"
 	@echo "make bench  - run the benchmarks in bench/"
+	@echo "make ee-test - build an execution environment (ansible-builder, podman) and run a playbook in it"
 	@echo "make galaxy-import - run Galaxy's importer (offline) on the built tarball"
 	@echo "make molecule - run every Molecule scenario (extensions/molecule/) on a local control plane of its own"
 
@@ -128,6 +130,9 @@ local-down: venv
 
 demo: setup
 	bash hack/demo.sh
+
+ee-test: setup
+	bash hack/ee-test.sh
 
 galaxy-import: setup
 	bash hack/galaxy-import.sh
