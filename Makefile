@@ -25,7 +25,7 @@ PYTEST_ARGS ?=
 NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py tests/unit/plugins/plugin_utils/test_option_defs.py tests/unit/plugins/plugin_utils/test_warm.py
 
 .PHONY: help venv system-deps collection proto proto-check lint sanity ansible-lint docs-lint docs \
-        unit localplane-test integration molecule galaxy-import ee-test test test-live demo local-up local-down build clean bench
+        unit localplane-test integration molecule galaxy-import ee-test test test-live demo local-up local-down build clean clean-images bench
 
 help:
 	@echo "make demo   - set up everything and run the demo end to end on the local control plane"
@@ -34,6 +34,7 @@ help:
 	@echo "make local-up / local-down - start / stop the local control plane (.local/env)"
 	@echo "make proto  - regenerate the guest agent stubs from protos/"
 	@echo "make bench  - run the benchmarks in bench/"
+	@echo "make clean  - remove .local (planes, caches, results) and this project's images (make clean-images)"
 	@echo "make ee-test - build an execution environment (ansible-builder, podman) and run a playbook in it"
 	@echo "make galaxy-import - run Galaxy's importer (offline) on the built tarball"
 	@echo "make molecule - run every Molecule scenario (extensions/molecule/) on a local control plane of its own"
@@ -143,5 +144,18 @@ build: setup
 bench: setup
 	bash bench/run.sh
 
-clean:
+# Images this project put into the containers store (buildah's and podman's):
+# the demo's and template_image's (localhost:5000/microvm/..., localhost/microvm-base),
+# the execution environment's (localhost/microvm-...), their build
+# containers, and the dangling layers of superseded builds.
+IMAGE_PATTERN := ^localhost(:[0-9]+)?/microvm
+clean-images:
+	@command -v buildah >/dev/null || exit 0; \
+	for c in $$(buildah containers --format '{{.ContainerID}} {{.ImageName}}' | awk '$$2 ~ /$(subst /,\/,$(IMAGE_PATTERN))/ {print $$1}'); do \
+	  buildah rm "$$c" >/dev/null; done; \
+	refs=$$(buildah images --format '{{.Name}}:{{.Tag}}' | grep -E '$(IMAGE_PATTERN)' | sort -u); \
+	for r in $$refs; do buildah rmi -f "$$r" >/dev/null && echo "removed image $$r"; done; \
+	buildah rmi --prune >/dev/null 2>&1 || true
+
+clean: clean-images
 	rm -rf .local tests/output docs/build

@@ -12,7 +12,6 @@ import ipaddress
 import json
 import logging
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -45,7 +44,7 @@ def load_or_make_token(state_dir, given=None):
         with open(path) as f:
             token = f.read().strip()
     else:
-        token = secrets.token_urlsafe(32)
+        token = contract.new_token()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")

@@ -59,7 +59,7 @@ def start_local_plane(state_dir, token=None, extra_env=None):
     """Start `serve` on a free port; returns a PlaneHandle once it answers."""
     from .cli import answers, read_info
 
-    token = token or uuid.uuid4().hex + uuid.uuid4().hex
+    token = token or contract.new_token()
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in sys.path if p and os.path.isdir(p)])

@@ -126,6 +126,9 @@ class ApiClient(object):
             raise ApiError("-", "-", 0, "no API token",
                            "Set option api_token or env %s" % profile.API_TOKEN_ENV)
         self.api_url = (api_url or profile.DEFAULT_API_URL).rstrip("/")
+        problem = profile.token_destination_problem(self.api_url, api_token)
+        if problem:
+            raise ApiError("-", "-", 0, problem, what="token destination")
         self._token = api_token
         prefix = "/" + (prefix or profile.DEFAULT_PREFIX).strip("/")
         self.prefix = prefix
