@@ -2,6 +2,8 @@
 import asyncio
 import hashlib
 import os
+import sys
+import uuid
 
 import pytest
 from guestkit import Interactive, Plane, download, guests_supported, pid_alive, run, sh, upload, wait_until
@@ -482,16 +484,47 @@ def _connect(stub, host, port):
     return run(stub, ["python3", "-c", CONNECT, host, str(port)], timeout_seconds=30).stdout.decode().strip()
 
 
-def _host_reaches_pypi():
-    import socket
+@pytest.fixture(scope="module")
+def egress_peer():
+    """A server of the test's own outside the host: a listener in its own network namespace, routed from the host
+    like any outside address (TEST-NET-2, RFC 5737), named `<random>.test` (RFC 2606) in /etc/hosts so that the
+    allow-list and the guest resolve it by name. No test needs the internet."""
+    import random
+    import subprocess
+    import time as _time
+    tag = uuid.uuid4().hex[:6]
+    ns, host_if, name = "mvtpeer-%s" % tag, "mvp%s" % tag, "egress-peer-%s.test" % tag
+    base = 4 * random.randrange(64)
+    host_ip, peer_ip = "198.51.100.%d" % (base + 1), "198.51.100.%d" % (base + 2)
+
+    def ip(*argv):
+        subprocess.run(["ip"] + list(argv), check=True, capture_output=True)
+    ip("netns", "add", ns)
+    server = None
     try:
-        socket.create_connection(("pypi.org", 443), timeout=3).close()
-        return True
-    except OSError:
-        return False
-
-
-needs_internet = pytest.mark.skipif(not _host_reaches_pypi(), reason="this host cannot reach pypi.org:443")
+        ip("link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        ip("addr", "add", host_ip + "/30", "dev", host_if)
+        ip("link", "set", host_if, "up")
+        ip("-n", ns, "addr", "add", peer_ip + "/30", "dev", "eth0")
+        ip("-n", ns, "link", "set", "eth0", "up")
+        ip("-n", ns, "link", "set", "lo", "up")
+        server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c",
+                                   "import socket,time; s=socket.socket(); s.bind(('0.0.0.0', 8080)); s.listen(64);"
+                                   " time.sleep(3600)"])
+        with open("/etc/hosts", "a") as f:
+            f.write("%s %s\n" % (peer_ip, name))
+        _time.sleep(0.5)
+        yield name, peer_ip
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+        subprocess.run(["ip", "link", "del", host_if], check=False, capture_output=True)
+        with open("/etc/hosts") as f:
+            kept = [line for line in f if not line.rstrip().endswith(" " + name)]
+        with open("/etc/hosts", "w") as f:
+            f.writelines(kept)
 
 
 @pytest.fixture(scope="module")
@@ -506,17 +539,24 @@ def test_open_egress_gives_eth0_and_a_default_route(open_guest):
     assert b"eth0" in r.stdout and b"default via" in r.stdout
 
 
-@needs_internet
-def test_open_egress_reaches_the_internet(open_guest):
-    assert _connect(open_guest[1], "pypi.org", 443) == "connected"
+def _name_in_guest(stub, egress_peer):
+    """The guest has its own /etc/hosts: give it the peer's name there, as a real guest would learn it from DNS."""
+    name, addr = egress_peer
+    assert sh(stub, "echo '%s %s' >> /etc/hosts" % (addr, name)).code == 0
+    return name
 
 
-@needs_internet
-def test_allow_list_allows_listed_hosts_only(plane):
-    allowed = plane.boot("egress-allow", egress=["pypi.org"])
-    assert _connect(plane.stub(allowed), "pypi.org", 443) == "connected"
+def test_open_egress_reaches_an_outside_server_by_name(open_guest, egress_peer):
+    name = _name_in_guest(open_guest[1], egress_peer)
+    assert _connect(open_guest[1], name, 8080) == "connected"
+
+
+def test_allow_list_allows_listed_hosts_only(plane, egress_peer):
+    name, _addr = egress_peer
+    allowed = plane.boot("egress-allow", egress=[name])  # resolved on the host, by name
+    assert _connect(plane.stub(allowed), _name_in_guest(plane.stub(allowed), egress_peer), 8080) == "connected"
     denied = plane.boot("egress-deny", egress=["192.0.2.123"])
-    assert _connect(plane.stub(denied), "pypi.org", 443).startswith("failed")
+    assert _connect(plane.stub(denied), _name_in_guest(plane.stub(denied), egress_peer), 8080).startswith("failed")
     for sid in ("egress-allow", "egress-deny"):
         plane.run(plane.manager.stop(sid))
 
