@@ -39,7 +39,7 @@ help:
 	@echo "make galaxy-import - run Galaxy's importer (offline) on the built tarball"
 	@echo "make molecule - run every Molecule scenario (extensions/molecule/) on a local control plane of its own"
 
-$(VENV)/.stamp: requirements-dev.txt requirements.txt localplane/requirements.txt
+$(VENV)/.stamp: requirements-dev.txt requirements.txt localplane/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements-dev.txt

@@ -30,7 +30,7 @@ from benchlib import ROOT, run_playbook, write
 
 from stage import Stage
 
-from microvm_localplane.testing import mux_pids
+from microvm_plane_testing import mux_pids
 
 SYNC_PLAY = """
 - hosts: target

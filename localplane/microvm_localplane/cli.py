@@ -300,7 +300,7 @@ def cmd_down(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m microvm_localplane",
+    parser = argparse.ArgumentParser(prog="microvm-localplane",
                                      description="The local control plane of the microvm.sandbox collection.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve", help="run in the foreground")

@@ -170,7 +170,8 @@ class GuestManager:
         rootfs = rootfs if isinstance(rootfs, RootfsSpec) else RootfsSpec(**rootfs)
         missing = [p for p in self.code.read_only_binds() if not os.path.exists(p)]
         if missing:
-            raise GuestError("cannot boot guests: missing %s (run `make collection`)" % ", ".join(missing))
+            raise GuestError("cannot boot guests: missing %s (the plane's Python or its package moved; reinstall it)"
+                             % ", ".join(missing))
         try:
             netns.parse_egress(egress)
         except netns.EgressError as e:

@@ -1,8 +1,9 @@
-"""Where the host's Python and the repo's code live, derived from this file and sys.executable.
+"""Where the host's Python and the plane's code live, derived from this file and sys.executable.
 
-The guest runs the agent with the host's venv Python and the repo's code, bound
-read-only into the guest at the same paths (so no path is ever rewritten).
-Only these code paths are bound: never the repo root, which may hold a state dir.
+The guest runs the agent with the host's venv Python and this package (with its
+own generated stubs), bound read-only into the guest at the same paths (so no
+path is ever rewritten). Only these code paths are bound: never a repo root,
+which may hold a state dir. Nothing of the collection is needed in a guest.
 """
 import os
 import struct
@@ -13,9 +14,8 @@ from dataclasses import dataclass
 # userland may be anything (musl, distroless): the host's Python runs through them there.
 GUEST_HOSTLIB_DIR = "/run/localplane-hostlib"
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))          # .../localplane/microvm_localplane
-LOCALPLANE_DIR = os.path.dirname(PACKAGE_DIR)                      # .../localplane
-REPO_DIR = os.path.dirname(LOCALPLANE_DIR)                         # collection root
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))          # .../microvm_localplane
+LOCALPLANE_DIR = os.path.dirname(PACKAGE_DIR)                      # its parent: a checkout's localplane/ or site-packages
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,6 @@ class CodePaths:
     base_prefix: str         # the real Python installation the venv points to
     package_dir: str         # microvm_localplane
     localplane_dir: str      # PYTHONPATH entry for microvm_localplane
-    plugins_dir: str         # the collection's plugins (agent_pb stubs)
-    collections_dir: str     # .local/collections (ansible_collections/microvm/sandbox -> repo)
     loader: str | None = None  # the host's ELF interpreter for `python` (real path)
 
     @property
@@ -44,7 +42,7 @@ class CodePaths:
 
     def read_only_binds(self):
         """Host paths to bind read-only into every guest at the same path."""
-        paths = [self.base_prefix, self.venv, self.package_dir, self.plugins_dir, self.collections_dir]
+        paths = [self.base_prefix, self.venv, self.package_dir]
         # A venv inside the base prefix (or the reverse) needs only the outer bind.
         unique = []
         for p in sorted(set(paths), key=len):
@@ -53,7 +51,7 @@ class CodePaths:
         return unique
 
     def pythonpath(self):
-        return os.pathsep.join([self.collections_dir, self.localplane_dir])
+        return self.localplane_dir
 
 
 def elf_interpreter(path):
@@ -85,7 +83,5 @@ def code_paths():
         base_prefix=base_prefix,
         package_dir=PACKAGE_DIR,
         localplane_dir=LOCALPLANE_DIR,
-        plugins_dir=os.path.join(REPO_DIR, "plugins"),
-        collections_dir=os.path.join(REPO_DIR, ".local", "collections"),
         loader=os.path.realpath(interp) if interp else None,
     )

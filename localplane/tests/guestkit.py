@@ -7,7 +7,7 @@ import time
 
 import grpc
 
-from microvm_localplane.bridge import ThreadedLoop
+from microvm_threaded_loop import ThreadedLoop
 from microvm_localplane.guests import GuestManager, RootfsSpec
 from microvm_localplane.pb import pb2, pb2_grpc
 

@@ -11,7 +11,7 @@ import time
 import pytest
 import requests
 
-from microvm_localplane.testing import start_local_plane, stop_local_plane
+from microvm_plane_testing import start_local_plane, stop_local_plane
 
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -50,7 +50,7 @@ def test_readme_example_runs_verbatim_and_tears_down(user, plane):
     assert res.returncode == 0, output[-6000:]
     assert "[WARNING]" not in output, output[-6000:]
     assert plane.token not in output
-    with open(os.path.join(work, "out", "build-42", "workspace", "build.log")) as f:
+    with open(os.path.join(work, "out", "build.log")) as f:
         assert f.read().startswith("built on Linux by ")
     left = [s for s in plane.client().list_sessions() if s["name"] == "build-42" and s["status"] not in GONE]
     assert left == [], left
