@@ -19,6 +19,7 @@ LOCAL_TOKEN_PREFIX = "mvlp-"
 def new_token():
     return LOCAL_TOKEN_PREFIX + secrets.token_urlsafe(32)
 
+
 # -- sessions ---------------------------------------------------------------
 STATUS_PREFIX = "SESSION_STATUS_"
 PROVISIONING = "PROVISIONING"

@@ -428,7 +428,7 @@ class ApiClient(object):
             if status in profile.GONE and not gone_ok:
                 # The session object carries no error text: the status is all the platform reports.
                 raise WaitTimeout("session %s became %s while waiting for %s" % (session_id, status, wanted), last,
-                    status=status, wanted=wanted, timeout=timeout, what="session")
+                                  status=status, wanted=wanted, timeout=timeout, what="session")
             if time.time() >= deadline:
                 raise WaitTimeout("timed out after %ss waiting for session %s to be %s; it is %s" % (
                     timeout, session_id, wanted, status), last,

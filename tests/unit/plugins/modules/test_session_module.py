@@ -289,4 +289,3 @@ def test_a_non_scalar_env_value_is_refused_naming_the_key(run_module, fake_plane
     assert "%s: the value of %s must be a string, a number or a boolean" % (option, key) in run.result["msg"], run.result
     assert "s3cret-value" not in str(run.result)
     assert "s3cret-value" not in run.stdout and fake_plane.sessions == {}
-
