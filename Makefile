@@ -10,6 +10,8 @@ COLL_LINK := $(COLLECTIONS)/ansible_collections/microvm/sandbox
 export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export PYTHONPATH := $(COLLECTIONS):$(CURDIR)/localplane
 export PATH := $(BIN):$(PATH)
+# One cache of the base template's Debian rootfs for every plane make starts (built once, minutes).
+export MICROVM_LOCALPLANE_CACHE ?= $(CURDIR)/.local/cache
 # Debian packages: bubblewrap (isolated guests of the local control plane),
 # umoci and skopeo (unpacking OCI templates), buildah (template_image role),
 # docker-registry (a real local OCI registry), debootstrap (a base image with

@@ -157,7 +157,7 @@ class Sessions:
                 await self.guests.clone_state(clone_from[0], sid, clone_from[1])
             starter = self.guests.adopt if adopt else self.guests.boot
             await starter(sid, sandbox_id, self.rootfs_spec(rec), dict(rec["env"]), rec["egress"],
-                          hostname_for(rec["name"]))
+                          hostname_for(rec["name"]), size=rec.get("size_slug"))
         except asyncio.CancelledError:
             raise
         except Exception as e:
