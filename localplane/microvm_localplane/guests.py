@@ -5,9 +5,10 @@ uses, idmap.py), PID, mount, UTS, IPC, network and cgroup namespaces, the OCI
 default hardening (oci.py, seccomp.py), limits by its size (limits.py), a
 root filesystem of its own from its template (never the host's) with a
 per-session writable upper dir, its own /workspace (persistent) and /tmp
-(tmpfs). PID 1 is guest_init, run by the guest's own Python; it starts the
+(tmpfs). PID 1 is guest_init; it starts the
 gRPC agent on guest port 8443 and hands connected guest sockets to the host
-(see guest_init.py). runc runs detached with its state under
+(see guest_init.py); both run on the plane's Python runtime, bound read-only
+at a private path (hostpaths.py). runc runs detached with its state under
 <state_dir>/runc, so guests outlive the control plane and a restarted one
 adopts them; pause and resume are runc's (its cgroup freezer).
 
@@ -22,6 +23,7 @@ Interface additions (beyond the brief's interface):
 """
 import asyncio
 import contextlib
+import ctypes
 import hashlib
 import json
 import os
@@ -50,6 +52,21 @@ HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,62})$")
 RUNC = "runc"
 BRIDGE_FD = 3              # runc --preserve-fds 1 hands fd 3 to the guest's PID 1
 LAUNCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper():
+    """`runc run --detach` leaves the guest's PID 1 an orphan: make it ours (not the host init's, which
+    may never reap it), so that a stopped guest leaves no zombie. Guests of an earlier plane belong to
+    the host's init."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _reap(pid):
+    """Collect pid's exit status if it is our child (a guest PID 1 we adopted as subreaper)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
 
 
 @dataclass
@@ -105,6 +122,8 @@ class Guest:
         return self._cgroup.state() != "THAWED"
 
     def alive(self):
+        if self.pid > 0:
+            _reap(self.pid)
         return self.pid > 0 and proc_start_time(self.pid) == self._pid_start
 
     def memory_bytes(self):
@@ -125,6 +144,7 @@ class GuestManager:
         self._scope = hashlib.sha256(self.state_dir.encode()).hexdigest()[:12]
         self._guests = {}
         self._locks = {}
+        _become_subreaper()
 
     # ------------------------------------------------------------ helpers
 
@@ -196,21 +216,23 @@ class GuestManager:
         os.makedirs(layout.root, mode=0o700, exist_ok=True)
         ids = self._ids(layout)
         lowers = rootfs_mod.lower_dirs(self.state_dir, rootfs, self.code, base_dir)
-        host_python = not rootfs_mod.has_python311(lowers[1:])
-        hostlib = self.code.hostlib(self.state_dir) if host_python else None
+        # The agent always runs on the plane's own Python runtime (bound read-only at a private path):
+        # its archive safety needs tarfile's extraction filters, which a template's Python may lack
+        # (bookworm's 3.11.2 has none), and a template may have no Python at all.
+        hostlib = self.code.hostlib(self.state_dir)
         layout.create(["root"], ids)
         rootfs_mod.write_identity(layout, lowers, hostname, ids, netns.guest_resolvers())
         # The session's env reaches the agent's command baseline through the guest's own run dir; never logged.
         rootfs_mod.write_session_env(layout, {str(k): str(v) for k, v in (env or {}).items()}, ids)
         limits = limits_mod.for_size(size)
         rootfs_mod.mount_root(layout, lowers, ids)
-        python = self.code.python_argv(host_python)
+        python = self.code.python_argv()
         args = python + ["-I", "-S", AGENT_LIB + "/microvm_localplane/guest_init.py", "--run-dir", rootfs_mod.GUEST_RUN_DIR,
                          "--bridge-fd", str(BRIDGE_FD), "--"] + python + ["-s", "-m", "microvm_localplane.agent"]
         proc_env = {"PATH": LAUNCH_PATH, "LANG": "C.UTF-8", "HOME": "/root"}
-        proc_env.update(self.code.env(host_python))
+        proc_env.update(self.code.env())
         binds = [(layout.workspace, rootfs_mod.WORKSPACE, False), (layout.run, rootfs_mod.GUEST_RUN_DIR, False)]
-        binds += [(h, g, True) for h, g in self.code.binds(host_python, hostlib)]
+        binds += [(h, g, True) for h, g in self.code.binds(hostlib)]
         config = oci.config(rootfs=layout.merged, hostname=hostname, args=args, env=proc_env, ids=ids, binds=binds,
                             limits=limits, cgroups_path=self._cgroup(layout.session_id).runc_path,
                             tmp_size=limits.tmp)
@@ -353,7 +375,9 @@ class GuestManager:
             # runc returns once they are killed; wait until the kernel has reaped them too
             deadline = time.monotonic() + 10
             while any(proc_start_time(p) is not None for p in pids) and time.monotonic() < deadline:
-                time.sleep(0.005)
+                time.sleep(0.002)
+            for p in pids:
+                _reap(p)  # ours (we are their subreaper) leave no zombie; an earlier plane's go to the host's init
         net_file = os.path.join(layout.host, "net.json")
         try:
             with open(net_file) as f:

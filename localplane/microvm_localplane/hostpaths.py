@@ -1,20 +1,22 @@
 """What of the host a guest gets to run its agent: a few read-only directories at a private path.
 
 The agent (agent.py, guest_init.py) runs inside the guest's own root filesystem
-with the guest's own Python 3.11 (Debian bookworm's, which the built-in `base`
-template has; the plane's wheels are cp311). It needs only
+on the plane's own Python runtime, whatever the template holds (a template may
+have no Python, or one without what the agent relies on, such as tarfile's
+extraction filters, which Debian bookworm's 3.11.2 lacks). It gets, read-only
+and nothing else of the host:
 
-- this package (microvm_localplane),
-- grpcio and protobuf (the `grpc` and `google` packages of the plane's venv,
-  and `typing_extensions`, which grpc imports),
-- the generated stubs (the collection's plugins/plugin_utils/agent_pb),
+- AGENT_DIR/python: the plane's Python installation prefix (its stdlib),
+- AGENT_DIR/hostlib: the C libraries that runtime and the agent's extension
+  modules need (copied once into the state dir by hostlib(); the agent runs
+  through that dir's dynamic loader, so the template's own libc never matters),
+- AGENT_DIR/lib: this package (microvm_localplane), grpcio and protobuf (the
+  `grpc` and `google` packages of the plane's venv, and `typing_extensions`,
+  which grpc imports), and the generated stubs (the collection's
+  plugins/plugin_utils/agent_pb).
 
-each bound read-only under AGENT_DIR/lib. Nothing else of the host is mounted.
-
-A template without Python 3.11 (a tiny or distroless image) also gets the
-plane's Python runtime (its installation prefix, read-only) at AGENT_DIR/python
-and the host C libraries that runtime needs, copied once into the state dir
-(hostlib()), at AGENT_DIR/hostlib; the agent then runs through that loader.
+The guest's own programs never see these on their paths: the agent's commands
+get a fixed baseline environment (agent.py).
 """
 import hashlib
 import os
@@ -29,7 +31,6 @@ AGENT_DIR = "/opt/localplane-agent"
 AGENT_LIB = AGENT_DIR + "/lib"
 AGENT_PYTHON_DIR = AGENT_DIR + "/python"
 AGENT_HOSTLIB_DIR = AGENT_DIR + "/hostlib"
-GUEST_PYTHON = "/usr/bin/python3.11"
 STUBS_REL = "ansible_collections/microvm/sandbox/plugins/plugin_utils/agent_pb"
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))          # .../localplane/microvm_localplane
@@ -48,42 +49,35 @@ class CodePaths:
     python_rel: str          # its interpreter, relative to base_prefix
     loader: str | None       # the host's ELF interpreter of that interpreter
 
-    def binds(self, host_python=False, hostlib=None):
+    def binds(self, hostlib):
         """[(host path, guest path)] to bind read-only into a guest."""
         out = [(self.package_dir, AGENT_LIB + "/microvm_localplane"),
                (self.grpc_dir, AGENT_LIB + "/grpc"),
                (self.google_dir, AGENT_LIB + "/google"),
                (self.typing_extensions, AGENT_LIB + "/typing_extensions.py"),
                (self.stubs_dir, AGENT_LIB + "/" + STUBS_REL)]
-        if host_python:
-            out.append((self.base_prefix, AGENT_PYTHON_DIR))
-            if hostlib:
-                out.append((hostlib, AGENT_HOSTLIB_DIR))
+        out.append((self.base_prefix, AGENT_PYTHON_DIR))
+        out.append((hostlib, AGENT_HOSTLIB_DIR))
         return out
 
     def mount_points(self):
         """[(guest path, is_dir)] the binds need (made in a template's skeleton layer, never in the guest's own)."""
-        return [(g, os.path.isdir(h) or h == "x") for h, g in self.binds(host_python=True, hostlib="x")]
+        return [(g, os.path.isdir(h) or h == "x") for h, g in self.binds(hostlib="x")]
 
-    def python_argv(self, host_python):
-        """argv prefix that runs Python 3.11 with the agent's packages in a guest."""
-        if not host_python:
-            return [GUEST_PYTHON]
+    def python_argv(self):
+        """argv prefix that runs the plane's Python in a guest."""
         python = os.path.join(AGENT_PYTHON_DIR, self.python_rel)
         if not self.loader:
             return [python]
         libs = AGENT_HOSTLIB_DIR + ":" + AGENT_PYTHON_DIR + "/lib"
         return [os.path.join(AGENT_HOSTLIB_DIR, os.path.basename(self.loader)), "--library-path", libs, python]
 
-    def env(self, host_python):
-        env = {"PYTHONPATH": AGENT_LIB, "PYTHONDONTWRITEBYTECODE": "1"}
-        if host_python:
-            env["PYTHONHOME"] = AGENT_PYTHON_DIR
-        return env
+    def env(self):
+        return {"PYTHONPATH": AGENT_LIB, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHOME": AGENT_PYTHON_DIR}
 
     def hostlib(self, state_dir):
         """A directory with the host C libraries the plane's Python and the agent's extensions need,
-        built once per state dir and content (only for templates without Python 3.11)."""
+        built once per state dir and content."""
         objects = [os.path.join(self.base_prefix, self.python_rel)]
         for top in (self.grpc_dir, self.google_dir, os.path.join(self.base_prefix, "lib")):
             for dirpath, _dirs, files in os.walk(top):

@@ -163,11 +163,6 @@ def lower_dirs(state_dir, rootfs, code: CodePaths, base_dir):
     raise RootfsError("unknown rootfs kind: %r" % rootfs.kind)
 
 
-def has_python311(lowers):
-    """Whether the template has its own Python 3.11 (the agent's wheels are cp311)."""
-    return any(os.path.lexists(os.path.join(lower, "usr", "bin", "python3.11")) for lower in lowers)
-
-
 def mount_root(layout, lowers, ids):
     """Idmapped lower layers + the session's upper dir -> layout.merged (on the host, under MOUNT_ROOT)."""
     unmount_root(layout)
