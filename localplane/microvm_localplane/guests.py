@@ -33,7 +33,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 
-from . import baseimage, idmap, netns, oci, portdial
+from . import baseimage, disk, idmap, netns, oci, portdial
 from . import limits as limits_mod
 from . import rootfs as rootfs_mod
 from .errors import DialError, GuestError
@@ -179,13 +179,18 @@ class GuestManager:
         except ValueError:
             return None
 
-    def _ids(self, layout):
-        """The session's host id range (kept across boots); re-owns its files if the range had to change."""
+    def _ids(self, layout, size=None):
+        """The session's host id range (kept across boots), with its disk mounted; re-owns its files if
+        the range had to change."""
         recorded = None
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError), open(layout.ids_file) as f:
             rec = json.load(f)
             recorded = (int(rec["slot"]), idmap.IdRange(int(rec["uid"]), int(rec["gid"])))
-        slot, ids = idmap.claim_slot(layout.root, recorded[0] if recorded else None)
+        try:
+            slot, ids = idmap.claim_slot(layout.root, recorded[0] if recorded else None)
+            disk.ensure(self.state_dir, layout, limits_mod.for_size(size).disk, ids)
+        except (idmap.IdmapError, disk.DiskError) as e:
+            raise GuestError("session %s: %s" % (layout.session_id, e))
         if recorded and recorded[1] != ids:
             shift_ids(layout.workspace, recorded[1], ids)
             for layer in layout.layers():
@@ -214,7 +219,7 @@ class GuestManager:
             raise GuestError("guests need runc: apt-get install runc uidmap (or `make system-deps`)")
         base_dir = baseimage.ensure(self.state_dir) if rootfs.kind == "base" else None
         os.makedirs(layout.root, mode=0o700, exist_ok=True)
-        ids = self._ids(layout)
+        ids = self._ids(layout, size)
         lowers = rootfs_mod.lower_dirs(self.state_dir, rootfs, self.code, base_dir)
         # The agent always runs on the plane's own Python runtime (bound read-only at a private path):
         # its archive safety needs tarfile's extraction filters, which a template's Python may lack
@@ -251,7 +256,7 @@ class GuestManager:
         await asyncio.to_thread(self._kill, layout)   # a crash may have left a container or mounts behind
         try:
             await asyncio.to_thread(self._prepare, layout, rootfs, env, hostname, size)
-        except (RootfsError, OSError, idmap.IdmapError, baseimage.BaseImageError) as e:
+        except (RootfsError, OSError, idmap.IdmapError, baseimage.BaseImageError, disk.DiskError) as e:
             await asyncio.to_thread(rootfs_mod.unmount_root, layout)
             raise GuestError("cannot prepare guest %s: %s" % (session_id, e))
         try:
@@ -396,6 +401,7 @@ class GuestManager:
         layout = self._layout(session_id)
         await self.stop(session_id)
         async with self._lock(session_id):
+            await asyncio.to_thread(disk.release, layout)
             await asyncio.to_thread(shutil.rmtree, layout.root, True)
         self._locks.pop(session_id, None)
 
@@ -462,6 +468,10 @@ class GuestManager:
         if stop_guests:
             for session_id in list(self._guests):
                 await self.stop(session_id)
+            # nothing of this plane runs any more: no session's disk stays mounted (boot mounts it again)
+            for session_id in os.listdir(os.path.join(self.state_dir, "sessions")):
+                if SESSION_ID_RE.match(session_id) and not await asyncio.to_thread(self._running, session_id):
+                    await asyncio.to_thread(disk.release, self._layout(session_id))
         self._guests.clear()
 
 

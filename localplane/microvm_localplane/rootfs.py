@@ -51,6 +51,8 @@ class SessionLayout:
         self.run = os.path.join(self.root, "run")          # bound into the guest at /run/localplane
         self.host = os.path.join(self.root, "host")        # host-side only: meta, logs, bundle
         self.bundle = os.path.join(self.host, "bundle")    # runc's bundle: config.json
+        self.disk_image = os.path.join(self.root, "disk.img")  # workspace + rootfs + run live in it (disk.py)
+        self.disk = os.path.join(self.root, "disk")
         self.meta_file = os.path.join(self.host, "meta.json")
         self.ids_file = os.path.join(self.host, "ids.json")
         self.pid_file = os.path.join(self.host, "init.pid")

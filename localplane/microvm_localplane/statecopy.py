@@ -58,12 +58,23 @@ async def copy_state(layout, dest_dir, ids: IdRange):
     await asyncio.to_thread(shift_ids, dest_dir, ids, CANONICAL)
 
 
+def _clear(path):
+    """Empty path, keeping the dir itself (it may be a mount point: the session's disk)."""
+    os.makedirs(path, exist_ok=True)
+    for name in os.listdir(path):
+        p = os.path.join(path, name)
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p)
+        else:
+            os.unlink(p)
+
+
 async def replace_state(src_dir, layout, ids: IdRange):
     """The session's writable state := the canonical copy src_dir, owned by the session's range ids."""
     os.makedirs(layout.root, mode=0o700, exist_ok=True)
     for path in (layout.workspace, layout.rootfs):
-        await asyncio.to_thread(shutil.rmtree, path, True)
-    await _run("cp", "-a", "--reflink=auto", os.path.join(src_dir, "workspace"), layout.workspace)
+        await asyncio.to_thread(_clear, path)
+    await _run("cp", "-a", "--reflink=auto", os.path.join(src_dir, "workspace") + "/.", layout.workspace)
     src_rootfs = os.path.join(src_dir, "rootfs")
     if os.path.isdir(src_rootfs):
         for layer in sorted(os.listdir(src_rootfs)):

@@ -40,9 +40,9 @@ class Plane:
     def run(self, coro, timeout=120):
         return self.loop.run(coro, timeout)
 
-    def boot(self, session_id, hostname=None, env=None, rootfs=None, egress=None):
+    def boot(self, session_id, hostname=None, env=None, rootfs=None, egress=None, size=None):
         return self.run(self.manager.boot(session_id, "sb-" + session_id, rootfs or RootfsSpec("base"), env or {},
-                                          egress, hostname or session_id))
+                                          egress, hostname or session_id, size=size))
 
     def stub(self, guest):
         channel = grpc.insecure_channel("unix:" + self.loop.bridge(guest, 8443), options=CHANNEL_OPTIONS)
