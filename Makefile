@@ -17,8 +17,10 @@ export MICROVM_LOCALPLANE_CACHE ?= $(CURDIR)/.local/cache
 # umoci and skopeo (unpacking OCI templates), buildah (template_image role),
 # docker-registry (a real local OCI registry), debootstrap (the built-in
 # `base` template's own Debian rootfs, and the role's base image with no
-# registry pull), openssh-server (the SSH peer in bench/), rsync, sudo.
-DEB_PACKAGES := runc uidmap umoci skopeo buildah docker-registry debootstrap openssh-server rsync sudo
+# registry pull), openssh-server (the SSH peer in bench/), rsync, sudo,
+# podman (builds and runs the execution environment, make ee-test).
+# bindep.txt lists the same packages by profile (hack/bindep-check.py).
+DEB_PACKAGES := runc uidmap umoci skopeo buildah docker-registry debootstrap openssh-server rsync sudo podman
 # Subordinate ids of the user running the local control plane: each guest gets its own
 # 65536 of them (localplane/microvm_localplane/idmap.py). Added when the user has none.
 SUBID_START := 1000000000
@@ -27,7 +29,7 @@ PYTEST_ARGS ?=
 NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py tests/unit/plugins/plugin_utils/test_option_defs.py tests/unit/plugins/plugin_utils/test_warm.py
 
 .PHONY: help venv system-deps collection proto proto-check lint sanity ansible-lint docs-lint docs \
-        unit localplane-test integration molecule test test-live demo local-up local-down build clean bench
+        unit localplane-test integration molecule galaxy-import test test-live demo local-up local-down build clean bench
 
 help:
 	@echo "make demo   - set up everything and run the demo end to end on the local control plane"
@@ -36,9 +38,10 @@ help:
 	@echo "make local-up / local-down - start / stop the local control plane (.local/env)"
 	@echo "make proto  - regenerate the guest agent stubs from protos/"
 	@echo "make bench  - run the benchmarks in bench/"
+	@echo "make galaxy-import - run Galaxy's importer (offline) on the built tarball"
 	@echo "make molecule - run every Molecule scenario (extensions/molecule/) on a local control plane of its own"
 
-$(VENV)/.stamp: requirements-dev.txt requirements.txt
+$(VENV)/.stamp: requirements-dev.txt requirements.txt localplane/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements-dev.txt
@@ -135,6 +138,9 @@ local-down: venv
 
 demo: setup
 	bash hack/demo.sh
+
+galaxy-import: setup
+	bash hack/galaxy-import.sh
 
 build: setup
 	$(BIN)/ansible-galaxy collection build --force --output-path .local/dist .

@@ -6,7 +6,7 @@ import uuid
 
 from . import contract
 from .httputil import ApiFailure, now_rfc3339
-from .sessions import hostname_for
+from .sessions import guest_env, hostname_for
 
 log = logging.getLogger("microvm_localplane.checkpoints")
 SNAPSHOT_STATES = frozenset([contract.READY, contract.DETACHED, contract.PAUSED])
@@ -32,6 +32,13 @@ class Checkpoints:
         if rec is None:
             raise ApiFailure(404, "checkpoint %r of session %s not found" % ((checkpoint_id or "")[:100], session_id))
         return rec
+
+    @staticmethod
+    def _refuse_with_workspace(session, what):
+        # doctl harness-runtime workspace: "Fork and rollback are not available for a session that has a workspace."
+        if session.get("workspace_id"):
+            raise ApiFailure(409, "session %s has a persistent workspace (%s): %s is not available for it" % (
+                session["session_id"], session["workspace_id"], what))
 
     def _require_snapshot_state(self, session, what):
         if session["status"] not in SNAPSHOT_STATES:
@@ -78,6 +85,7 @@ class Checkpoints:
     async def rollback(self, session, checkpoint_id):
         sid = session["session_id"]
         cp = self._ready_checkpoint(sid, checkpoint_id)
+        self._refuse_with_workspace(session, "rollback")
         await self.sessions.wait_booted(sid)
         async with self.sessions.lock(sid):
             self._require_snapshot_state(session, "roll back")
@@ -88,7 +96,7 @@ class Checkpoints:
             try:
                 await self.guests.stop(sid)
                 await self.guests.restore(sid, self.store.checkpoint_data(sid, cp["checkpoint_id"]))
-                await self.guests.boot(sid, sandbox_id, self.sessions.rootfs_spec(session), dict(session["env"]),
+                await self.guests.boot(sid, sandbox_id, self.sessions.rootfs_spec(session), guest_env(session),
                                        session["egress"], hostname_for(session["name"]))
             except Exception as e:
                 log.warning("rollback of %s failed: %s", sid, e)
@@ -99,25 +107,43 @@ class Checkpoints:
             return session
 
     async def fork(self, session, doc):
+        """Children boot from a READY checkpoint's copy of the workspace and the root changes, all or nothing.
+
+        Without from_checkpoint_id, an implicit checkpoint of the session "now" is taken first (create_session_fork).
+        """
         count = doc.get("count", 1)
+        if count is None:
+            count = 1
         if isinstance(count, bool) or not isinstance(count, int) or not contract.FORK_MIN <= count <= contract.FORK_MAX:
             raise ApiFailure(400, "count must be a whole number from %d to %d, got %r" % (
                 contract.FORK_MIN, contract.FORK_MAX, count))
         sid = session["session_id"]
-        src_dir = None
-        if doc.get("from_checkpoint_id"):
-            if not isinstance(doc["from_checkpoint_id"], str):
-                raise ApiFailure(400, "from_checkpoint_id must be a checkpoint id")
-            cp = self._ready_checkpoint(sid, doc["from_checkpoint_id"])
-            src_dir = self.store.checkpoint_data(sid, cp["checkpoint_id"])
+        self._refuse_with_workspace(session, "fork")
+        from_id = doc.get("from_checkpoint_id") or ""
+        if not isinstance(from_id, str):
+            raise ApiFailure(400, "from_checkpoint_id must be a checkpoint id")
+        if from_id:
+            cp = self._ready_checkpoint(sid, from_id)
+        else:
+            cp = await self.create(session, {"label": contract.IMPLICIT_FORK_LABEL})
+            if cp["status"] != contract.CHECKPOINT_READY:
+                raise ApiFailure(500, "fork of session %s failed, no session was created: the implicit checkpoint "
+                                      "failed: %s" % (sid, cp["error_message"]))
+        src_dir = self.store.checkpoint_data(sid, cp["checkpoint_id"])
         await self.sessions.wait_booted(sid)
         self._require_snapshot_state(session, "fork")
+        fork_id = str(uuid.uuid4())
         children = []
+        taken = set()
         for _child in range(count):
-            spec = {"name": fork_name(session["name"]), "template": session["template"],
+            name = fork_name(session["name"], lambda n: bool(self.sessions.live_with_name(n)) or n.lower() in taken)
+            taken.add(name.lower())
+            spec = {"name": name, "agent": session.get("agent") or "custom", "template": session["template"],
                     "size_slug": session["size_slug"], "idle_timeout_seconds": session["idle_timeout_seconds"],
-                    "env": dict(session["env"]), "egress": session["egress"]}
-            rec, _warnings = self.sessions.new_record(spec, parent_session_id=sid)
+                    "env": dict(session["env"]), "secrets": dict(session.get("secrets") or {}),
+                    "egress": session["egress"], "config_id": session.get("config_id")}
+            rec, _warnings = self.sessions.new_record(spec, parent_session_id=sid, fork_id=fork_id,
+                                                      fork_from_checkpoint_id=cp["checkpoint_id"])
             rec["rootfs"] = dict(session["rootfs"])
             children.append(rec)
         for rec in children:
@@ -134,6 +160,12 @@ class Checkpoints:
         raise ApiFailure(500, "fork of session %s failed, no session was created: %s" % (sid, "; ".join(reasons)))
 
 
-def fork_name(parent_name):
-    suffix = "-fork-" + uuid.uuid4().hex[:6]
-    return parent_name[:64 - len(suffix)].rstrip("._-") + suffix
+def fork_name(parent_name, taken):
+    """'<parent>-fork-<n>' with the lowest n from 1 whose name no live session has (Decision: the docs are silent)."""
+    n = 1
+    while True:
+        suffix = "-fork-%d" % n
+        name = parent_name[:64 - len(suffix)].rstrip("._-") + suffix
+        if not taken(name):
+            return name
+        n += 1

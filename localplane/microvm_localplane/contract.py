@@ -26,20 +26,43 @@ PAUSABLE = USABLE
 PAUSE_MANUAL = "manual"
 PAUSE_IDLE = "idle"
 
-CREATE_KEYS = frozenset(["name", "agent", "template", "size", "idle_timeout", "env", "egress"])
+# The flat environment spec (Environment Spec Reference): decoded strictly, an unknown key is a 400 naming it.
+CREATE_KEYS = frozenset(["name", "agent", "template", "size", "idle_timeout", "persistent_workspace", "env",
+                         "secrets", "egress"])
+# Documented spec keys that configure an agent adapter's tools, skills and permission policy: the local plane
+# runs no agent, so it refuses them (a 400 naming the key) rather than ignoring them.
+DOCUMENTED_UNSUPPORTED_KEYS = frozenset(["tools", "skills", "permissions"])
 CREATE_CONTENT_TYPES = frozenset(["application/yaml", "application/x-yaml", "text/yaml", "application/json"])
 MAX_BODY_BYTES = 1024 * 1024
-AGENT_NONE = "none"
+# Agent Adapters page: the values of `agent`.
+ADAPTERS = ("codex", "claude-code", "opencode", "hermes", "langgraph", "codex-agentapi", "custom")
+# The one adapter the local plane can run: `custom` ("a container image you supply"), a bare sandbox.
+LOCAL_ADAPTERS = frozenset(["custom"])
 EGRESS_UNRESTRICTED = "unrestricted"
+
+
+def agent_kind(adapter):
+    """'claude-code' -> 'AGENT_KIND_CLAUDE_CODE' (Decision: the enum is the adapter upper-cased)."""
+    return "AGENT_KIND_" + adapter.upper().replace("-", "_")
+
+
+# The size catalog (GET /v2/agents/sessions/sandbox/sizes), smallest first; every slug is accepted by create.
+# mars-2vcpu-4gb is the documented example; the other slug follows its pattern (Decision).
+SIZES = (
+    {"slug": "mars-2vcpu-4gb", "vcpus": 2, "memory_mb": 4096, "price_per_hour_usd": 0.0, "price_per_month_usd": 0.0},
+    {"slug": "mars-4vcpu-8gb", "vcpus": 4, "memory_mb": 8192, "price_per_hour_usd": 0.0, "price_per_month_usd": 0.0},
+)
+SIZE_SLUGS = tuple(s["slug"] for s in SIZES)
+# Decision: the default-size fallback is the smallest size.
+DEFAULT_SIZE = SIZE_SLUGS[0]
+# Decision: the region the local plane reports.
+REGION = "local"
 
 NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62}[A-Za-z0-9])?$")
 UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 HOST_RE = re.compile(r"^(?=.{1,253}$)(\*\.)?%s(?:\.%s)*$" % (_LABEL, _LABEL))
-SIZE_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$")
-# Decision: sizes are opaque slugs to the local plane; omitted = this one.
-DEFAULT_SIZE = "standard"
 # Decision: idle timeout when none is given, and the accepted range.
 DEFAULT_IDLE_TIMEOUT_SECONDS = 600
 MIN_IDLE_TIMEOUT_SECONDS = 1
@@ -61,6 +84,8 @@ CHECKPOINT_FAILED = "FAILED"
 CHECKPOINT_KEYS = frozenset(["label"])
 MAX_LABEL_CHARS = 256
 FORK_KEYS = frozenset(["from_checkpoint_id", "count"])
+# Label of the implicit checkpoint a fork without from_checkpoint_id takes first (Decision: it is listed).
+IMPLICIT_FORK_LABEL = "fork"
 FORK_MIN, FORK_MAX = 1, 4
 
 # -- templates --------------------------------------------------------------
@@ -75,6 +100,11 @@ BUILD_SUCCEEDED = "SUCCEEDED"
 BUILD_FAILED = "FAILED"
 TEMPLATE_CREATE_KEYS = frozenset(["name", "base_template", "source_oci_ref"])
 TEMPLATE_UPDATE_KEYS = frozenset(["source_oci_ref", "base_template"])
+# base_template values the documentation gives (doctl template create/update, pydo create_template):
+# the current bases, the `sandbox` base that carries no agent, and the legacy names still accepted.
+BASE_TEMPLATES = ("codex-base", "opencode-base", "claude-code-base", "hermes-base", "langgraph-base", "sandbox",
+                  "crewai", "coding-base", "coding-codex", "coding-opencode", "coding-claude-code", "coding-hermes",
+                  "langgraph")
 # The built-in template: the host userland read-only, nothing to download.
 BUILTIN_TEMPLATE = "base"
 BUILTIN_TEMPLATE_ID = "00000000-0000-4000-8000-000000000000"

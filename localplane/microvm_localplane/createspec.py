@@ -1,19 +1,53 @@
-"""Validate the flat session create body exactly as strictly as the platform does."""
+"""Validate the flat session create body (the environment spec) at least as strictly as the platform does."""
 from . import contract
 from .httputil import ApiFailure
 
 
+def _string_map(doc, field):
+    """env and secrets: a map of variable names to strings."""
+    values = doc.get(field) or {}
+    if not isinstance(values, dict):
+        raise ApiFailure(400, "%s must be a map of strings, got %s" % (field, type(values).__name__))
+    if len(values) > contract.MAX_ENV_ENTRIES:
+        raise ApiFailure(400, "%s has %d entries; at most %d are accepted" % (field, len(values), contract.MAX_ENV_ENTRIES))
+    for k, v in values.items():
+        if not isinstance(k, str) or not contract.ENV_KEY_RE.match(k):
+            raise ApiFailure(400, "%s key %r is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)" % (field, k))
+        if not isinstance(v, str):
+            # Never echo a secret's value.
+            shown = "" if field == "secrets" else " %r" % (v,)
+            raise ApiFailure(400, "%s value of %s must be a string, got %s%s (quote it)" % (field, k, type(v).__name__, shown))
+        if "\x00" in v:
+            raise ApiFailure(400, "%s value of %s contains a NUL byte" % (field, k))
+    return dict(values)
+
+
 def parse_create(doc):
     """Return a normalized spec dict from a create body (already checked for unknown keys)."""
+    unsupported = sorted(k for k in doc if k in contract.DOCUMENTED_UNSUPPORTED_KEYS)
+    if unsupported:
+        raise ApiFailure(400, "field%s %s configure%s an agent adapter, which the local control plane does not run: "
+                              "remove %s" % ("s" if len(unsupported) > 1 else "", ", ".join(unsupported),
+                                             "" if len(unsupported) > 1 else "s", "them" if len(unsupported) > 1 else "it"))
     name = doc.get("name")
     problem = contract.name_problem(name)
     if problem:
         raise ApiFailure(400, problem)
 
-    agent = doc.get("agent", contract.AGENT_NONE)
-    if agent != contract.AGENT_NONE:
-        raise ApiFailure(400, "agent %r is not available on the local control plane: only agent: none "
-                              "(a bare sandbox) is supported here" % (agent,))
+    agent = doc.get("agent")
+    if agent is None:
+        raise ApiFailure(400, "agent is required: one of %s (custom is a bare sandbox)" % ", ".join(contract.ADAPTERS))
+    if agent not in contract.ADAPTERS:
+        raise ApiFailure(400, "unknown agent %r: use one of %s" % (agent, ", ".join(contract.ADAPTERS)))
+    if agent not in contract.LOCAL_ADAPTERS:
+        raise ApiFailure(400, "agent %r is a platform adapter the local control plane cannot run: use agent: custom "
+                              "(a bare sandbox)" % (agent,))
+
+    persistent = doc.get("persistent_workspace", False)
+    if persistent is None:
+        persistent = False
+    if not isinstance(persistent, bool):
+        raise ApiFailure(400, "persistent_workspace must be true or false, got %r" % (persistent,))
 
     template = doc.get("template", contract.DEFAULT_TEMPLATE)
     if template is None:
@@ -24,8 +58,9 @@ def parse_create(doc):
     size = doc.get("size", contract.DEFAULT_SIZE)
     if size is None:
         size = contract.DEFAULT_SIZE
-    if not isinstance(size, str) or not contract.SIZE_RE.match(size):
-        raise ApiFailure(400, "size must be a size slug such as %r, got %r" % (contract.DEFAULT_SIZE, size))
+    if size not in contract.SIZE_SLUGS:
+        raise ApiFailure(400, "unknown size %r: use a slug of GET /v2/agents/sessions/sandbox/sizes (%s)"
+                         % (size, ", ".join(contract.SIZE_SLUGS)))
 
     idle = contract.DEFAULT_IDLE_TIMEOUT_SECONDS
     if doc.get("idle_timeout") is not None:
@@ -38,18 +73,11 @@ def parse_create(doc):
                 raw, contract.MIN_IDLE_TIMEOUT_SECONDS, contract.MAX_IDLE_TIMEOUT_SECONDS))
         idle = int(seconds)
 
-    env = doc.get("env") or {}
-    if not isinstance(env, dict):
-        raise ApiFailure(400, "env must be a map of strings, got %s" % type(env).__name__)
-    if len(env) > contract.MAX_ENV_ENTRIES:
-        raise ApiFailure(400, "env has %d entries; at most %d are accepted" % (len(env), contract.MAX_ENV_ENTRIES))
-    for k, v in env.items():
-        if not isinstance(k, str) or not contract.ENV_KEY_RE.match(k):
-            raise ApiFailure(400, "env key %r is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)" % (k,))
-        if not isinstance(v, str):
-            raise ApiFailure(400, "env value of %s must be a string, got %s %r (quote it)" % (k, type(v).__name__, v))
-        if "\x00" in v:
-            raise ApiFailure(400, "env value of %s contains a NUL byte" % k)
+    env = _string_map(doc, "env")
+    secrets = _string_map(doc, "secrets")
+    both = sorted(set(env) & set(secrets))
+    if both:
+        raise ApiFailure(400, "%s set in both env and secrets: give each variable once" % ", ".join(both))
 
     egress = doc.get("egress")
     if egress is None or egress == contract.EGRESS_UNRESTRICTED:
@@ -64,5 +92,5 @@ def parse_create(doc):
     else:
         raise ApiFailure(400, "egress must be omitted, \"unrestricted\" or a list of hosts, got %r" % (egress,))
 
-    return {"name": name, "template": template, "size_slug": size, "idle_timeout_seconds": idle,
-            "env": dict(env), "egress": egress}
+    return {"name": name, "agent": agent, "template": template, "size_slug": size, "idle_timeout_seconds": idle,
+            "persistent_workspace": persistent, "env": env, "secrets": secrets, "egress": egress}

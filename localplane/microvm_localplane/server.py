@@ -55,14 +55,25 @@ class Plane:
 
 
 # -- middlewares ------------------------------------------------------------------
+def bearer_credentials(header):
+    """The credentials of an `Authorization: Bearer <token>` header, else None.
+
+    The scheme is case-insensitive and followed by one or more spaces (RFC 7235, section 2.1).
+    """
+    scheme, sep, rest = header.partition(" ")
+    if not sep or scheme.lower() != "bearer":
+        return None
+    return rest.lstrip(" ")
+
+
 def auth_middleware(plane):
-    expected = ("Bearer " + plane.token).encode()
+    expected = plane.token.encode()
 
     @web.middleware
     async def check_token(request, handler):
-        given = request.headers.get("Authorization", "").encode("utf-8", "replace")
+        given = bearer_credentials(request.headers.get("Authorization", ""))
         # Constant-time comparison; the token is never logged.
-        if not given or not hmac.compare_digest(given, expected):
+        if not given or not hmac.compare_digest(given.encode("utf-8", "replace"), expected):
             return error_response(401, "missing or invalid bearer token: send Authorization: Bearer <token>")
         return await handler(request)
 
@@ -103,7 +114,9 @@ class Routes:
         if ctype not in contract.CREATE_CONTENT_TYPES:
             raise ApiFailure(415, "unsupported content type %r: send the create body as application/yaml "
                                   "(or application/json)" % ctype)
-        doc = await read_document(request, contract.CREATE_KEYS, "session create")
+        # Documented keys the local plane cannot honour pass the strict decoding and are refused by name in parse_create.
+        doc = await read_document(request, contract.CREATE_KEYS | contract.DOCUMENTED_UNSUPPORTED_KEYS,
+                                  "session create")
         rec, warnings = self.sessions.create(parse_create(doc))
         return web.json_response({"session": public_view(rec, warnings)}, status=201)
 
@@ -121,6 +134,10 @@ class Routes:
         page = paginate(request, recs, "sessions", scope)
         page["sessions"] = [public_view(r) for r in page["sessions"]]
         return web.json_response(page)
+
+    async def list_sizes(self, request):
+        # Static, not paginated, smallest first (list_session_sandbox_sizes).
+        return web.json_response({"sizes": [dict(s) for s in contract.SIZES]})
 
     async def get_session(self, request):
         return web.json_response({"session": public_view(self.session(request))})
@@ -266,6 +283,7 @@ def add_routes(app, routes):
     table = [
         ("POST", "/sessions", routes.create_session),
         ("GET", "/sessions", routes.list_sessions),
+        ("GET", "/sessions/sandbox/sizes", routes.list_sizes),
         ("GET", s, routes.get_session),
         ("DELETE", s, routes.delete_session),
         ("POST", s + "/pause", routes.pause),

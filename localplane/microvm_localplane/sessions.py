@@ -14,8 +14,20 @@ from .httputil import ApiFailure, now_rfc3339
 
 log = logging.getLogger("microvm_localplane.sessions")
 
-PUBLIC_FIELDS = ("session_id", "name", "status", "sandbox_id", "created_at", "last_event_at", "pause_reason",
-                 "idle_timeout_seconds", "parent_session_id", "template", "size_slug", "error_message")
+# The session object's documented fields (pydo get_session): no template, size or error text, and never env or
+# secrets. Fields about features the local plane lacks are reported empty.
+PUBLIC_FIELDS = ("session_id", "name", "parent_session_id", "fork_id", "fork_from_checkpoint_id", "agent_kind",
+                 "status", "sandbox_id", "created_at", "last_event_at", "keep_warm", "resume_on_topoff",
+                 "pause_reason", "idle_timeout_seconds", "repo_hint", "config_id", "openai_session_id",
+                 "openai_environment_id", "region", "workspace_id")
+_BOOL_FIELDS = frozenset(["keep_warm", "resume_on_topoff"])
+
+
+def guest_env(rec):
+    """The sandbox's environment: env and secrets (secrets are readable inside the sandbox, never in the API)."""
+    env = dict(rec.get("env") or {})
+    env.update(rec.get("secrets") or {})
+    return env
 
 
 def hostname_for(name):
@@ -32,9 +44,15 @@ def public_view(rec, warnings=None):
             value = contract.status_string(value)
         elif key == "pause_reason" and rec.get("status") != contract.PAUSED:
             continue
+        elif key == "agent_kind":
+            value = contract.agent_kind(rec.get("agent") or "custom")
+        elif key == "region":
+            value = contract.REGION
         if value is None and key in ("sandbox_id", "pause_reason"):
             continue
-        out[key] = value if value is not None else ("" if key not in ("idle_timeout_seconds",) else 0)
+        if value is None:
+            value = False if key in _BOOL_FIELDS else (0 if key == "idle_timeout_seconds" else "")
+        out[key] = value
     if warnings is not None:
         out["warnings"] = list(warnings)
     return out
@@ -123,7 +141,7 @@ class Sessions:
         return RootfsSpec(kind=fs["kind"], path=fs.get("path"))
 
     # -- create and boot --------------------------------------------------
-    def new_record(self, spec, parent_session_id=""):
+    def new_record(self, spec, parent_session_id="", fork_id="", fork_from_checkpoint_id=""):
         rootfs, warnings = self.templates.rootfs_for_session(spec["template"])
         if self.live_with_name(spec["name"]):
             raise ApiFailure(409, "a live session named %r already exists (names are unique, case-insensitively, "
@@ -133,8 +151,12 @@ class Sessions:
             "session_id": str(uuid.uuid4()), "name": spec["name"], "status": contract.PROVISIONING,
             "sandbox_id": None, "created_at": now, "last_event_at": now, "pause_reason": None,
             "idle_timeout_seconds": spec["idle_timeout_seconds"], "parent_session_id": parent_session_id,
+            "fork_id": fork_id, "fork_from_checkpoint_id": fork_from_checkpoint_id, "agent": spec["agent"],
+            # A YAML create persists an Environment Config first (harness-create-session): its id.
+            "config_id": spec.get("config_id") or str(uuid.uuid4()),
+            "workspace_id": str(uuid.uuid4()) if spec.get("persistent_workspace") else "",
             "template": spec["template"], "size_slug": spec["size_slug"], "error_message": "",
-            "env": spec["env"], "egress": spec["egress"], "rootfs": rootfs,
+            "env": spec["env"], "secrets": spec.get("secrets") or {}, "egress": spec["egress"], "rootfs": rootfs,
         }
         return rec, warnings
 
@@ -156,7 +178,7 @@ class Sessions:
             if clone_from is not None:
                 await self.guests.clone_state(clone_from[0], sid, clone_from[1])
             starter = self.guests.adopt if adopt else self.guests.boot
-            await starter(sid, sandbox_id, self.rootfs_spec(rec), dict(rec["env"]), rec["egress"],
+            await starter(sid, sandbox_id, self.rootfs_spec(rec), guest_env(rec), rec["egress"],
                           hostname_for(rec["name"]), size=rec.get("size_slug"))
         except asyncio.CancelledError:
             raise

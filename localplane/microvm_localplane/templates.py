@@ -42,7 +42,9 @@ def parse_oci_ref(ref):
     if slash and ("." in first or ":" in first or first == "localhost"):
         registry, repo = first, remainder
     else:
-        registry, repo = "docker.io", name
+        # No default registry: the platform builds from the team's own registry, so the host must be named.
+        raise ValueError("source_oci_ref %r names no registry host: use registry.example.com/repo:tag, "
+                         "localhost:5000/repo:tag or oci:/path/to/layout:tag" % ref)
     tag = ""
     if ":" in repo.rsplit("/", 1)[-1]:
         repo, tag = repo.rsplit(":", 1)
@@ -59,6 +61,18 @@ def is_local_registry(registry):
     return host in LOCAL_REGISTRIES
 
 
+# Every documented platform base maps onto one of the local plane's root filesystems. For now they all map to the
+# built-in `base` rootfs: the image's own files are layered as the template's rootfs, and no base adds an agent.
+BASE_ROOTFS = dict((base, contract.BUILTIN_TEMPLATE) for base in contract.BASE_TEMPLATES)
+# The base the built-in template reports: it carries no agent, like the documented `sandbox` base.
+BUILTIN_BASE = "sandbox"
+
+
+def base_rootfs(base_template):
+    """The local root filesystem (a built-in template name) a documented base_template maps to; None if unknown."""
+    return BASE_ROOTFS.get(base_template) if isinstance(base_template, str) else None
+
+
 class Templates:
     def __init__(self, store, sessions_in_use):
         self.store = store
@@ -69,7 +83,7 @@ class Templates:
     # -- views --------------------------------------------------------------
     def builtin(self):
         return {"template_id": contract.BUILTIN_TEMPLATE_ID, "name": contract.BUILTIN_TEMPLATE,
-                "spec": {"base_template": "", "image": {"registry": "", "repository": "", "tag": "", "digest": ""}},
+                "spec": {"base_template": BUILTIN_BASE},
                 "status": contract.template_status_string(contract.TEMPLATE_READY),
                 "created_at": "1970-01-01T00:00:00.000Z", "updated_at": "1970-01-01T00:00:00.000Z",
                 "builtin": True}
@@ -78,8 +92,9 @@ class Templates:
     def public_view(rec):
         if rec.get("builtin"):
             return {k: v for k, v in rec.items() if k != "builtin"}
+        # The documented template object: spec carries the base template only (pydo create_template).
         return {"template_id": rec["template_id"], "name": rec["name"],
-                "spec": {"base_template": rec["base_template"], "image": dict(rec["image"])},
+                "spec": {"base_template": rec["base_template"]},
                 "status": contract.template_status_string(rec["status"]),
                 "created_at": rec["created_at"], "updated_at": rec["updated_at"]}
 
@@ -133,10 +148,10 @@ class Templates:
 
     # -- changes --------------------------------------------------------------
     def _check_base(self, base):
-        if base is None:
-            return contract.BUILTIN_TEMPLATE
-        if base != contract.BUILTIN_TEMPLATE:
-            raise ApiFailure(400, "base_template %r is not a platform base; use %r" % (base, contract.BUILTIN_TEMPLATE))
+        if base is None or base == "":
+            raise ApiFailure(400, "base_template is required: one of %s" % ", ".join(contract.BASE_TEMPLATES))
+        if base_rootfs(base) is None:
+            raise ApiFailure(400, "unknown base_template %r: use one of %s" % (base, ", ".join(contract.BASE_TEMPLATES)))
         return base
 
     def create(self, doc):

@@ -159,7 +159,7 @@ def unique_name(prefix="t"):
 def sandbox(plane):
     """A READY session (REST object as a dict), deleted after the test."""
     client = plane.client()
-    session = client.create_session({"name": unique_name("sbx"), "agent": "none"})
+    session = client.create_session({"name": unique_name("sbx"), "agent": "custom"})
     try:
         yield client.wait_session(session["session_id"], timeout=120)
     finally:

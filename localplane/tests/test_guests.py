@@ -1,7 +1,10 @@
-"""Guests: isolation, port bridge, freeze/thaw, stop, adopt, checkpoint/restore, clone (real bwrap guests)."""
+"""Guests: isolation, port bridge, freeze/thaw, stop, adopt, checkpoint/restore, clone (real runc guests)."""
 import asyncio
 import hashlib
+import json
 import os
+import sys
+import uuid
 
 import pytest
 from guestkit import Interactive, Plane, download, guests_supported, pid_alive, run, sh, upload, wait_until
@@ -485,16 +488,47 @@ def _connect(stub, host, port):
     return run(stub, ["python3", "-c", CONNECT, host, str(port)], timeout_seconds=30).stdout.decode().strip()
 
 
-def _host_reaches_pypi():
-    import socket
+@pytest.fixture(scope="module")
+def egress_peer():
+    """A server of the test's own outside the host: a listener in its own network namespace, routed from the host
+    like any outside address (TEST-NET-2, RFC 5737), named `<random>.test` (RFC 2606) in /etc/hosts so that the
+    allow-list and the guest resolve it by name. No test needs the internet."""
+    import random
+    import subprocess
+    import time as _time
+    tag = uuid.uuid4().hex[:6]
+    ns, host_if, name = "mvtpeer-%s" % tag, "mvp%s" % tag, "egress-peer-%s.test" % tag
+    base = 4 * random.randrange(64)
+    host_ip, peer_ip = "198.51.100.%d" % (base + 1), "198.51.100.%d" % (base + 2)
+
+    def ip(*argv):
+        subprocess.run(["ip"] + list(argv), check=True, capture_output=True)
+    ip("netns", "add", ns)
+    server = None
     try:
-        socket.create_connection(("pypi.org", 443), timeout=3).close()
-        return True
-    except OSError:
-        return False
-
-
-needs_internet = pytest.mark.skipif(not _host_reaches_pypi(), reason="this host cannot reach pypi.org:443")
+        ip("link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        ip("addr", "add", host_ip + "/30", "dev", host_if)
+        ip("link", "set", host_if, "up")
+        ip("-n", ns, "addr", "add", peer_ip + "/30", "dev", "eth0")
+        ip("-n", ns, "link", "set", "eth0", "up")
+        ip("-n", ns, "link", "set", "lo", "up")
+        server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c",
+                                   "import socket,time; s=socket.socket(); s.bind(('0.0.0.0', 8080)); s.listen(64);"
+                                   " time.sleep(3600)"])
+        with open("/etc/hosts", "a") as f:
+            f.write("%s %s\n" % (peer_ip, name))
+        _time.sleep(0.5)
+        yield name, peer_ip
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+        subprocess.run(["ip", "link", "del", host_if], check=False, capture_output=True)
+        with open("/etc/hosts") as f:
+            kept = [line for line in f if not line.rstrip().endswith(" " + name)]
+        with open("/etc/hosts", "w") as f:
+            f.writelines(kept)
 
 
 @pytest.fixture(scope="module")
@@ -515,17 +549,24 @@ def test_open_egress_gives_eth0_and_a_default_route(open_guest):
     assert lines[0] == b"1" and lines[1].startswith(b"10.213.")
 
 
-@needs_internet
-def test_open_egress_reaches_the_internet(open_guest):
-    assert _connect(open_guest[1], "pypi.org", 443) == "connected"
+def _name_in_guest(stub, egress_peer):
+    """The guest has its own /etc/hosts: give it the peer's name there, as a real guest would learn it from DNS."""
+    name, addr = egress_peer
+    assert sh(stub, "echo '%s %s' >> /etc/hosts" % (addr, name)).code == 0
+    return name
 
 
-@needs_internet
-def test_allow_list_allows_listed_hosts_only(plane):
-    allowed = plane.boot("egress-allow", egress=["pypi.org"])
-    assert _connect(plane.stub(allowed), "pypi.org", 443) == "connected"
+def test_open_egress_reaches_an_outside_server_by_name(open_guest, egress_peer):
+    name = _name_in_guest(open_guest[1], egress_peer)
+    assert _connect(open_guest[1], name, 8080) == "connected"
+
+
+def test_allow_list_allows_listed_hosts_only(plane, egress_peer):
+    name, _addr = egress_peer
+    allowed = plane.boot("egress-allow", egress=[name])  # resolved on the host, by name
+    assert _connect(plane.stub(allowed), _name_in_guest(plane.stub(allowed), egress_peer), 8080) == "connected"
     denied = plane.boot("egress-deny", egress=["192.0.2.123"])
-    assert _connect(plane.stub(denied), "pypi.org", 443).startswith("failed")
+    assert _connect(plane.stub(denied), _name_in_guest(plane.stub(denied), egress_peer), 8080).startswith("failed")
     for sid in ("egress-allow", "egress-deny"):
         plane.run(plane.manager.stop(sid))
 
@@ -552,7 +593,8 @@ def test_guest_cannot_reach_the_host_or_another_guest(plane, open_guest):
     server = Interactive(o_stub, ["python3", "-c", "import socket,time; s=socket.socket(); s.bind(('0.0.0.0',9100));"
                                   " s.listen(); print('up', flush=True); time.sleep(60)"], timeout_seconds=60)
     assert server.next_frame().stdout == b"up\n"
-    other_ip = sh(o_stub, "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1").stdout.decode().strip()
+    with open(os.path.join(plane.state_dir, "sessions", "egress-other", "host", "net.json")) as f:
+        other_ip = json.load(f)["guest_ip"]  # the base template has no iproute2: the host's record of it
     assert _connect(stub, other_ip, 9100).startswith("failed")
     assert _connect(o_stub, "127.0.0.1", 9100) == "connected"  # the listener itself is fine
     server.call.cancel()

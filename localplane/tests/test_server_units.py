@@ -39,15 +39,26 @@ def test_status_filter_accepts_both_spellings():
 
 
 def test_create_defaults_and_normalization():
-    spec = parse_create({"name": "box", "egress": ["PyPI.org"], "env": {"A": "1"}, "idle_timeout": "2m"})
-    assert spec == {"name": "box", "template": "base", "size_slug": contract.DEFAULT_SIZE, "idle_timeout_seconds": 120,
-                    "env": {"A": "1"}, "egress": ["pypi.org"]}
-    assert parse_create({"name": "box", "egress": "unrestricted"})["egress"] is None
+    spec = parse_create({"name": "box", "agent": "custom", "egress": ["Mirror.Example.com"], "env": {"A": "1"},
+                         "secrets": {"TOKEN": "s3cret"}, "idle_timeout": "2m"})
+    assert spec == {"name": "box", "agent": "custom", "template": "base", "size_slug": "mars-2vcpu-4gb",
+                    "idle_timeout_seconds": 120, "persistent_workspace": False, "env": {"A": "1"},
+                    "secrets": {"TOKEN": "s3cret"}, "egress": ["mirror.example.com"]}
+    assert parse_create({"name": "box", "agent": "custom", "egress": "unrestricted"})["egress"] is None
 
 
-@pytest.mark.parametrize("doc", [{"name": "b", "agent": "claude"}, {"name": "b", "idle_timeout": "0s"},
-                                 {"name": "b", "idle_timeout": "1.5s"}, {"name": "b", "env": {"A": None}},
-                                 {"name": "b", "egress": ["not a host"]}, {"name": "b", "template": 3}])
+@pytest.mark.parametrize("doc", [{"name": "b", "agent": "none"}, {"name": "b"}, {"name": "b", "agent": "claude"},
+                                 {"name": "b", "agent": "codex"},
+                                 {"name": "b", "agent": "custom", "size": "small"},
+                                 {"name": "b", "agent": "custom", "persistent_workspace": "yes"},
+                                 {"name": "b", "agent": "custom", "tools": []},
+                                 {"name": "b", "agent": "custom", "env": {"A": "1"}, "secrets": {"A": "2"}},
+                                 {"name": "b", "agent": "custom", "secrets": {"A": 1}},
+                                 {"name": "b", "agent": "custom", "idle_timeout": "0s"},
+                                 {"name": "b", "agent": "custom", "idle_timeout": "1.5s"},
+                                 {"name": "b", "agent": "custom", "env": {"A": None}},
+                                 {"name": "b", "agent": "custom", "egress": ["not a host"]},
+                                 {"name": "b", "agent": "custom", "template": 3}])
 def test_create_refusals(doc):
     with pytest.raises(ApiFailure) as e:
         parse_create(doc)
@@ -68,15 +79,13 @@ def test_page_tokens_are_scoped_and_checked():
      {"registry": "localhost:5000", "repository": "repo/img", "tag": "tag", "digest": ""}),
     ("registry.example.com/img", "docker://registry.example.com/img:latest",
      {"registry": "registry.example.com", "repository": "img", "tag": "latest", "digest": ""}),
-    ("library/debian:12", "docker://docker.io/library/debian:12",
-     {"registry": "docker.io", "repository": "library/debian", "tag": "12", "digest": ""}),
     ("oci:/srv/layout:v1", "oci:/srv/layout:v1", {"registry": "oci", "repository": "/srv/layout", "tag": "v1", "digest": ""}),
 ])
 def test_oci_refs(ref, source, image):
     assert parse_oci_ref(ref) == (source, image)
 
 
-@pytest.mark.parametrize("ref", ["", "has space:1", "oci:relative:v1", 7, "localhost:5000/"])
+@pytest.mark.parametrize("ref", ["", "has space:1", "oci:relative:v1", 7, "localhost:5000/", "library/debian:12"])
 def test_bad_oci_refs(ref):
     with pytest.raises(ValueError):
         parse_oci_ref(ref)

@@ -43,6 +43,28 @@ options:
       - name: ansible_host
       - name: ansible_microvm_session
       - name: delegated_vars['ansible_host']
+  remote_user:
+    description:
+      - The guest user tasks run as (C(ansible_user), C(-u), the C(remote_user) keyword).
+      - The guest agent runs commands as its own user (root). When another user is asked for, every command runs as
+        that user (its uid, gid, groups, C(HOME), C(USER) and C(LOGNAME), through C(setpriv) in the guest), files
+        put into the guest belong to it, and the default C(remote_tmp) is a sticky world-writable directory like
+        C(/tmp), so scratch, E(TMPDIR) and transfers work for it.
+      - A user that does not exist in the guest fails the connection with a message naming it; tasks never run as
+        someone else silently. Not set, or V(root), runs as the agent's user.
+      - The warm runner runs modules as the agent's user, so it is not used for another user.
+    type: str
+    vars:
+      - name: ansible_user
+    env:
+      - name: ANSIBLE_REMOTE_USER
+    ini:
+      - section: defaults
+        key: remote_user
+    keyword:
+      - name: remote_user
+    cli:
+      - name: user
   api_url:
     description:
       - Base URL of the control plane, for example V(https://api.digitalocean.com) or the URL of the local control plane.
@@ -242,6 +264,7 @@ from ansible.utils.display import Display  # noqa: E402
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_stream  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import option_defs  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import MuxClient, host_tag, run_identity  # noqa: E402
 
@@ -251,6 +274,18 @@ option_defs.register("connection", __name__, DOCUMENTATION)  # saves core's slow
 # Error kinds of the mux that mean "this host cannot be reached": Ansible marks it UNREACHABLE.
 UNREACHABLE_KINDS = frozenset([mp.ERR_UNREACHABLE, mp.ERR_LOST, mp.ERR_GONE, mp.ERR_PROTOCOL])
 DEFAULT_REMOTE_TMP = "~/.ansible/tmp"
+
+
+# Looks up a guest user for remote_user: prints uid:gid:home (exit 0), "self" when the agent already runs as it,
+# exit 1 when there is no such user, 2 when setpriv is missing. $2, when set, is the default remote_tmp,
+# made sticky and world-writable like /tmp so that the user can create its temporary directories there.
+USER_LOOKUP = r"""
+entry=$(getent passwd "$1") || exit 1
+[ "$(id -un)" = "$1" ] && { echo self; exit 0; }
+command -v setpriv >/dev/null 2>&1 || exit 2
+if [ -n "$2" ]; then mkdir -p -- "$2" && chmod 1777 -- "$2" || exit 4; fi
+printf '%s:%s:%s\n' "$(echo "$entry" | cut -d: -f3)" "$(echo "$entry" | cut -d: -f4)" "$(echo "$entry" | cut -d: -f6)"
+"""
 
 
 def remote_tmp_for(scratch_dir):
@@ -348,6 +383,7 @@ class Connection(ConnectionBase):
         self._playbook_pid = kwargs.get("ansible_playbook_pid")
         self._mux = None
         self._run = None
+        self._user = None  # the guest user commands run as, once looked up: None = the agent's own user
         self._wrap_shell()
 
     # -- options --------------------------------------------------------------------------
@@ -431,9 +467,10 @@ class Connection(ConnectionBase):
                  "host_tag": host_tag()}
         display.vvv("ESTABLISH MICROVM AGENT CONNECTION to session %s via %s%s" % (session, api_url, prefix),
                     host=session)
-        self._mux = MuxClient(os.path.expanduser(self.get_option("mux_dir")), key, spawn, token,
-                              connect_timeout=self.get_option("connect_timeout"),
-                              log=lambda msg: display.vvvv(msg, host=session))
+        self._new_mux_client = lambda: MuxClient(os.path.expanduser(self.get_option("mux_dir")), key, spawn, token,
+                                                 connect_timeout=self.get_option("connect_timeout"),
+                                                 log=lambda msg: display.vvvv(msg, host=session))
+        self._mux = self._new_mux_client()
         try:
             self._mux.connect()
         except mp.MuxError as e:
@@ -444,7 +481,60 @@ class Connection(ConnectionBase):
             raise AnsibleConnectionFailure("microvm.sandbox.agent: cannot reach the multiplexer of session %s: %s"
                                            % (session, e))
         self._connected = True
+        self._user = self._lookup_user()
         return self
+
+    # -- the requested user ------------------------------------------------------------------
+    def _requested_user(self):
+        try:
+            user = self.get_option("remote_user")
+        except KeyError:
+            user = None
+        return user or self._play_context.remote_user or None
+
+    def _lookup_user(self):
+        """uid, gid and home of the requested guest user (None when it is the agent's own); fails when it is missing.
+
+        Never falls back to the agent's user: a task asked to run as someone must not run as root.
+        """
+        user = self._requested_user()
+        if not user or user == "root":
+            return None
+        session = self._session()
+        remote_tmp = None
+        try:
+            remote_tmp = self._shell.get_option("remote_tmp")
+        except KeyError:
+            pass
+        shared_tmp = remote_tmp if remote_tmp == remote_tmp_for(self._scratch_dir()) else ""
+        rc, stdout, stderr, _info = self._call("the user lookup", self._mux.exec, ["/bin/sh", "-c", USER_LOOKUP, "sh",
+                                                                                   user, shared_tmp], env={})
+        fields = to_text(stdout, errors="surrogate_or_strict").strip().split(":")
+        if rc == 3 or (rc == 0 and fields and fields[0] == "self"):
+            return None  # the agent already runs as that user
+        if rc == 1:
+            raise AnsibleConnectionFailure(
+                "microvm.sandbox.agent: user %r (ansible_user / -u / remote_user) does not exist in the guest of session %s; "
+                "create it in the guest (for example in its template), or leave ansible_user unset to run as the "
+                "agent's user (root). Nothing was run as another user." % (user, session))
+        if rc == 2:
+            raise AnsibleConnectionFailure(
+                "microvm.sandbox.agent: running tasks as user %r in session %s needs setpriv (util-linux) in the guest, "
+                "which it lacks; add it to the template, or leave ansible_user unset. Nothing was run." % (user, session))
+        if rc != 0 or len(fields) < 3:
+            raise AnsibleConnectionFailure("microvm.sandbox.agent: cannot look up user %r in session %s: %s"
+                                           % (user, session, to_text(stderr or stdout).strip()[-300:]))
+        display.vvv("RUN AS guest user %s (uid %s, gid %s)" % (user, fields[0], fields[1]), host=session)
+        return {"name": user, "uid": fields[0], "gid": fields[1], "home": ":".join(fields[2:])}
+
+    def _as_user(self, argv):
+        """argv run as the requested user (setpriv drops to its ids and groups), or unchanged."""
+        user = self._user
+        if user is None:
+            return argv
+        return (["setpriv", "--reuid=%s" % user["uid"], "--regid=%s" % user["gid"], "--init-groups", "--",
+                 "/usr/bin/env", "HOME=%s" % user["home"], "USER=%s" % user["name"], "LOGNAME=%s" % user["name"]]
+                + list(argv))
 
     def _call(self, what, fn, *args, **kwargs):
         """Run a mux call, turning its failures into the right Ansible exceptions."""
@@ -467,10 +557,11 @@ class Connection(ConnectionBase):
         run = self._run_info()
         timeout = int(self.get_option("command_timeout") or 0)
         stdin = to_bytes(in_data) if in_data else b""
-        if self.get_option("warm_runner"):
+        if self.get_option("warm_runner") and self._user is None:
             warm = self._exec_warm(argv, stdin, sudoable, timeout, run)
             if warm is not None:
                 return warm
+        argv = self._as_user(argv)
         interact = None
         prompted = []
         if sudoable and self.become and self.become.expect_prompt():
@@ -535,6 +626,14 @@ class Connection(ConnectionBase):
         if not os.path.isfile(to_bytes(in_path, errors="surrogate_or_strict")):
             raise AnsibleFileNotFound("microvm.sandbox.agent: file or module does not exist: %s" % to_text(in_path))
         self._call("put_file", self._mux.put, to_text(in_path), to_text(out_path), run=self._run_info())
+        if self._user is not None:
+            # The agent writes as its own user: hand the file to the task's user, as a put over SSH would.
+            rc, _out, err, _info = self._call("put_file", self._mux.exec, [
+                "chown", "--no-dereference", "%s:%s" % (self._user["uid"], self._user["gid"]), "--",
+                to_text(out_path)], env={})
+            if rc != 0:
+                raise AnsibleError("microvm.sandbox.agent: cannot give %s to user %s in session %s: %s"
+                                   % (to_text(out_path), self._user["name"], self._session(), to_text(err).strip()))
 
     def put_archive(self, in_path, out_dir):
         """Extract the local tar in_path into the guest directory out_dir (inside /workspace).
@@ -547,6 +646,25 @@ class Connection(ConnectionBase):
         if not os.path.isfile(to_bytes(in_path, errors="surrogate_or_strict")):
             raise AnsibleFileNotFound("microvm.sandbox.agent: archive does not exist: %s" % to_text(in_path))
         return self._call("put_archive", self._mux.put_archive, to_text(in_path), to_text(out_dir))
+
+    def exec_stream(self, argv, as_user=True):
+        """Start argv in the guest over its own connection to the mux; -> (mux_stream.ExecStream, the run's TMPDIR).
+
+        Not part of Ansible's connection API: microvm.sandbox.sync streams a manifest out of it and
+        operations into it while it moves an archive with put_archive / fetch_file. With as_user false
+        it runs as the agent's user even when remote_user asks for another (the caller hands files over).
+        """
+        self._connect()
+        run = self._run_info()
+        display.vvv("EXEC STREAM %s" % argv[:4], host=self._session())
+        stream = self._call("a streamed command", mux_stream.ExecStream, self._new_mux_client(),
+                            self._as_user(argv) if as_user else argv, env={"TMPDIR": run["dir"]}, run=run)
+        return stream, run["dir"]
+
+    def guest_user(self):
+        """(uid, gid) of the remote_user commands run as, or None for the agent's own user."""
+        self._connect()
+        return (int(self._user["uid"]), int(self._user["gid"])) if self._user else None
 
     def fetch_file(self, in_path, out_path):
         super().fetch_file(in_path, out_path)

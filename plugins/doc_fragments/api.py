@@ -31,20 +31,34 @@ options:
     description:
       - Path prefix of the API routes under O(api_url).
       - Newer platform docs also show V(/v2/harness-runtime).
+      - If not set, the environment variable E(DO_AGENTS_API_PREFIX) is used, then the default.
     type: str
     default: /v2/agents
   request_timeout:
     description:
-      - Timeout in seconds of one HTTP request.
-      - Idempotent calls (GET, PUT, DELETE) are retried with backoff on connection errors, HTTP 429 and 5xx;
-        calls that start work (POST) are retried only on HTTP 429.
+      - Timeout in seconds of one HTTP request (blocking calls use O(blocking_timeout) instead).
+      - Idempotent calls (GET, PUT, DELETE) are retried on connection errors, HTTP 429 and 5xx;
+        calls that start work (POST) are retried only on HTTP 429. A retry waits what the platform asks for in
+        C(Retry-After), else in C(ratelimit-reset), or an exponential backoff, always with jitter and at most
+        5 times.
+      - Greater than 0 and at most 3600; a value out of range fails the task naming this option.
     type: float
     default: 30
+  blocking_timeout:
+    description:
+      - Timeout in seconds of the calls that answer only once their work is done, which can take minutes
+        (checkpoint create, rollback, resume and fork).
+      - When such a call gets no answer in time, it is B(not) sent again. The module looks up whether it happened
+        (for up to O(wait_timeout) seconds) and reports success when it did, or fails saying the outcome is unknown.
+      - Greater than 0 and at most 86400; a value out of range fails the task naming this option.
+    type: float
+    default: 900
   wait_timeout:
     description:
       - How many seconds to wait for an object to reach the wanted state when the module waits
         (a session to become usable, paused or gone, a template build to finish).
       - Accepted by every module so that it can be set once in C(module_defaults); modules that do not wait ignore it.
+      - From 0 to 604800 (a week); a value out of range fails the task naming this option.
     type: int
     default: 600
   validate_certs:
@@ -85,6 +99,8 @@ options:
       - Path prefix of the API routes under O(api_url).
     type: str
     default: /v2/agents
+    env:
+      - name: DO_AGENTS_API_PREFIX
   request_timeout:
     description:
       - Timeout in seconds of one HTTP request; idempotent calls are retried with backoff.

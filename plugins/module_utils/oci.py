@@ -1,21 +1,19 @@
 # Copyright (c) 2026, microvm.sandbox contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""OCI image references, compared the way the platform reports a template's image."""
+"""OCI image references: checked before a template call, so a malformed one fails without touching the platform."""
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-DOCKER_HUB = "docker.io"
-_HUB_ALIASES = ("docker.io", "index.docker.io", "registry-1.docker.io")
-
 
 def parse_image_ref(ref):
-    """'reg/repo:tag@digest' (or 'oci:/layout:tag') -> {registry, repository, tag, digest}.
+    """'registry/repo:tag@digest' (or 'oci:/layout:tag') -> {registry, repository, tag, digest}.
 
-    Docker's rules: the first path part is a registry only when it has a dot,
-    a colon or is 'localhost'; no tag and no digest means 'latest'.
+    The first path part must name the registry host (it has a dot, a colon or is 'localhost'): the platform builds
+    from an image the team pushed to its own registry, so there is no default registry to fall back on.
+    No tag and no digest means 'latest'.
     """
     if not isinstance(ref, str) or not ref.strip() or any(c.isspace() for c in ref):
         raise ValueError("%r is not an image reference such as registry.example.com/repo:tag" % (ref,))
@@ -27,10 +25,10 @@ def parse_image_ref(ref):
     name = ref[len("docker://"):] if ref.startswith("docker://") else ref
     name, _sep, digest = name.partition("@")
     first, slash, rest = name.partition("/")
-    if slash and ("." in first or ":" in first or first == "localhost"):
-        registry, repository = first, rest
-    else:
-        registry, repository = DOCKER_HUB, name
+    if not (slash and ("." in first or ":" in first or first == "localhost")):
+        raise ValueError("%r names no registry host: use registry.example.com/repo:tag (or localhost:5000/repo:tag)"
+                         % (ref,))
+    registry, repository = first, rest
     tag = ""
     if ":" in repository.rsplit("/", 1)[-1]:
         repository, tag = repository.rsplit(":", 1)
@@ -39,28 +37,3 @@ def parse_image_ref(ref):
     if not tag and not digest:
         tag = "latest"
     return {"registry": registry, "repository": repository, "tag": tag, "digest": digest}
-
-
-def _normal(image):
-    registry = (image.get("registry") or "").lower()
-    repository = image.get("repository") or ""
-    if registry in _HUB_ALIASES:
-        registry = DOCKER_HUB
-        if repository.startswith("library/"):
-            repository = repository[len("library/"):]
-    return registry, repository
-
-
-def image_matches(wanted, have):
-    """Whether the image a template was built from (`have`) is the one `wanted` names.
-
-    A digest decides when the reference has one; otherwise registry, repository
-    and tag must match (a tag that moved cannot be seen from here).
-    """
-    if not have or not have.get("repository"):
-        return False
-    if _normal(wanted) != _normal(have):
-        return False
-    if wanted.get("digest"):
-        return wanted["digest"] == have.get("digest")
-    return (wanted.get("tag") or "latest") == (have.get("tag") or "latest")

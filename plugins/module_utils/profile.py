@@ -23,6 +23,14 @@ DEFAULT_API_URL = "https://api.digitalocean.com"
 DEFAULT_PREFIX = "/v2/agents"
 API_URL_ENV = "DO_AGENTS_API_URL"
 API_TOKEN_ENV = "DO_AGENTS_API_TOKEN"
+API_PREFIX_ENV = "DO_AGENTS_API_PREFIX"
+
+# The adapters of the environment spec's `agent` field
+# (https://docs.digitalocean.com/products/managed-agents/agent-harness-runtime/concepts/agent-adapters/).
+ADAPTERS = ("codex", "claude-code", "opencode", "hermes", "langgraph", "codex-agentapi", "custom")
+# A bare sandbox that runs your own code: `custom` runs "a container image you supply" (Agent Adapters page);
+# the `sandbox` base template "carries no agent" (doctl harness-runtime template create).
+DEFAULT_AGENT = "custom"
 CREDENTIALS_SWEEP_MINUTES = 120
 
 STATUS_PREFIX = "SESSION_STATUS_"

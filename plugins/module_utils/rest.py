@@ -4,16 +4,24 @@
 """REST client for the platform's control plane, shared by every module and plugin.
 
 One retry policy lives here: idempotent calls (GET, PUT, DELETE) are retried on
-connection errors, 429 and 5xx with exponential backoff that honours
-Retry-After; calls that start work (POST) are retried only on 429, which
-the platform answers before doing anything. The token never appears in a
-message, a repr or an exception.
+connection errors, 429 and 5xx; calls that start work (POST) are retried only
+on 429, which the platform answers before doing anything. Every retry waits
+what the server asked for (Retry-After, else ratelimit-reset), or an
+exponential backoff, with jitter, and the number of retries is bounded.
+
+Blocking calls (checkpoint create, rollback, resume, fork) answer only once
+the work is done, which can take minutes: they get their own, longer request
+timeout, and when no answer comes at all they are never sent again. The
+client looks up whether the work happened instead (`reconcile_*`), and
+reports success when it did. The token never appears in a message, a repr or
+an exception.
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import email.utils
 import json
 import random
 import time
@@ -31,6 +39,10 @@ except ImportError:  # pragma: no cover - Python 2 is not supported, import test
 
 USER_AGENT = "microvm.sandbox-ansible/0.1"
 IDEMPOTENT = frozenset(["GET", "PUT", "DELETE", "HEAD"])
+# A blocking call (checkpoint, rollback, resume, fork) may take this long by default.
+DEFAULT_BLOCKING_TIMEOUT = 900.0
+# ratelimit-reset is a Unix time on the DigitalOcean API; smaller values are read as seconds from now.
+_EPOCH_THRESHOLD = 1000000000
 
 
 class ApiError(Exception):
@@ -58,6 +70,23 @@ class ApiError(Exception):
     @property
     def gone(self):
         return self.status in (404, 410)
+
+    @property
+    def no_response(self):
+        """No HTTP answer came (timeout, cut connection): a POST may or may not have been carried out."""
+        return self.status == 0 and self.path != "-"
+
+
+class OutcomeUnknown(ApiError):
+    """A blocking call got no answer and the lookup afterwards could not tell whether it happened."""
+
+    def __init__(self, method, path, what, ident, looked_for, cause):
+        message = ("no answer (%s), and %s did not show up within the wait; the call was not sent again, "
+                   "since it may still complete" % (cause.server_message, looked_for))
+        hint = ("Look at the %s with the matching _info module before running the task again, or raise "
+                "blocking_timeout / wait_timeout" % (what or "object"))
+        super(OutcomeUnknown, self).__init__(method, path, 0, message, hint, what=what, ident=ident,
+                                             attempts=cause.attempts)
 
 
 class NotFound(ApiError):
@@ -121,7 +150,8 @@ class ApiClient(object):
     """Talks to `<api_url><prefix>/...` with a bearer token."""
 
     def __init__(self, api_url=None, api_token=None, prefix=profile.DEFAULT_PREFIX, timeout=30.0,
-                 retries=5, backoff=0.5, max_backoff=20.0, validate_certs=True):
+                 retries=5, backoff=0.5, max_backoff=30.0, validate_certs=True,
+                 blocking_timeout=DEFAULT_BLOCKING_TIMEOUT, reconcile_timeout=300.0):
         if not api_token:
             raise ApiError("-", "-", 0, "no API token",
                            "Set option api_token or env %s" % profile.API_TOKEN_ENV)
@@ -130,11 +160,16 @@ class ApiClient(object):
         prefix = "/" + (prefix or profile.DEFAULT_PREFIX).strip("/")
         self.prefix = prefix
         self.timeout = float(timeout)
+        # Request timeout of the calls that answer only once their work is done.
+        self.blocking_timeout = max(float(blocking_timeout), self.timeout)
+        # How long a lookup after an unanswered blocking call waits for its effect to show.
+        self.reconcile_timeout = float(reconcile_timeout)
         self.retries = int(retries)
         self.backoff = float(backoff)
         self.max_backoff = float(max_backoff)
         self.validate_certs = validate_certs
         self._sleep = time.sleep
+        self._now = time.time
 
     def __repr__(self):
         return "ApiClient(%r, prefix=%r, token=<hidden>)" % (self.api_url, self.prefix)
@@ -148,17 +183,39 @@ class ApiClient(object):
                 u += "?" + urlencode(q)
         return u
 
-    def _delay(self, attempt, retry_after):
+    def server_wait(self, headers):
+        """Seconds the server asked us to wait (Retry-After, else ratelimit-reset), or None."""
+        headers = headers or {}
+        retry_after = headers.get("Retry-After")
         if retry_after:
+            text = str(retry_after).strip()
             try:
-                return min(float(retry_after), self.max_backoff)
+                return max(0.0, float(text))
             except ValueError:
-                pass
+                when = email.utils.parsedate_tz(text)  # the HTTP-date form
+                if when is not None:
+                    return max(0.0, email.utils.mktime_tz(when) - self._now())
+        reset = headers.get("ratelimit-reset") or headers.get("RateLimit-Reset")
+        if reset:
+            try:
+                value = float(str(reset).strip())
+            except ValueError:
+                return None
+            return max(0.0, value - self._now()) if value >= _EPOCH_THRESHOLD else max(0.0, value)
+        return None
+
+    def _delay(self, attempt, headers=None):
+        """How long to sleep before retry `attempt`: the server's wish or a backoff, capped, with jitter."""
+        asked = self.server_wait(headers)
+        if asked is not None:
+            # A little jitter on top, so parallel tasks told the same time do not come back in step.
+            base = min(asked, self.max_backoff)
+            return base + random.uniform(0, min(1.0, 0.1 * base + 0.1))
         base = min(self.backoff * (2 ** attempt), self.max_backoff)
         return base / 2 + random.uniform(0, base / 2)
 
     def request(self, method, path, body=None, query=None, content_type="application/json",
-                raw=None, what=None, retry=None, expect_json=True, ident=None):
+                raw=None, what=None, retry=None, expect_json=True, ident=None, timeout=None):
         """Perform a call, returning the decoded JSON body (or {} when empty)."""
         if retry is None:
             retry = method in IDEMPOTENT
@@ -171,9 +228,9 @@ class ApiClient(object):
         url = self.url(path, query)
         attempt = 0
         while True:
-            status, payload, retry_after = 0, None, None
+            status, payload, answer_headers = 0, None, None
             try:
-                resp = open_url(url, data=data, headers=headers, method=method, timeout=self.timeout,
+                resp = open_url(url, data=data, headers=headers, method=method, timeout=timeout or self.timeout,
                                 validate_certs=self.validate_certs, http_agent=USER_AGENT,
                                 follow_redirects="none")
                 payload = resp.read()
@@ -184,7 +241,7 @@ class ApiClient(object):
                     payload = e.read()
                 except Exception:
                     payload = b""
-                retry_after = e.headers.get("Retry-After") if e.headers else None
+                answer_headers = e.headers
             except (URLError, HTTPException, OSError) as e:
                 reason = getattr(e, "reason", e)
                 if retry and attempt < self.retries:
@@ -205,7 +262,7 @@ class ApiClient(object):
                     raise ApiError(method, path, status, "the response is not JSON: %r" % payload[:200])
             retryable = status == 429 or (retry and status >= 500)
             if retryable and attempt < self.retries:
-                self._sleep(self._delay(attempt, retry_after))
+                self._sleep(self._delay(attempt, answer_headers))
                 attempt += 1
                 continue
             try:
@@ -219,7 +276,7 @@ class ApiClient(object):
     def create_session(self, spec):
         # JSON is YAML: the platform takes the flat create body as application/yaml.
         body = dict(spec)
-        body.setdefault("agent", "none")
+        body.setdefault("agent", profile.DEFAULT_AGENT)
         return self.request("POST", "/sessions", body=body, content_type="application/yaml",
                             what="session", ident=body.get("name"))["session"]
 
@@ -229,6 +286,10 @@ class ApiClient(object):
     def list_sessions(self, status=None, name=None, page_size=50):
         return self._paginate("/sessions", "sessions", {"status": status, "name": name, "page_size": page_size})
 
+    def list_sizes(self):
+        """The sandbox size catalog, smallest first (GET /sessions/sandbox/sizes; not paginated)."""
+        return self.request("GET", "/sessions/sandbox/sizes", what="size catalog").get("sizes") or []
+
     def delete_session(self, session_id):
         return self.request("DELETE", _path("sessions", session_id), what="session", ident=session_id)
 
@@ -236,14 +297,81 @@ class ApiClient(object):
         return self.request("POST", _path("sessions", session_id, "pause"), body={}, what="session", ident=session_id)
 
     def resume_session(self, session_id):
-        return self.request("POST", _path("sessions", session_id, "resume"), body={}, what="session", ident=session_id)
+        """Blocking: the platform answers once the session is ready. An unanswered call is reconciled."""
+        path = _path("sessions", session_id, "resume")
+        try:
+            return self.request("POST", path, body={}, what="session", ident=session_id,
+                                timeout=self.blocking_timeout)
+        except ApiError as e:
+            if not e.no_response:
+                raise
+            return self._reconcile(e, "POST", path, "session", session_id, "the session becoming usable",
+                                   lambda: self._usable_or_none(session_id))
 
     def fork_session(self, session_id, count=1, from_checkpoint_id=None):
+        """Blocking, all or nothing: returns the new sessions. An unanswered call is reconciled by lineage."""
         body = {"count": count}
         if from_checkpoint_id:
             body["from_checkpoint_id"] = from_checkpoint_id
-        return self.request("POST", _path("sessions", session_id, "fork"), body=body,
-                            what="session", ident=session_id)["sessions"]
+        path = _path("sessions", session_id, "fork")
+        known = set(s.get("session_id") for s in self.forks_of(session_id))
+        try:
+            return self.request("POST", path, body=body, what="session", ident=session_id,
+                                timeout=self.blocking_timeout)["sessions"]
+        except ApiError as e:
+            if not e.no_response:
+                raise
+
+            def new_children():
+                fresh = [s for s in self.forks_of(session_id, from_checkpoint_id)
+                         if s.get("session_id") not in known]
+                return fresh if len(fresh) >= count else None
+            return self._reconcile(e, "POST", path, "session", session_id,
+                                   "%d new fork(s) of the session" % count, new_children)
+
+    def forks_of(self, session_id, from_checkpoint_id=None):
+        """Live sessions whose parent is `session_id` (and forked from that checkpoint, when given)."""
+        out = []
+        for s in self.list_sessions():
+            if s.get("parent_session_id") != session_id or profile.short_status(s.get("status")) in profile.GONE:
+                continue
+            if from_checkpoint_id and s.get("fork_from_checkpoint_id") != from_checkpoint_id:
+                continue
+            out.append(s)
+        return out
+
+    def _usable_or_none(self, session_id, changed_from=None):
+        session = self.get_session(session_id)
+        status = profile.short_status(session.get("status"))
+        if status in profile.GONE:
+            raise WaitTimeout("session %s became %s" % (session_id, status), session, status=status,
+                              wanted="READY", timeout=self.reconcile_timeout, what="session")
+        if status not in profile.USABLE:
+            return None
+        if changed_from is not None and session.get("sandbox_id") in (changed_from, None, ""):
+            return None
+        return session
+
+    def _reconcile(self, error, method, path, what, ident, looked_for, probe):
+        """After a blocking call got no answer: poll `probe` (None = not yet) until it shows the call's effect.
+
+        The call itself is never sent again: it may have been carried out, or still be running.
+        """
+        deadline = self._now() + self.reconcile_timeout
+        delay = 0.2
+        while True:
+            try:
+                found = probe()
+            except ApiError as e:
+                if not e.no_response:
+                    raise
+                found = None  # the platform may still be unreachable: keep looking until the deadline
+            if found is not None:
+                return found
+            if self._now() >= deadline:
+                raise OutcomeUnknown(method, path, what, ident, looked_for, error)
+            self._sleep(delay)
+            delay = min(delay * 1.5, 5.0)
 
     def find_session(self, name_or_id):
         """Resolve a session by id (any status) or by live name; None when there is none.
@@ -295,9 +423,8 @@ class ApiClient(object):
             if status in until:
                 return last
             if status in profile.GONE and not gone_ok:
-                raise WaitTimeout("session %s became %s while waiting for %s%s" % (
-                    session_id, status, wanted,
-                    (": " + last["error_message"]) if last.get("error_message") else ""), last,
+                # The session object carries no error text: the status is all the platform reports.
+                raise WaitTimeout("session %s became %s while waiting for %s" % (session_id, status, wanted), last,
                     status=status, wanted=wanted, timeout=timeout, what="session")
             if time.time() >= deadline:
                 raise WaitTimeout("timed out after %ss waiting for session %s to be %s; it is %s" % (
@@ -308,9 +435,25 @@ class ApiClient(object):
 
     # -- checkpoints -------------------------------------------------------
     def create_checkpoint(self, session_id, label=None):
+        """Blocking: answers once the checkpoint is taken. An unanswered call is reconciled by listing."""
         body = {"label": label} if label else {}
-        return self.request("POST", _path("sessions", session_id, "checkpoints"), body=body,
-                            what="session", ident=session_id)["checkpoint"]
+        path = _path("sessions", session_id, "checkpoints")
+        known = set(cp.get("checkpoint_id") for cp in self.list_checkpoints(session_id))
+        try:
+            return self.request("POST", path, body=body, what="session", ident=session_id,
+                                timeout=self.blocking_timeout)["checkpoint"]
+        except ApiError as e:
+            if not e.no_response:
+                raise
+
+            def new_checkpoint():
+                for cp in self.list_checkpoints(session_id):
+                    if cp.get("checkpoint_id") not in known and (cp.get("label") or "") == (label or ""):
+                        # A checkpoint still being taken is waited for; READY or FAILED is the outcome.
+                        return cp if _checkpoint_done(cp) else None
+                return None
+            return self._reconcile(e, "POST", path, "session", session_id,
+                                   "a new checkpoint labelled %r" % (label or ""), new_checkpoint)
 
     def list_checkpoints(self, session_id):
         return self._paginate(_path("sessions", session_id, "checkpoints"), "checkpoints", {},
@@ -325,8 +468,21 @@ class ApiClient(object):
                             what="checkpoint", ident=checkpoint_id)
 
     def rollback(self, session_id, checkpoint_id):
-        return self.request("POST", _path("sessions", session_id, "checkpoints", checkpoint_id, "rollback"),
-                            body={}, what="checkpoint", ident=checkpoint_id)["session"]
+        """Blocking: answers with the session booted from the checkpoint (a new sandbox_id).
+
+        An unanswered call is reconciled by waiting for the sandbox id to change.
+        """
+        path = _path("sessions", session_id, "checkpoints", checkpoint_id, "rollback")
+        before = self.get_session(session_id).get("sandbox_id")
+        try:
+            return self.request("POST", path, body={}, what="checkpoint", ident=checkpoint_id,
+                                timeout=self.blocking_timeout)["session"]
+        except ApiError as e:
+            if not e.no_response:
+                raise
+            return self._reconcile(e, "POST", path, "session", session_id,
+                                   "the session on a new sandbox (rolled back)",
+                                   lambda: self._usable_or_none(session_id, changed_from=before))
 
     def find_checkpoint(self, session_id, checkpoint_id=None, label=None):
         """A checkpoint by id, or the newest one with `label`; None when there is none."""
@@ -344,10 +500,9 @@ class ApiClient(object):
         return None
 
     # -- templates ---------------------------------------------------------
-    def create_template(self, name, source_oci_ref, base_template=None):
-        body = {"name": name, "source_oci_ref": source_oci_ref}
-        if base_template:
-            body["base_template"] = base_template
+    def create_template(self, name, source_oci_ref, base_template):
+        # base_template is required by the platform ("Omitting it causes registration to fail").
+        body = {"name": name, "base_template": base_template, "source_oci_ref": source_oci_ref}
         return self.request("POST", "/templates", body=body, what="template", ident=name)["template"]
 
     def update_template(self, template_id, source_oci_ref=None, base_template=None):
@@ -445,6 +600,11 @@ class ApiClient(object):
 def _path(*parts):
     """'/sessions/<id>/pause' with every id quoted, so a name can never change the route."""
     return "/" + "/".join(quote(str(p), safe="") for p in parts)
+
+
+def _checkpoint_done(cp):
+    status = str(cp.get("status") or "").upper()
+    return status.endswith("READY") or status.endswith("FAILED")
 
 
 def build_status(build):

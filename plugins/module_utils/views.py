@@ -14,6 +14,25 @@ from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 _VOLATILE = frozenset(["last_event_at", "warnings", "updated_at"])
 
 
+def agent_kind(adapter):
+    """The session object's agent_kind for an adapter: 'claude-code' -> 'AGENT_KIND_CLAUDE_CODE'."""
+    return "AGENT_KIND_" + str(adapter).upper().replace("-", "_") if adapter else None
+
+
+def same_adapter(reported_kind, adapter):
+    """Whether a session's agent_kind names `adapter`. An absent or UNSPECIFIED kind says nothing, so it matches.
+
+    Decision: the enum is the adapter's name upper-cased with '_' for '-' (the docs show only
+    AGENT_KIND_UNSPECIFIED); the comparison ignores case and punctuation so that spelling does not matter.
+    """
+    def norm(text):
+        return "".join(c for c in str(text).upper() if c.isalnum())
+    kind = norm(reported_kind or "")
+    if kind.startswith("AGENTKIND"):
+        kind = kind[len("AGENTKIND"):]
+    return kind in ("", "UNSPECIFIED") or kind == norm(adapter)
+
+
 def status_of(session):
     return profile.short_status((session or {}).get("status"))
 

@@ -14,13 +14,16 @@ version_added: 0.1.0
 description:
   - Manages a sandbox session of the managed microVM platform (DigitalOcean Managed Agents / Harness Runtime)
     or of the local control plane, addressed by its name.
-  - A session is always created as a bare sandbox (C(agent=none)).
-  - A session's template, size and idle timeout cannot be changed in place. When an existing session differs
-    from the task in one of them, the module B(fails) and lists the differing fields, because running work in a
-    sandbox that is not the one asked for is worse than stopping. Set O(recreate=true) to delete and create it again
-    instead (its files are lost).
-  - O(env), O(secret_env) and O(egress) are only used when the session is created. The platform does not report
-    them back, so they are not compared on an existing session.
+  - The session is created from a flat environment spec (name, O(agent), O(template), O(size), O(idle_timeout),
+    O(persistent_workspace), O(env), O(secrets), O(egress)); the platform decodes it strictly.
+  - B(What the platform reports back.) The session object carries C(agent_kind), C(idle_timeout_seconds) and
+    C(workspace_id), so O(agent), O(idle_timeout) and O(persistent_workspace) are compared with an existing session.
+    It does B(not) report the template, the size, env, secrets or egress, so those are only used when the session is
+    created and a change to them is not detected on an existing session; use O(recreate) with a new name, or delete
+    the session, to apply them.
+  - When an existing session differs in a reported setting, the module B(fails) and lists the differing fields,
+    because running work in a sandbox that is not the one asked for is worse than stopping. Set O(recreate=true) to
+    delete and create it again instead (its files are lost).
 author:
   - microvm.sandbox maintainers (@microvm)
 extends_documentation_fragment:
@@ -32,7 +35,7 @@ attributes:
   diff_mode:
     support: full
     details:
-      - The diff shows the session object before and after (status, template, size, idle timeout, ids).
+      - The diff shows the session object before and after (status, agent kind, idle timeout, ids, lineage).
 options:
   name:
     description:
@@ -48,19 +51,34 @@ options:
         A paused session stays paused.
       - V(running) is V(present), and resumes the session if it is paused.
       - V(paused) is V(present), then pauses the session if it is running.
-      - V(absent) deletes the session and waits until it is gone.
+      - V(absent) deletes the session and waits until it is gone; FAILED sessions of that name (or that id) are
+        deleted too, so their records go.
     type: str
     choices: [present, running, paused, absent]
     default: present
+  agent:
+    description:
+      - The adapter (the spec's C(agent) field), which selects what runs in the sandbox. The documented adapters are
+        V(codex), V(claude-code), V(opencode), V(hermes), V(langgraph), V(codex-agentapi) and V(custom)
+        (U(https://docs.digitalocean.com/products/managed-agents/agent-harness-runtime/concepts/agent-adapters/)).
+      - The default V(custom) is a bare sandbox that runs your own code. The Agent Adapters page describes it as
+        running "a container image you supply", and the platform base template V(sandbox) "carries no agent"
+        (U(https://docs.digitalocean.com/reference/doctl/reference/harness-runtime/template/create/)). This collection
+        drives the sandbox itself over its guest agent, so it needs no coding agent.
+      - Compared with the existing session's C(agent_kind).
+      - The local control plane runs V(custom) only.
+    type: str
+    default: custom
   template:
     description:
-      - Template (by name) the sandbox boots from. The platform's default when not set.
-      - Compared with an existing session when set.
+      - Template (by name) the sandbox boots from. The platform's default for the adapter when not set.
+      - Used when the session is created only; the platform does not report it back.
     type: str
   size:
     description:
-      - Size slug of the sandbox. The platform's default when not set.
-      - Compared with the existing session's C(size_slug) when set.
+      - Size slug of the sandbox, such as V(mars-2vcpu-4gb). M(microvm.sandbox.size_info) lists the slugs the platform
+        offers; the platform's default size when not set.
+      - Used when the session is created only; the platform does not report it back.
     type: str
   idle_timeout:
     description:
@@ -68,19 +86,31 @@ options:
         V(10m) or V(1h30m).
       - Compared with the existing session's C(idle_timeout_seconds) when set.
     type: str
+  persistent_workspace:
+    description:
+      - Keep C(/workspace) as a persistent workspace, saved when the session is removed (the spec's
+        C(persistent_workspace)). The session then reports a C(workspace_id).
+      - The platform does not offer fork and rollback for a session that has a workspace.
+      - Compared with the existing session (whether it has a C(workspace_id)) when set.
+    type: bool
   env:
     description:
       - Environment variables of the sandbox, used when it is created.
-      - The values are shown in the task's invocation (C(-vvv)) like any other option. Put secrets into
-        O(secret_env) instead; the module warns when a key here looks like a secret.
+      - The platform keeps them verbatim in the saved spec and shows them in API responses. Put credentials into
+        O(secrets) instead; the module warns when a key here looks like a secret.
+      - Values are strings, numbers or booleans (V(true) becomes C(true)); a list, a mapping or null fails the task
+        naming the variable.
     type: dict
-  secret_env:
+  secrets:
     description:
-      - Environment variables of the sandbox whose values are secrets, used when it is created and merged over O(env).
-      - Ansible hides these values everywhere in the module's output. Because it does so by replacing every
-        occurrence of the value in any returned string, keep short, non-secret values (such as V(1) or V(true))
-        in O(env).
+      - Environment variables whose values are credentials, sent as the spec's C(secrets) when the session is created.
+      - The platform holds them in a managed secret store; they are readable inside the sandbox but never shown in
+        API responses (U(https://docs.digitalocean.com/products/managed-agents/agent-harness-runtime/concepts/secrets/)).
+        Ansible also hides the values in the module's output.
+      - The former name O(secret_env) is an alias; its values now go to C(secrets), not to C(env).
+      - A variable may be set in O(env) or in O(secrets), not in both.
     type: dict
+    aliases: [secret_env]
   egress:
     description:
       - Hosts the sandbox may reach; everything else is denied.
@@ -89,8 +119,8 @@ options:
     elements: str
   recreate:
     description:
-      - When the existing session differs in O(template), O(size) or O(idle_timeout), delete it and create a new one
-        with the same name instead of failing. Its sandbox and files are lost.
+      - When the existing session differs in O(agent), O(idle_timeout) or O(persistent_workspace), delete it and create
+        a new one with the same name instead of failing. Its sandbox and files are lost.
     type: bool
     default: false
   wait:
@@ -102,9 +132,14 @@ options:
     default: true
 seealso:
   - module: microvm.sandbox.session_info
+  - module: microvm.sandbox.session_fork
+  - module: microvm.sandbox.size_info
   - module: microvm.sandbox.checkpoint
   - plugin: microvm.sandbox.sessions
     plugin_type: inventory
+  - name: Environment Spec Reference
+    description: The fields of the spec the session is created from.
+    link: https://docs.digitalocean.com/products/managed-agents/agent-harness-runtime/reference/environment-spec/
 """
 
 EXAMPLES = r"""
@@ -112,15 +147,15 @@ EXAMPLES = r"""
   microvm.sandbox.session:
     name: ci-job-42
     template: python-3-12
-    size: small
+    size: mars-2vcpu-4gb
     idle_timeout: 15m
     env:
       LOG_LEVEL: debug
-    secret_env:
-      PYPI_TOKEN: "{{ pypi_token }}"
+    secrets:
+      PACKAGE_INDEX_TOKEN: "{{ package_index_token }}"
     egress:
-      - pypi.org
-      - files.pythonhosted.org
+      - packages.example.com
+      - files.example.com
   register: sandbox
 
 - name: Pause it while nothing runs
@@ -133,10 +168,10 @@ EXAMPLES = r"""
     name: ci-job-42
     state: running
 
-- name: Recreate it when the template changed
+- name: Recreate it with a shorter idle timeout
   microvm.sandbox.session:
     name: ci-job-42
-    template: python-3-13
+    idle_timeout: 5m
     recreate: true
 
 - name: Delete it
@@ -160,6 +195,7 @@ session:
   description:
     - The session as the platform reports it after the task (in check mode, the expected result).
     - For O(state=absent), the session as last seen, or empty when there was none.
+    - The platform reports neither the template, the size, env, secrets nor egress of a session.
   returned: always
   type: dict
   contains:
@@ -176,14 +212,11 @@ session:
         C(SESSION_STATUS_PAUSED), C(SESSION_STATUS_DESTROYING), C(SESSION_STATUS_DESTROYED), C(SESSION_STATUS_FAILED).
       type: str
       sample: SESSION_STATUS_READY
+    agent_kind:
+      description: The adapter, as an enum such as C(AGENT_KIND_CUSTOM).
+      type: str
     sandbox_id:
       description: Id of the sandbox (absent until allocated; changes on rollback).
-      type: str
-    template:
-      description: Template the sandbox booted from.
-      type: str
-    size_slug:
-      description: Size of the sandbox.
       type: str
     idle_timeout_seconds:
       description: Idle timeout in seconds.
@@ -191,22 +224,40 @@ session:
     pause_reason:
       description: Why the session is paused (C(manual), C(idle), C(low_balance), or a newer value), only while paused.
       type: str
+    parent_session_id:
+      description: The session this one was forked from (empty otherwise).
+      type: str
+    fork_id:
+      description: Id shared by the sessions of one fork call (empty otherwise).
+      type: str
+    fork_from_checkpoint_id:
+      description: The checkpoint this session was forked from (empty otherwise).
+      type: str
+    workspace_id:
+      description: Id of the persistent workspace (empty without one).
+      type: str
+    config_id:
+      description: Id of the Environment Config the session was created from.
+      type: str
+    region:
+      description: Region of the sandbox.
+      type: str
+    keep_warm:
+      description: Whether the platform keeps the sandbox warm.
+      type: bool
     created_at:
       description: Creation time.
       type: str
     last_event_at:
       description: Time of the last event.
       type: str
-    error_message:
-      description: Why the session failed, when it did.
-      type: str
   sample:
     session_id: 2f0c8f9e-8d1e-4a57-9d0c-0c4bbf3cb2a1
     name: ci-job-42
     status: SESSION_STATUS_READY
-    template: python-3-12
-    size_slug: small
+    agent_kind: AGENT_KIND_CUSTOM
     idle_timeout_seconds: 900
+    workspace_id: ""
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
@@ -214,7 +265,7 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, parse_duration, run_api_module  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.module_utils.views import session_view, status_of  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.views import agent_kind, same_adapter, session_view, status_of  # noqa: E402
 
 SECRET_LOOKING_KEY = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "APIKEY", "PRIVATE_KEY", "CREDENTIAL")
 DELETED = "SESSION_STATUS_DESTROYED"
@@ -250,7 +301,8 @@ class SessionManager(object):
         session = self.client.find_session(self.p["name"])
         if session is not None and status_of(session) in profile.GONE:
             if self.p["state"] == "absent":
-                return None
+                # A FAILED session still holds its sandbox's records until it is deleted.
+                return session if status_of(session) == "FAILED" else None
             self.module.fail_json(
                 msg="Session %s (%r) is %s: it cannot be used again. Give a name to create a new session."
                 % (session.get("session_id"), session.get("name"), status_of(session)), session=session)
@@ -272,21 +324,24 @@ class SessionManager(object):
         return self.create()
 
     def differences(self, existing):
-        """'field: is X, wanted Y' for every requested setting the session does not have."""
+        """'field: is X, wanted Y' for every requested, reported setting the session does not have."""
         wanted = self.wanted_settings()
         out = []
         for field, want in sorted(wanted.items()):
             have = existing.get(field)
             if want is not None and have != want:
                 out.append("%s: is %r, wanted %r" % (field, have, want))
+        have_kind = existing.get("agent_kind")
+        if not same_adapter(have_kind, self.p["agent"]):
+            out.append("agent_kind: is %r, wanted %r (agent %r)" % (have_kind, agent_kind(self.p["agent"]), self.p["agent"]))
+        if self.p["persistent_workspace"] is not None and bool(existing.get("workspace_id")) != self.p["persistent_workspace"]:
+            out.append("persistent_workspace: is %r (workspace_id %r), wanted %r" % (
+                bool(existing.get("workspace_id")), existing.get("workspace_id") or "", self.p["persistent_workspace"]))
         return out
 
     def wanted_settings(self):
-        return {
-            "template": self.p["template"],
-            "size_slug": self.p["size"],
-            "idle_timeout_seconds": self.idle_timeout(),
-        }
+        """Requested settings the platform reports back on the session object, as they appear there."""
+        return {"idle_timeout_seconds": self.idle_timeout()}
 
     def idle_timeout(self):
         if self.p["idle_timeout"] is None:
@@ -306,7 +361,9 @@ class SessionManager(object):
         self.changed = True
         if self.check:
             predicted = dict((k, v) for k, v in self.wanted_settings().items() if v is not None)
-            predicted.update(name=self.p["name"], status="SESSION_STATUS_READY")
+            predicted.update(name=self.p["name"], status="SESSION_STATUS_READY", agent_kind=agent_kind(self.p["agent"]))
+            if self.p["persistent_workspace"] is not None:
+                predicted["workspace_id"] = "(known after creation)" if self.p["persistent_workspace"] else ""
             return predicted
         session = self.client.create_session(spec)
         for warning in session.get("warnings") or []:
@@ -314,16 +371,23 @@ class SessionManager(object):
         return self.settle(session)
 
     def create_spec(self):
-        spec = {"name": self.p["name"]}
-        for option, field in (("template", "template"), ("size", "size")):
+        spec = {"name": self.p["name"], "agent": self.p["agent"]}
+        for option, field in (("template", "template"), ("size", "size"),
+                              ("persistent_workspace", "persistent_workspace")):
             if self.p[option] is not None:
                 spec[field] = self.p[option]
         if self.p["idle_timeout"] is not None:
             spec["idle_timeout"] = "%ds" % self.idle_timeout()
-        env = dict(self.p["env"] or {})
-        env.update(self.p["secret_env"] or {})
+        env = dict((str(k), env_string(v)) for k, v in (self.p["env"] or {}).items())
+        secrets = dict((str(k), env_string(v)) for k, v in (self.p["secrets"] or {}).items())
+        both = sorted(set(env) & set(secrets))
+        if both:
+            self.module.fail_json(msg="%s set in both env and secrets: give each variable once (credentials belong "
+                                      "in secrets, which the platform never shows back)" % ", ".join(both))
         if env:
-            spec["env"] = dict((str(k), env_string(v)) for k, v in env.items())
+            spec["env"] = env
+        if secrets:
+            spec["secrets"] = secrets
         egress = self.p["egress"]
         if egress:
             spec["egress"] = "unrestricted" if egress == ["unrestricted"] else list(egress)
@@ -332,7 +396,8 @@ class SessionManager(object):
     def warn_about_secret_looking_env(self):
         for key in sorted(self.p["env"] or {}):
             if any(word in str(key).upper() for word in SECRET_LOOKING_KEY):
-                self.module.warn("env key %r looks like a secret: pass it in secret_env so its value is hidden" % key)
+                self.module.warn("env key %r looks like a secret: pass it in secrets, which the platform keeps in its "
+                                 "secret store and never shows back" % key)
 
     def settle(self, session, need_usable=False):
         """Wait for a provisioning session to become usable when the task waits (or must)."""
@@ -362,10 +427,19 @@ class SessionManager(object):
 
     # -- absent ------------------------------------------------------------
     def absent(self, existing):
-        if existing is None:
-            return None
-        self.delete(existing)
+        doomed = [existing] if existing is not None else []
+        doomed += [s for s in self.failed_by_name() if existing is None or s["session_id"] != existing["session_id"]]
+        for session in doomed:
+            self.delete(session)
         return self.last_seen
+
+    def failed_by_name(self):
+        """FAILED sessions of this name: the API's name filter matches live sessions only."""
+        name = self.p["name"]
+        if profile.looks_like_uuid(name):
+            return []
+        return [s for s in self.client.list_sessions(status="SESSION_STATUS_FAILED")
+                if (s.get("name") or "").lower() == name.lower()]
 
     def delete(self, session):
         self.changed = True
@@ -400,11 +474,13 @@ def main():
         argument_spec=api_argument_spec(
             name=dict(type="str", required=True),
             state=dict(type="str", default="present", choices=["present", "running", "paused", "absent"]),
+            agent=dict(type="str", default=profile.DEFAULT_AGENT),
             template=dict(type="str"),
             size=dict(type="str"),
             idle_timeout=dict(type="str"),
+            persistent_workspace=dict(type="bool"),
             env=dict(type="dict"),
-            secret_env=dict(type="dict", no_log=True),
+            secrets=dict(type="dict", no_log=True, aliases=["secret_env"]),
             egress=dict(type="list", elements="str"),
             recreate=dict(type="bool", default=False),
             wait=dict(type="bool", default=True),

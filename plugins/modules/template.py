@@ -13,10 +13,12 @@ short_description: Register, rebuild and delete microVM sandbox templates
 version_added: 0.1.0
 description:
   - Registers a template built from an OCI image you have already pushed, rebased onto a platform base template,
-    rebuilds it when the source changes, and deletes it.
-  - The platform reports the image a template was built from (registry, repository, tag, digest). The module compares
-    O(source_oci_ref) with it; when the reference names a tag, a new image pushed under the same tag is B(not)
-    detected. Refer to the image by digest (V(repo@sha256:...)), or use O(force_rebuild=true).
+    rebuilds it when asked to, and deletes it.
+  - B(What the platform reports back.) The template object carries C(spec.base_template) only
+    (U(https://docs.digitalocean.com/reference/pydo/reference/harness/create_template/)), so an existing template is
+    compared on O(base_template) alone and is not rebuilt when nothing reported differs. The platform does not
+    report the image a template was built from, so a new O(source_oci_ref) (or a new image under the same tag) is
+    B(not) detected; set O(force_rebuild=true) to rebuild from it.
   - A template whose last build failed is rebuilt by V(present), since it does not hold a usable image.
 author:
   - microvm.sandbox maintainers (@microvm)
@@ -29,7 +31,7 @@ attributes:
   diff_mode:
     support: full
     details:
-      - The diff shows the template's name, base template, source image and status before and after.
+      - The diff shows the template's name, base template and status before and after.
 options:
   name:
     description:
@@ -38,8 +40,8 @@ options:
     required: true
   state:
     description:
-      - V(present) registers the template, or rebuilds it when O(source_oci_ref) or O(base_template) differ from
-        what it was built from, and waits for the build.
+      - V(present) registers the template, or rebuilds it when O(base_template) differs from what it was built on
+        (or O(force_rebuild) is set), and waits for the build.
       - V(absent) deletes it. The platform refuses while live sessions use it.
     type: str
     choices: [present, absent]
@@ -48,12 +50,21 @@ options:
     description:
       - The image to build from, for example V(registry.example.com/team/agent:1.4), V(localhost:5000/agent@sha256:...)
         or an OCI layout V(oci:/path/to/layout:tag).
-      - Required to register a new template; when not set on an existing one, its source is not compared.
+      - Required to register a new template. It is sent again on a rebuild; it is never compared, since the
+        platform does not report it back.
     type: str
   base_template:
     description:
-      - The platform base the image is rebased onto. The platform's default when not set.
-      - Compared with the existing template when set.
+      - The platform base the image is rebased onto. Required to register a new template ("omitting it causes
+        registration to fail",
+        U(https://docs.digitalocean.com/products/managed-agents/agent-harness-runtime/how-to/use-custom-template/)).
+      - "Documented values: V(codex-base), V(opencode-base), V(claude-code-base), V(hermes-base), V(langgraph-base),
+        V(sandbox) (no agent: a bare sandbox with your own tooling) and V(crewai)
+        (U(https://docs.digitalocean.com/reference/doctl/reference/harness-runtime/template/create/)); the legacy
+        V(coding-base), V(coding-codex), V(coding-opencode), V(coding-claude-code), V(coding-hermes) and V(langgraph)
+        are still accepted. The platform checks the value."
+      - The local control plane accepts the same values and builds every one on its built-in root filesystem.
+      - Compared with the existing template's C(spec.base_template) when set.
     type: str
   force_rebuild:
     description:
@@ -78,19 +89,21 @@ EXAMPLES = r"""
   microvm.sandbox.template:
     name: agent-python
     source_oci_ref: "registry.example.com/team/agent-python@{{ image_digest }}"
-    base_template: base
+    base_template: sandbox
   register: tpl
 
-- name: Rebuild after pushing a new image under the same tag
+- name: Rebuild from a new image (the platform does not report the source, so say so)
   microvm.sandbox.template:
     name: agent-python
-    source_oci_ref: registry.example.com/team/agent-python:stable
+    source_oci_ref: registry.example.com/team/agent-python:2.0
+    base_template: sandbox
     force_rebuild: true
 
 - name: Start a build and do not wait for it
   microvm.sandbox.template:
     name: agent-python
     source_oci_ref: registry.example.com/team/agent-python:2.0
+    base_template: sandbox
     wait: false
 
 - name: Delete it
@@ -117,7 +130,7 @@ template:
         C(TEMPLATE_STATUS_FAILED).
       type: str
     spec:
-      description: What it is built from, C(base_template) and C(image) (C(registry), C(repository), C(tag), C(digest)).
+      description: What it is built on, C(base_template). The platform does not report the source image.
       type: dict
     created_at:
       description: Creation time.
@@ -130,12 +143,7 @@ template:
     name: agent-python
     status: TEMPLATE_STATUS_READY
     spec:
-      base_template: base
-      image:
-        registry: registry.example.com
-        repository: team/agent-python
-        tag: stable
-        digest: sha256:4b7c...
+      base_template: sandbox
 build:
   description: The build this task started (or waited for), with C(build_id), C(status) and C(error).
   returned: when a build was started or waited for
@@ -149,7 +157,7 @@ build:
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, run_api_module  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.module_utils.oci import image_matches, parse_image_ref  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.oci import parse_image_ref  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError, template_status  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.views import object_view  # noqa: E402
 
@@ -198,12 +206,10 @@ class TemplateManager(object):
             reasons.append("force_rebuild")
         if template_status(existing) == "FAILED":
             reasons.append("its last build failed")
+        # Only what the platform reports (spec.base_template) is compared: the source image is not reported.
         spec = existing.get("spec") or {}
         if self.p["base_template"] is not None and spec.get("base_template") != self.p["base_template"]:
             reasons.append("base_template")
-        if self.p["source_oci_ref"] is not None and template_status(existing) not in IN_PROGRESS \
-                and not image_matches(self.wanted_image(), spec.get("image") or {}):
-            reasons.append("source_oci_ref")
         return reasons
 
     def wanted_image(self):
@@ -213,9 +219,11 @@ class TemplateManager(object):
             self.module.fail_json(msg="source_oci_ref: %s" % e)
 
     def create(self):
-        if not self.p["source_oci_ref"]:
-            self.module.fail_json(msg="Template %r does not exist; source_oci_ref is required to register it."
-                                  % self.p["name"])
+        missing = [o for o in ("source_oci_ref", "base_template") if not self.p[o]]
+        if missing:
+            self.module.fail_json(msg="Template %r does not exist; %s %s required to register it (base_template: a "
+                                      "platform base such as sandbox, codex-base or claude-code-base)."
+                                  % (self.p["name"], " and ".join(missing), "are" if len(missing) > 1 else "is"))
         self.wanted_image()  # refuse a malformed reference before any call
         if self.check:
             return self.predicted({})
@@ -227,7 +235,9 @@ class TemplateManager(object):
             return self.predicted(existing)
         tid = existing["template_id"]
         known = [b.get("build_id") for b in self.client.list_builds(tid)]
-        # PUT needs a source; with force_rebuild and no source given, the platform rebuilds what it has.
+        if self.p["source_oci_ref"]:
+            self.wanted_image()
+        # With force_rebuild and no source given, the platform rebuilds what it has.
         template = self.client.update_template(tid, source_oci_ref=self.p["source_oci_ref"],
                                                base_template=self.p["base_template"])
         return self.wait_for_build(template, known)
@@ -244,8 +254,6 @@ class TemplateManager(object):
         spec = dict(existing.get("spec") or {})
         if self.p["base_template"] is not None:
             spec["base_template"] = self.p["base_template"]
-        if self.p["source_oci_ref"] is not None:
-            spec["image"] = self.wanted_image()
         return dict(existing, name=existing.get("name") or self.p["name"], spec=spec,
                     status="TEMPLATE_STATUS_READY")
 

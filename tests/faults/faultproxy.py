@@ -3,6 +3,8 @@
     proxy = FaultProxy(plane.url).start()      # proxy.url replaces plane.url for the client
     proxy.fail_next(503, count=3, methods=("GET",), path=r"/sessions")   # canned answers, upstream never sees them
     proxy.fail_next(429, count=2, retry_after=0)
+    proxy.fail_next(429, headers={"ratelimit-reset": "1700000000"})   # extra answer headers
+    proxy.slow_answers(5, methods=("POST",), path=r"/checkpoints$")  # forward, then hold the answer 5 s
     proxy.cut_ws(up=200_000)                   # abort the first WebSocket to pass 200 kB client->plane
     proxy.cut_ws(down=64_000)                  # ... or 64 kB plane->client (one cut per call)
     proxy.stall_ws(); proxy.release_ws()       # hold all WebSocket traffic, then let it flow again
@@ -50,12 +52,22 @@ class FaultProxy:
         self._gate = None         # asyncio.Event; cleared = stalled
 
     # -- control (any thread) -------------------------------------------------
-    def fail_next(self, status, count=1, methods=None, path=None, retry_after=None, body=None):
+    def fail_next(self, status, count=1, methods=None, path=None, retry_after=None, body=None, headers=None):
         """Answer the next `count` matching requests with `status` without forwarding them."""
         with self._lock:
             self._rules.append({"status": status, "count": count, "methods": set(methods) if methods else None,
                                 "path": re.compile(path) if path else None, "retry_after": retry_after,
+                                "headers": dict(headers or {}),
                                 "body": body or '{"id": "fault", "message": "injected by the fault proxy"}'})
+
+    def slow_answers(self, seconds, count=1, methods=None, path=None):
+        """Forward the next `count` matching requests, then hold the plane's answer `seconds` before passing it on.
+
+        The plane does the work at once; a client with a shorter timeout sees no answer (a slow platform).
+        """
+        with self._lock:
+            self._rules.append({"delay": float(seconds), "count": count,
+                                "methods": set(methods) if methods else None, "path": re.compile(path) if path else None})
 
     def cut_ws(self, up=None, down=None):
         """Abort the first WebSocket that passes `up` bytes to the plane or `down` bytes back (once).
@@ -153,10 +165,13 @@ class FaultProxy:
 
     async def _handle(self, request):
         rule = self._match(request)
+        if rule is not None and "delay" in rule:
+            return await self._forward(request, delay=rule["delay"])
         if rule is not None:
             headers = {"Content-Type": "application/json"}
             if rule["retry_after"] is not None:
                 headers["Retry-After"] = str(rule["retry_after"])
+            headers.update(rule["headers"])
             with self._lock:
                 self.log.append((request.method, request.path, rule["status"], True))
             await request.read()
@@ -168,7 +183,7 @@ class FaultProxy:
     def _headers(self, request):
         return {k: v for k, v in request.headers.items() if k.lower() not in HOP}
 
-    async def _forward(self, request):
+    async def _forward(self, request, delay=0.0):
         body = await request.read()
         with self._lock:
             target = self.upstream + request.path_qs
@@ -186,6 +201,8 @@ class FaultProxy:
                                 content_type="application/json")
         with self._lock:
             self.log.append((request.method, request.path, status, False))
+        if delay:
+            await asyncio.sleep(delay)  # the client may have given up by now: that is the point
         return web.Response(status=status, body=data, headers=headers)
 
     async def _websocket(self, request):

@@ -90,7 +90,7 @@ JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(all
 FIELDS = ["name", "agent", "template", "env", "egress", "idle_timeout", "ttl", "resources", "labels", "from_checkpoint"]
 BODY = st.one_of(
     st.dictionaries(st.sampled_from(FIELDS), JSONISH, max_size=5),
-    st.fixed_dictionaries({"name": st.text(max_size=80), "agent": st.sampled_from(["none", "", "x", 1])}),
+    st.fixed_dictionaries({"name": st.text(max_size=80), "agent": st.sampled_from(["none", "custom", "", "x", 1])}),
     JSONISH,
 )
 

@@ -30,7 +30,7 @@ def test_get_gives_up_after_its_retries_with_a_clear_error(plane, sandbox, proxy
 
 def test_delete_rides_through_503_and_429(plane, proxy):
     direct = plane.client()
-    sid = direct.create_session({"name": unique_name("del"), "agent": "none"})["session_id"]
+    sid = direct.create_session({"name": unique_name("del"), "agent": "custom"})["session_id"]
     direct.wait_session(sid, timeout=120)
     proxy.fail_next(503, count=2, methods=("DELETE",))
     proxy.fail_next(429, count=2, methods=("DELETE",), retry_after="0")
@@ -49,7 +49,7 @@ def test_create_is_not_retried_on_503(plane, proxy):
     name = unique_name("post503")
     proxy.fail_next(503, count=1, methods=("POST",), path="/sessions$")
     with pytest.raises(ApiError) as err:
-        client(proxy, plane).create_session({"name": name, "agent": "none"})
+        client(proxy, plane).create_session({"name": name, "agent": "custom"})
     assert err.value.status == 503
     assert len(proxy.requests("POST", "/sessions$")) == 1, "a POST that starts work was sent again"
     assert _named(direct, name) == []
@@ -59,7 +59,7 @@ def test_create_on_429_is_retried_and_creates_exactly_one(plane, proxy):
     direct = plane.client()
     name = unique_name("post429")
     proxy.fail_next(429, count=2, methods=("POST",), path="/sessions$", retry_after="0")
-    made = client(proxy, plane).create_session({"name": name, "agent": "none"})
+    made = client(proxy, plane).create_session({"name": name, "agent": "custom"})
     try:
         assert [entry[2] for entry in proxy.requests("POST", "/sessions$")] == [429, 429, 201]
         assert [s["session_id"] for s in _named(direct, name)] == [made["session_id"]]

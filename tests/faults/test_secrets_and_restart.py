@@ -107,7 +107,7 @@ def test_plane_restart_keeps_sessions_and_the_next_task_works(tmp_path, mux_dir,
     try:
         client = handle.client()
         name = unique_name("restart")
-        sid = client.create_session({"name": name, "agent": "none"})["session_id"]
+        sid = client.create_session({"name": name, "agent": "custom"})["session_id"]
         client.wait_session(sid, timeout=120)
         env = {"DO_AGENTS_API_URL": proxy.url, "DO_AGENTS_API_TOKEN": handle.token, "MICROVM_MUX_DIR": mux_dir,
                "MICROVM_PERSIST": "60"}

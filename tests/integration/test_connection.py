@@ -46,7 +46,7 @@ def env(plane, mux_dir):
 
 def new_session(plane, name):
     client = plane.client()
-    s = client.create_session({"name": "%s-%s" % (name, os.urandom(4).hex()), "agent": "none"})
+    s = client.create_session({"name": "%s-%s" % (name, os.urandom(4).hex()), "agent": "custom"})
     return client.wait_session(s["session_id"], timeout=120)
 
 
@@ -519,3 +519,61 @@ def test_stale_run_dirs_of_crashed_runs_are_swept(plane, sandbox, env, playbook_
 """ % {"stale": stale}
     res = playbook_runner(pb, inventory({"box": sandbox["name"]}), env)
     assert res.rc == 0, res
+
+
+AS_USER = r"""
+- hosts: sbx
+  gather_facts: false
+  remote_user: root
+  tasks:
+    - name: make the user (as root)
+      ansible.builtin.shell: id mvtester >/dev/null 2>&1 || useradd -m -s /bin/sh mvtester
+
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - name: who
+      ansible.builtin.shell: 'echo "$(id -un) $(id -u) $HOME $USER"; t=$(mktemp); echo "$t"; ls -ld "$t" | cut -d" " -f3'
+      register: who
+    - ansible.builtin.assert:
+        that:
+          - "who.stdout_lines[0].startswith('mvtester ')"
+          - "who.stdout_lines[0].endswith(' /home/mvtester mvtester')"
+          - "who.stdout_lines[1].startswith('/workspace/.scratch/run.')"
+          - "who.stdout_lines[2] == 'mvtester'"
+    - name: copy into the user's home (a transfer when pipelining is off)
+      ansible.builtin.copy: {content: "mine\n", dest: "/home/mvtester/owned-{{ ansible_pipelining }}.txt", mode: "0640"}
+    - ansible.builtin.stat: {path: "/home/mvtester/owned-{{ ansible_pipelining }}.txt"}
+      register: st
+    - ansible.builtin.assert:
+        that: ["st.stat.pw_name == 'mvtester'", "st.stat.mode == '0640'"]
+    - name: fetch it back
+      ansible.builtin.fetch: {src: "/home/mvtester/owned-{{ ansible_pipelining }}.txt", dest: "{{ playbook_dir }}/back/", flat: true}
+    - name: root's files stay root's
+      ansible.builtin.command: touch /root/not-mine
+      register: denied
+      failed_when: denied.rc == 0
+"""
+
+
+@pytest.mark.parametrize("pipelining", ["true", "false"])
+def test_tasks_run_as_the_requested_user(plane, sandbox, env, tmp_path, playbook_runner, pipelining):
+    res = playbook_runner(AS_USER, inventory({"box": sandbox["name"]}), env, workdir=str(tmp_path),
+                          extra_args=["-u", "mvtester", "-e", "ansible_pipelining=%s" % pipelining])
+    assert res.rc == 0, res.output[-4000:]
+    assert open(os.path.join(str(tmp_path), "back", "owned-%s.txt" % pipelining)).read() == "mine\n"
+
+
+def test_a_user_missing_in_the_guest_fails_and_nothing_runs_as_root(plane, sandbox, env, playbook_runner):
+    pb = """
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - ansible.builtin.command: touch /workspace/ran-as-someone-else
+"""
+    res = playbook_runner(pb, inventory({"box": sandbox["name"]}, ansible_user="ghost-user"), env)
+    assert res.rc != 0
+    assert "user 'ghost-user' (ansible_user / -u / remote_user) does not exist in the guest" in res.output, res.output
+    out = plane.client().request("POST", "/sessions/%s/sandbox/exec" % sandbox["session_id"],
+                                 body={"argv": ["ls", "/workspace"]})
+    assert "ran-as-someone-else" not in out["stdout"]

@@ -48,12 +48,12 @@ def test_inventory_hosts_vars_and_keyed_groups(plane, tmp_path, fleet):
         keyed_groups:
           - key: microvm_status | lower
             prefix: status
-          - key: microvm_template
-            prefix: template
+          - key: microvm_agent_kind | lower
+            prefix: kind
         groups:
           group_a: microvm_name is search('-a-')
         compose:
-          sandbox_size: microvm_size_slug
+          sandbox_region: microvm_region
     """ % prefix)
     assert proc.returncode == 0, proc.stderr
     hostvars = data["_meta"]["hostvars"]
@@ -64,12 +64,12 @@ def test_inventory_hosts_vars_and_keyed_groups(plane, tmp_path, fleet):
     assert first["ansible_connection"] == "microvm.sandbox.agent"
     assert first["microvm_session_id"] == made[0]["session_id"]
     assert first["microvm_status"] == "READY"
-    assert first["sandbox_size"] == made[0]["size_slug"]
+    assert first["sandbox_region"] == made[0]["region"]
     assert first["ansible_microvm_api_url"] == plane.url  # not the default, so the connection is told
     assert "ansible_microvm_route_prefix" not in first  # the default: nothing to pass
     assert sorted(data["status_ready"]["hosts"]) == ["%s-a-1" % prefix, "%s-b-1" % prefix]
     assert data["status_paused"]["hosts"] == ["%s-a-2" % prefix]
-    assert sorted(data["template_base"]["hosts"]) == names
+    assert sorted(data["kind_agent_kind_custom"]["hosts"]) == names
     assert sorted(data["group_a"]["hosts"]) == ["%s-a-1" % prefix, "%s-a-2" % prefix]
     assert plane.token not in proc.stdout + proc.stderr
 
@@ -83,6 +83,21 @@ def test_inventory_filters(plane, tmp_path, fleet):
     """ % prefix)
     assert proc.returncode == 0, proc.stderr
     assert sorted(data["_meta"]["hostvars"]) == ["%s-a-1" % prefix, "%s-b-1" % prefix]
+
+
+def test_inventory_takes_the_route_prefix_from_the_environment(plane, tmp_path, fleet):
+    prefix = fleet[0]
+    proc, data = run_inventory(plane, tmp_path, """
+        plugin: microvm.sandbox.sessions
+        name_prefix: %s-a-1
+    """ % prefix, env={"DO_AGENTS_API_PREFIX": "/v2/harness-runtime"})
+    assert proc.returncode == 0, proc.stderr
+    host = plain(data["_meta"]["hostvars"]["%s-a-1" % prefix])
+    # Not the default, so the connection is told too.
+    assert host["ansible_microvm_route_prefix"] == "/v2/harness-runtime"
+    proc = run_inventory(plane, tmp_path, "plugin: microvm.sandbox.sessions\n",
+                         env={"DO_AGENTS_API_PREFIX": "/v2/nowhere", "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True"})[0]
+    assert proc.returncode != 0 and "/v2/nowhere/sessions" in proc.stderr
 
 
 def test_inventory_cache_and_flush(plane, tmp_path):
@@ -160,9 +175,9 @@ def hostile_api(tmp_path):
     code = HOSTILE % marker
     StubApi.sessions = [
         {"session_id": "11111111-2222-4333-8444-555555555555", "name": "evil-{{ 7 * 7 }}",
-         "status": "SESSION_STATUS_READY", "template": code, "size_slug": "standard", "error_message": code},
+         "status": "SESSION_STATUS_READY", "repo_hint": code, "region": "ric1", "config_id": code},
         {"session_id": "21111111-2222-4333-8444-555555555555", "name": "plain",
-         "status": "SESSION_STATUS_READY", "template": code, "size_slug": "{{ 6 * 7 }}"},
+         "status": "SESSION_STATUS_READY", "repo_hint": code, "region": "{{ 6 * 7 }}"},
     ]
     server = ThreadingHTTPServer(("127.0.0.1", 0), StubApi)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -186,22 +201,22 @@ def test_api_data_is_never_evaluated(tmp_path, hostile_api):
         plugin: microvm.sandbox.sessions
         connection_plugin: ansible.builtin.local
         compose:
-          copied_template: microvm_template
+          copied_template: microvm_repo_hint
         keyed_groups:
-          - key: microvm_size_slug
-            prefix: size
+          - key: microvm_region
+            prefix: region
     """
     proc, data = run_inventory(EnvOnly(env), tmp_path, config)
     assert proc.returncode == 0, proc.stderr
     hostvars = data["_meta"]["hostvars"]
     # A name the platform would never issue does not become a host name; the id does.
     raw = hostvars["11111111-2222-4333-8444-555555555555"]
-    assert raw["microvm_template"] == {"__ansible_unsafe": code}  # marked unsafe, not just left alone
+    assert raw["microvm_repo_hint"] == {"__ansible_unsafe": code}  # marked unsafe, not just left alone
     evil = plain(raw)
     assert evil["microvm_name"] == "evil-{{ 7 * 7 }}"
-    assert evil["microvm_template"] == code and evil["copied_template"] == code
-    assert evil["microvm_error_message"] == code
-    assert plain(hostvars["plain"])["microvm_size_slug"] == "{{ 6 * 7 }}"
+    assert evil["microvm_repo_hint"] == code and evil["copied_template"] == code
+    assert evil["microvm_config_id"] == code
+    assert plain(hostvars["plain"])["microvm_region"] == "{{ 6 * 7 }}"
     assert not marker.exists()
 
     inventory = tmp_path / "test.microvm_sessions.yml"  # written by run_inventory above
@@ -211,11 +226,11 @@ def test_api_data_is_never_evaluated(tmp_path, hostile_api):
           tasks:
             - name: show
               ansible.builtin.debug:
-                msg: "{{ microvm_name }}|{{ microvm_template }}|{{ copied_template }}|{{ microvm_size_slug }}"
+                msg: "{{ microvm_name }}|{{ microvm_repo_hint }}|{{ copied_template }}|{{ microvm_region }}"
     """, inventory=str(inventory))
     assert run.rc == 0, run
     shown = [r["result"]["msg"] for r in run.records if r["task"] == "show"]
-    assert "evil-{{ 7 * 7 }}|%s|%s|standard" % (code, code) in shown
+    assert "evil-{{ 7 * 7 }}|%s|%s|ric1" % (code, code) in shown
     assert "plain|%s|%s|{{ 6 * 7 }}" % (code, code) in shown
     assert not marker.exists()
 

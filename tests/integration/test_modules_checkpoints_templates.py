@@ -90,22 +90,25 @@ def test_template_register_rebuild_fail_delete(plane, tmp_path, oci_layout):
             src: "oci:%(layout)s"
           tasks:
             - name: register in check mode
-              microvm.sandbox.template: {name: "{{ t }}", source_oci_ref: "{{ src }}:v1"}
+              microvm.sandbox.template: {name: "{{ t }}", source_oci_ref: "{{ src }}:v1", base_template: sandbox}
               check_mode: true
+            - name: register without a base
+              microvm.sandbox.template: {name: "{{ t }}", source_oci_ref: "{{ src }}:v1"}
+              ignore_errors: true
             - name: register
-              microvm.sandbox.template: {name: "{{ t }}", source_oci_ref: "{{ src }}:v1", base_template: base}
+              microvm.sandbox.template: {name: "{{ t }}", source_oci_ref: "{{ src }}:v1", base_template: sandbox}
             - name: register again
-              microvm.sandbox.template: {name: "{{ t }}", source_oci_ref: "{{ src }}:v1", base_template: base}
-            - name: new source
-              microvm.sandbox.template: {name: "{{ t }}", source_oci_ref: "{{ src }}:v2"}
-            - name: new source again
-              microvm.sandbox.template: {name: "{{ t }}", source_oci_ref: "{{ src }}:v2"}
+              microvm.sandbox.template: {name: "{{ t }}", source_oci_ref: "{{ src }}:v1", base_template: sandbox}
+            - name: new base
+              microvm.sandbox.template: {name: "{{ t }}", source_oci_ref: "{{ src }}:v2", base_template: codex-base}
+            - name: new base again
+              microvm.sandbox.template: {name: "{{ t }}", source_oci_ref: "{{ src }}:v2", base_template: codex-base}
             - name: force
               microvm.sandbox.template: {name: "{{ t }}", force_rebuild: true}
             - name: info
               microvm.sandbox.template_info: {name: "{{ t }}", include_builds: true}
             - name: missing image
-              microvm.sandbox.template: {name: "{{ t }}-bad", source_oci_ref: "{{ src }}:nope"}
+              microvm.sandbox.template: {name: "{{ t }}-bad", source_oci_ref: "{{ src }}:nope", base_template: sandbox}
               ignore_errors: true
             - name: delete
               microvm.sandbox.template: {name: "{{ item }}", state: absent}
@@ -115,15 +118,17 @@ def test_template_register_rebuild_fail_delete(plane, tmp_path, oci_layout):
     """ % {"name": name, "layout": oci_layout}, args=["--diff"])
     assert run.rc == 0, run
     assert run.changed("register in check mode")
+    assert "base_template is required" in run.result("register without a base")["msg"]
     registered = run.result("register")
     assert registered["changed"] and registered["template"]["status"] == "TEMPLATE_STATUS_READY"
     assert registered["build"]["status"] == "SUCCEEDED"
-    assert registered["template"]["spec"]["image"]["tag"] == "v1"
+    assert registered["template"]["spec"] == {"base_template": "sandbox"}
+    # Run twice with nothing changed: no rebuild (the module compares documented fields only).
     assert not run.changed("register again")
-    rebuilt = run.result("new source")
-    assert rebuilt["changed"] and rebuilt["template"]["spec"]["image"]["tag"] == "v2"
-    assert rebuilt["diff"]["before"]["spec"]["image"]["tag"] == "v1"
-    assert not run.changed("new source again")
+    rebuilt = run.result("new base")
+    assert rebuilt["changed"] and rebuilt["template"]["spec"]["base_template"] == "codex-base"
+    assert rebuilt["diff"]["before"]["spec"]["base_template"] == "sandbox"
+    assert not run.changed("new base again")
     assert run.changed("force")
     builds = run.result("info")["templates"][0]["builds"]
     assert len(builds) == 3 and all(b["status"] == "SUCCEEDED" for b in builds)

@@ -47,9 +47,9 @@ def test_session_lifecycle_is_idempotent(plane, tmp_path, cleanup):
             n: %s
           tasks:
             - name: create
-              microvm.sandbox.session: {name: "{{ n }}", idle_timeout: 10m, size: standard}
+              microvm.sandbox.session: {name: "{{ n }}", idle_timeout: 10m, size: mars-2vcpu-4gb}
             - name: create again
-              microvm.sandbox.session: {name: "{{ n }}", idle_timeout: 600s, size: standard}
+              microvm.sandbox.session: {name: "{{ n }}", idle_timeout: 600s, size: mars-2vcpu-4gb}
             - name: pause in check mode
               microvm.sandbox.session: {name: "{{ n }}", state: paused}
               check_mode: true
@@ -96,7 +96,7 @@ def test_check_mode_and_diff_create_nothing(plane, tmp_path):
           gather_facts: false
           tasks:
             - name: create in check mode
-              microvm.sandbox.session: {name: %s, size: standard}
+              microvm.sandbox.session: {name: %s, size: mars-2vcpu-4gb}
     """ % name, args=["--check", "--diff"])
     assert run.rc == 0, run
     assert run.changed("create in check mode")
@@ -175,7 +175,10 @@ def test_bad_arguments_and_unknown_names(plane, tmp_path):
             - name: info of an unknown session
               microvm.sandbox.session_info: {session: ghost-session}
             - name: server refuses a bad size
-              microvm.sandbox.session: {name: bad-size-x, size: "NOT_A_SLUG"}
+              microvm.sandbox.session: {name: bad-size-x, size: "small"}
+              ignore_errors: true
+            - name: server refuses an unknown adapter
+              microvm.sandbox.session: {name: bad-agent-x, agent: "none"}
               ignore_errors: true
     """ % {"g": ghost_id})
     assert run.rc == 0, run
@@ -187,7 +190,9 @@ def test_bad_arguments_and_unknown_names(plane, tmp_path):
     assert "No session with id or name 'ghost-session'" in msg
     assert run.result("info of an unknown session")["sessions"] == []
     bad_size = run.result("server refuses a bad size")
-    assert bad_size["http_status"] == 400 and "size must be a size slug" in bad_size["msg"]
+    assert bad_size["http_status"] == 400 and "unknown size 'small'" in bad_size["msg"]
+    bad_agent = run.result("server refuses an unknown adapter")
+    assert bad_agent["http_status"] == 400 and "unknown agent 'none'" in bad_agent["msg"]
 
 
 def test_wrong_token_is_explained(plane, tmp_path):
@@ -239,7 +244,7 @@ def test_module_defaults_group_sets_api_options_once(plane, tmp_path):
 
 
 def test_secrets_and_braces_reach_the_sandbox_literally(plane, tmp_path, cleanup):
-    """secret_env is hidden even at -vvv; a value holding {{ ... }} (marked !unsafe) is passed through unevaluated."""
+    """secrets (alias secret_env) are hidden even at -vvv, never in the session object; braces pass unevaluated."""
     name = unique("secret")
     cleanup.append(name)
     secret = "s3cr3t-" + uuid.uuid4().hex
@@ -263,3 +268,84 @@ def test_secrets_and_braces_reach_the_sandbox_literally(plane, tmp_path, cleanup
                          body={"argv": ["sh", "-c", 'printf "%s|%s" "$TEMPLATED" "$MY_SECRET"']})
     assert out["exit_code"] == 0, out
     assert out["stdout"] == "{{ lookup('env', 'HOME') }}|" + secret
+    # Platform-side secrets: readable inside the sandbox, never in API responses.
+    assert secret not in json.dumps(client.get_session(session["session_id"]))
+
+
+def test_sizes_are_listed_and_usable(plane, tmp_path, cleanup):
+    name = unique("sized")
+    cleanup.append(name)
+    run = run_playbook(plane, tmp_path, """
+        - hosts: localhost
+          gather_facts: false
+          tasks:
+            - name: sizes
+              microvm.sandbox.size_info:
+              register: catalog
+            - name: create with the smallest
+              microvm.sandbox.session: {name: %s, size: "{{ catalog.sizes[0].slug }}"}
+    """ % name)
+    assert run.rc == 0, run
+    assert "mars-2vcpu-4gb" in run.result("sizes")["slugs"]
+    assert run.changed("create with the smallest")
+
+
+def test_fork_fans_out_idempotently_with_the_files(plane, tmp_path, cleanup):
+    name = unique("fan")
+    cleanup.extend([name] + ["%s-fork-%d" % (name, i) for i in (1, 2, 3)])
+    run = run_playbook(plane, tmp_path, """
+        - hosts: localhost
+          gather_facts: false
+          vars:
+            n: %s
+          tasks:
+            - name: create
+              microvm.sandbox.session: {name: "{{ n }}"}
+            - name: checkpoint
+              microvm.sandbox.checkpoint: {session: "{{ n }}", label: prepared}
+            - name: fork
+              microvm.sandbox.session_fork: {source: "{{ n }}", checkpoint: prepared, count: 3}
+            - name: fork again
+              microvm.sandbox.session_fork: {source: "{{ n }}", checkpoint: prepared, count: 3}
+            - name: drop the forks
+              microvm.sandbox.session_fork: {source: "{{ n }}", checkpoint: prepared, state: absent}
+    """ % name)
+    assert run.rc == 0, run
+    forked = run.result("fork")
+    assert forked["changed"] and forked["names"] == ["%s-fork-%d" % (name, i) for i in (1, 2, 3)]
+    assert all(s["status"] == "SESSION_STATUS_READY" for s in forked["sessions"])
+    again = run.result("fork again")
+    assert not again["changed"] and again["names"] == forked["names"]
+    assert run.changed("drop the forks")
+    assert all(live(plane, n) is None for n in forked["names"])
+    assert live(plane, name) is not None
+
+
+def test_a_slow_blocking_call_is_reconciled_not_resent(plane, tmp_path, cleanup):
+    """The plane takes longer than blocking_timeout: the checkpoint happened, so the task succeeds, once."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "faults"))
+    from faultproxy import FaultProxy
+    name = unique("slow")
+    cleanup.append(name)
+    proxy = FaultProxy(plane.url).start()
+    try:
+        proxy.slow_answers(6, methods=("POST",), path=r"/checkpoints$")
+        run = run_playbook(plane, tmp_path, """
+            - hosts: localhost
+              gather_facts: false
+              module_defaults:
+                group/microvm.sandbox.api: {api_url: %(url)s, blocking_timeout: 2, request_timeout: 2}
+              tasks:
+                - name: create
+                  microvm.sandbox.session: {name: %(n)s}
+                - name: checkpoint
+                  microvm.sandbox.checkpoint: {session: %(n)s, label: slow-one}
+        """ % {"url": proxy.url, "n": name})
+        assert run.rc == 0, run
+        cp = run.result("checkpoint")
+        assert cp["changed"] and cp["checkpoint"]["label"] == "slow-one" and cp["checkpoint"]["status"] == "READY"
+        assert len(proxy.requests("POST", r"/checkpoints$")) == 1  # never sent again
+        sid = run.result("create")["session"]["session_id"]
+        assert [c["label"] for c in plane.client().list_checkpoints(sid)] == ["slow-one"]
+    finally:
+        proxy.stop()

@@ -257,3 +257,16 @@ def test_demo_playbook_on_the_base_template(plane, roles_env, tmp_path, playbook
     live = [s for s in plane.client().list_sessions() if s["name"].startswith("demo-")
             and not s["status"].endswith(("DESTROYING", "DESTROYED", "FAILED"))]
     assert live == []
+
+
+def test_fanout_playbook_forks_the_prepared_session(plane, provisioned, roles_env, tmp_path, playbook_runner):
+    """The fanout playbook forks the provisioned session's checkpoint twice, works in each copy, then deletes them."""
+    res = playbook_runner("- ansible.builtin.import_playbook: microvm.sandbox.fanout\n", LOCALHOST, roles_env,
+                          extra_args=["-e", "session_name=%s" % provisioned["name"], "-e", "checkpoint_label=provisioned",
+                                      "-e", "fanout_count=2", "-e", "fanout_cleanup=true"], workdir=str(tmp_path))
+    assert res.rc == 0, res.output[-4000:]
+    forks = ["%s-fork-%d" % (provisioned["name"], i) for i in (1, 2)]
+    for name in forks:
+        assert "ok: [%s]" % name in res.output, res.output[-4000:]
+        left = plane.client().find_session(name)
+        assert not left or left["status"].endswith(("DESTROYING", "DESTROYED")), left

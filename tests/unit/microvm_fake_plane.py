@@ -23,14 +23,18 @@ class FakePlane(object):
         self.calls = []
         self.page_size = page_size  # small, so pagination is exercised
         self.fail_next = []  # (method, path-prefix, status, message) answered once
+        self.unanswered = []  # (method, path-suffix): the work is done, but the answer is lost once
+        self.sizes = [{"slug": "mars-2vcpu-4gb", "vcpus": 2, "memory_mb": 4096}]
         self.build_outcome = ("SUCCEEDED", "")
         self.clock = itertools.count(1)
 
     # -- helpers for tests --------------------------------------------------
     def add_session(self, name, status="READY", **fields):
         sid = str(uuid.uuid4())
+        # The documented session object: no template, size or error text.
         rec = dict(session_id=sid, name=name, status=STATUS + status, sandbox_id="sbx-" + sid[:8],
-                   template="base", size_slug="standard", idle_timeout_seconds=600,
+                   agent_kind="AGENT_KIND_CUSTOM", idle_timeout_seconds=600, parent_session_id="", fork_id="",
+                   fork_from_checkpoint_id="", keep_warm=False, region="local", workspace_id="",
                    created_at="2026-01-01T00:00:%02dZ" % next(self.clock))
         rec.update(fields)
         self.sessions[sid] = rec
@@ -49,8 +53,15 @@ class FakePlane(object):
                 raise rest.ApiError(method, path, status, message)
         parts = [p for p in path.split("/") if p]
         # /sessions/<id>/checkpoints/<cid>/rollback -> _post_sessions_x_checkpoints_x_rollback
+        if parts[:3] == ["sessions", "sandbox", "sizes"]:
+            return {"sizes": list(self.sizes)}
         route = getattr(self, "_" + "_".join([method.lower()] + [p if i % 2 == 0 else "x" for i, p in enumerate(parts)]))
-        return route(parts, body or {}, query or {})
+        answer = route(parts, body or {}, query or {})
+        for i, (m, suffix) in enumerate(self.unanswered):
+            if m == method and path.endswith(suffix):
+                del self.unanswered[i]
+                raise rest.ApiError(method, path, 0, "cannot reach the plane: timed out")
+        return answer
 
     def _err(self, method, status, message, path="-"):
         return rest.ApiError(method, path, status, message)
@@ -74,10 +85,15 @@ class FakePlane(object):
                for s in self.sessions.values()):
             raise self._err("POST", 409, "a live session named %r already exists" % name)
         idle = int(body.get("idle_timeout", "600s").rstrip("s"))
-        rec = self.add_session(name, status="PROVISIONING", template=body.get("template", "base"),
-                               size_slug=body.get("size", "standard"), idle_timeout_seconds=idle)
+        agent = body.get("agent", "custom")
+        rec = self.add_session(name, status="PROVISIONING", idle_timeout_seconds=idle,
+                               agent_kind="AGENT_KIND_" + agent.upper().replace("-", "_"),
+                               workspace_id=str(uuid.uuid4()) if body.get("persistent_workspace") else "")
         rec["_env"] = body.get("env")
+        rec["_secrets"] = body.get("secrets")
         rec["_egress"] = body.get("egress")
+        rec["_template"] = body.get("template")
+        rec["_size"] = body.get("size")
         return {"session": dict(rec, warnings=[])}
 
     def _get_sessions(self, parts, body, query):
@@ -124,6 +140,15 @@ class FakePlane(object):
         rec.pop("pause_reason", None)
         return {}
 
+    def _post_sessions_x_fork(self, parts, body, query):
+        parent = self._session(parts[1])
+        cid = body.get("from_checkpoint_id") or self._post_sessions_x_checkpoints(parts, {}, {})["checkpoint"]["checkpoint_id"]
+        fork_id = str(uuid.uuid4())
+        children = [self.add_session("%s-fork-%d" % (parent["name"], i + 1), parent_session_id=parent["session_id"],
+                                     fork_id=fork_id, fork_from_checkpoint_id=cid)
+                    for i in range(int(body.get("count", 1)))]
+        return {"sessions": [self._public(c) for c in children]}
+
     # checkpoints
     def _post_sessions_x_checkpoints(self, parts, body, query):
         rec = self._session(parts[1])
@@ -163,22 +188,20 @@ class FakePlane(object):
         if any(t["name"] == body["name"] for t in self.templates.values()):
             raise self._err("POST", 409, "a template named %r already exists" % body["name"])
         tid = str(uuid.uuid4())
+        if not body.get("base_template"):
+            raise self._err("POST", 400, "base_template is required")
         t = dict(template_id=tid, name=body["name"], status="TEMPLATE_STATUS_PENDING",
-                 spec={"base_template": body.get("base_template") or "base",
-                       "image": {"registry": "", "repository": "", "tag": "", "digest": ""}},
-                 _source=body["source_oci_ref"])
+                 spec={"base_template": body["base_template"]}, _source=body["source_oci_ref"])
         self.templates[tid] = t
         self.builds[tid] = []
         self._build(t)
         return {"template": self._template_view(t)}
 
     def _build(self, t):
-        from ansible_collections.microvm.sandbox.plugins.module_utils.oci import parse_image_ref
         status, error = self.build_outcome
         self.builds[t["template_id"]].append(dict(build_id=str(uuid.uuid4()), status=status, error=error,
                                                   created_at="t%03d" % next(self.clock)))
         if status == "SUCCEEDED":
-            t["spec"]["image"] = dict(parse_image_ref(t["_source"]), digest="sha256:" + "0" * 64)
             t["status"] = "TEMPLATE_STATUS_READY"
         else:
             t["status"] = "TEMPLATE_STATUS_FAILED"
@@ -221,7 +244,7 @@ class FakeClient(rest.ApiClient):
         self._sleep = lambda seconds: None
 
     def request(self, method, path, body=None, query=None, content_type="application/json",
-                raw=None, what=None, retry=None, expect_json=True, ident=None):
+                raw=None, what=None, retry=None, expect_json=True, ident=None, timeout=None):
         try:
             return self.plane.handle(method, path, body, query)
         except rest.ApiError as e:

@@ -22,7 +22,7 @@ def make_session(plane, api):
 
     def make(**spec):
         spec.setdefault("name", unique())
-        spec.setdefault("agent", "none")
+        spec.setdefault("agent", "custom")
         resp = api.create(spec)
         assert resp.status_code in (200, 201), resp.text
         sid = resp.json()["session"]["session_id"]

@@ -99,24 +99,55 @@ def test_fork_from_an_unknown_checkpoint_creates_nothing(api, sandbox):
     assert after == before
 
 
-def test_fork_copies_the_files(plane, api, sandbox, agent):
+# A file outside /workspace: a change to the root filesystem, which a fork must carry too.
+ROOT_FILE = "/var/lib/microvm-fork-test/marker"
+
+
+def test_fork_copies_the_workspace_and_root_changes_with_lineage(plane, api, sandbox, agent):
     sid = sandbox["session_id"]
     client = plane.client()
     write(agent(sid), "/workspace/f.txt", "at checkpoint")
+    write(agent(sid), ROOT_FILE, "root at checkpoint")
     cp = client.create_checkpoint(sid)
     write(agent(sid), "/workspace/f.txt", "later")
     children = client.fork_session(sid, count=2, from_checkpoint_id=cp["checkpoint_id"])
     try:
         assert len(children) == 2
+        assert len(set(c["fork_id"] for c in children)) == 1 and children[0]["fork_id"]
         for child in children:
             assert child["parent_session_id"] == sid
+            assert child["fork_from_checkpoint_id"] == cp["checkpoint_id"]
             assert child["session_id"] != sid
             client.wait_session(child["session_id"])
             assert read(agent(child["session_id"]), "/workspace/f.txt") == "at checkpoint"
+            assert read(agent(child["session_id"]), ROOT_FILE) == "root at checkpoint"
         assert read(agent(sid), "/workspace/f.txt") == "later"
     finally:
         for child in children:
             client.delete_session(child["session_id"])
+
+
+def test_fork_without_a_checkpoint_forks_from_now(plane, api, sandbox, agent):
+    sid = sandbox["session_id"]
+    client = plane.client()
+    write(agent(sid), "/workspace/now.txt", "now")
+    children = client.fork_session(sid)
+    try:
+        assert len(children) == 1
+        child = client.wait_session(children[0]["session_id"])
+        # An implicit checkpoint of the session "now" is captured first, and the child forks from it.
+        assert child["fork_from_checkpoint_id"]
+        assert read(agent(child["session_id"]), "/workspace/now.txt") == "now"
+    finally:
+        for c in children:
+            client.delete_session(c["session_id"])
+
+
+def test_fork_and_rollback_are_refused_with_a_persistent_workspace(api, make_session):
+    # doctl harness-runtime workspace: "Fork and rollback are not available for a session that has a workspace."
+    s = make_session(persistent_workspace=True)
+    resp = api.call("POST", "/sessions/%s/fork" % s["session_id"], json={"count": 1})
+    assert 400 <= resp.status_code < 500 and resp.status_code != 404, resp.text
 
 
 @local_only

@@ -6,8 +6,11 @@ import pytest
 
 from contract_support import LIVE, error_message, local_only, unique
 
+# The documented session object (pydo get_session): it has no template, size or error text.
 FIELDS = {"session_id", "name", "status", "created_at", "last_event_at", "idle_timeout_seconds",
-          "parent_session_id", "template", "size_slug", "error_message"}
+          "parent_session_id", "fork_id", "fork_from_checkpoint_id", "agent_kind", "keep_warm", "region",
+          "workspace_id", "config_id"}
+UNDOCUMENTED = {"template", "size_slug", "error_message", "env", "secrets", "egress"}
 
 
 def test_create_returns_provisioning_then_ready(plane, api):
@@ -21,6 +24,7 @@ def test_create_returns_provisioning_then_ready(plane, api):
         ready = client.wait_session(created["session_id"], timeout=120)
         assert ready["status"] == "SESSION_STATUS_READY"
         assert FIELDS <= set(ready), sorted(FIELDS - set(ready))
+        assert not UNDOCUMENTED & set(ready), sorted(UNDOCUMENTED & set(ready))
         assert ready["sandbox_id"]
         assert ready["idle_timeout_seconds"] == 600
         assert "pause_reason" not in ready

@@ -95,5 +95,5 @@ def test_parse_duration_refuses(value):
 def test_argument_spec_is_shared_and_extensible():
     spec = api_module.api_argument_spec(name=dict(type="str"))
     assert spec["api_token"]["no_log"] is True
-    assert set(spec) == {"api_url", "api_token", "route_prefix", "request_timeout", "wait_timeout",
+    assert set(spec) == {"api_url", "api_token", "route_prefix", "request_timeout", "blocking_timeout", "wait_timeout",
                          "validate_certs", "name"}

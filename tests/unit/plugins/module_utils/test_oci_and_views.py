@@ -1,12 +1,10 @@
 import pytest
 
-from ansible_collections.microvm.sandbox.plugins.module_utils.oci import image_matches, parse_image_ref
-from ansible_collections.microvm.sandbox.plugins.module_utils.views import expand_statuses, object_view
+from ansible_collections.microvm.sandbox.plugins.module_utils.oci import parse_image_ref
+from ansible_collections.microvm.sandbox.plugins.module_utils.views import expand_statuses, object_view, same_adapter
 
 
 @pytest.mark.parametrize("ref,expected", [
-    ("alpine", ("docker.io", "alpine", "latest", "")),
-    ("library/alpine:3.19", ("docker.io", "library/alpine", "3.19", "")),
     ("localhost:5000/agent:1.0", ("localhost:5000", "agent", "1.0", "")),
     ("reg.example.com/team/agent@sha256:abc", ("reg.example.com", "team/agent", "", "sha256:abc")),
     ("docker://localhost/x", ("localhost", "x", "latest", "")),
@@ -17,20 +15,16 @@ def test_parse_image_ref(ref, expected):
     assert (got["registry"], got["repository"], got["tag"], got["digest"]) == expected
 
 
-@pytest.mark.parametrize("ref", ["", "a b", "oci:relative:tag", "reg.io/"])
+@pytest.mark.parametrize("ref", ["", "a b", "oci:relative:tag", "reg.io/", "alpine", "library/alpine:3.19"])
 def test_parse_image_ref_refuses(ref):
     with pytest.raises(ValueError):
         parse_image_ref(ref)
 
 
-def test_image_matches():
-    have = {"registry": "docker.io", "repository": "alpine", "tag": "3.19", "digest": "sha256:1"}
-    assert image_matches(parse_image_ref("library/alpine:3.19"), have)
-    assert image_matches(parse_image_ref("index.docker.io/library/alpine:3.19"), have)
-    assert not image_matches(parse_image_ref("alpine:3.20"), have)
-    assert image_matches(parse_image_ref("alpine@sha256:1"), have)
-    assert not image_matches(parse_image_ref("alpine@sha256:2"), have)
-    assert not image_matches(parse_image_ref("alpine:3.19"), {"registry": "", "repository": ""})
+def test_same_adapter():
+    assert same_adapter("AGENT_KIND_CLAUDE_CODE", "claude-code")
+    assert same_adapter("AGENT_KIND_UNSPECIFIED", "codex") and same_adapter(None, "codex")
+    assert not same_adapter("AGENT_KIND_CODEX", "custom")
 
 
 def test_expand_statuses():

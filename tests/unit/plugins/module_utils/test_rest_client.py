@@ -22,8 +22,10 @@ class Resp(object):
         return self.status
 
 
-def http_error(status, body, retry_after=None):
-    headers = {"Retry-After": retry_after} if retry_after else {}
+def http_error(status, body, retry_after=None, headers=None):
+    headers = dict(headers or {})
+    if retry_after:
+        headers["Retry-After"] = retry_after
     return HTTPError("http://x", status, "err", headers, io.BytesIO(json.dumps(body).encode()))
 
 
@@ -105,13 +107,83 @@ def test_token_never_in_messages_or_repr(transport):
     assert "Bearer" not in str(e.value)
 
 
-def test_create_sends_yaml_and_agent_none(transport):
+def test_create_sends_yaml_and_the_custom_adapter_by_default(transport):
     answers, calls = transport
     answers.append(Resp(201, {"session": {"session_id": "s"}}))
     client().create_session({"name": "x"})
     kw = calls[0][2]
     assert kw["headers"]["Content-Type"] == "application/yaml"
-    assert json.loads(kw["data"]) == {"name": "x", "agent": "none"}
+    assert json.loads(kw["data"]) == {"name": "x", "agent": "custom"}
+
+
+# -- waits asked for by the server -------------------------------------------
+
+def sleeps_of(c):
+    slept = []
+    c._sleep = slept.append
+    return slept
+
+
+def test_retry_after_seconds_is_honoured_with_bounded_jitter(transport):
+    answers, calls = transport
+    c = client()
+    slept = sleeps_of(c)
+    answers.extend([http_error(429, {"message": "slow"}, retry_after="7"), Resp(200, {"sessions": []})])
+    c.list_sessions()
+    assert len(slept) == 1 and 7.0 <= slept[0] <= 8.0
+
+
+def test_retry_after_http_date_is_honoured(transport):
+    answers, calls = transport
+    c = client()
+    c._now = lambda: 1700000000.0
+    slept = sleeps_of(c)
+    # 12 seconds after c._now()
+    answers.extend([http_error(503, {"message": "busy"}, retry_after="Tue, 14 Nov 2023 22:13:32 GMT"),
+                    Resp(200, {"sessions": []})])
+    c.list_sessions()
+    assert len(slept) == 1 and 12.0 <= slept[0] <= 13.3
+
+
+def test_ratelimit_reset_epoch_is_honoured_when_there_is_no_retry_after(transport):
+    answers, calls = transport
+    c = client()
+    c._now = lambda: 1700000000.0
+    slept = sleeps_of(c)
+    answers.extend([http_error(429, {"message": "slow"}, headers={"ratelimit-limit": "250", "ratelimit-remaining": "0",
+                                                                   "ratelimit-reset": "1700000004"}),
+                    Resp(201, {"session": {"session_id": "s"}})])
+    c.create_session({"name": "x"})  # a POST is retried on 429: nothing was done
+    assert len(slept) == 1 and 4.0 <= slept[0] <= 5.0
+
+
+def test_server_waits_are_capped_and_retries_bounded(transport):
+    answers, calls = transport
+    c = client()
+    c._now = lambda: 1700000000.0
+    slept = sleeps_of(c)
+    answers.extend([http_error(429, {"message": "slow"}, headers={"ratelimit-reset": "1700003600"})
+                    for _attempt in range(c.retries + 1)])
+    with pytest.raises(rest.ApiError) as e:
+        c.list_sessions()
+    assert e.value.status == 429 and len(calls) == c.retries + 1
+    assert len(slept) == c.retries and all(c.max_backoff <= s <= c.max_backoff + 1.0 for s in slept)
+
+
+def test_backoff_without_server_wishes_has_jitter(transport):
+    c = client()
+    delays = set(round(c._delay(3), 6) for _i in range(20))
+    assert len(delays) > 1 and all(0 < d <= c.max_backoff for d in delays)
+
+
+# -- blocking calls that get no answer ----------------------------------------
+
+def test_blocking_calls_use_the_blocking_timeout(transport):
+    answers, calls = transport
+    c = rest.ApiClient("http://plane:1", "tok", timeout=30, blocking_timeout=1200)
+    answers.extend([Resp(200, {"checkpoints": []}), Resp(200, {"checkpoint": {"checkpoint_id": "c"}})])
+    c.create_checkpoint("s", "lbl")
+    assert [kw["timeout"] for _m, _u, kw in calls] == [30, 1200]
 
 
 def test_404_error_names_the_object(transport):
@@ -158,10 +230,10 @@ def test_wait_session_reports_the_state_reached(fake, monkeypatch):
     with pytest.raises(rest.WaitTimeout) as e:
         c.wait_session(s["session_id"], timeout=0)
     assert e.value.status == "PAUSED" and "it is PAUSED" in str(e.value)
-    f = plane.add_session("bad", status="FAILED", error_message="no capacity")
+    f = plane.add_session("bad", status="FAILED")
     with pytest.raises(rest.WaitTimeout) as e:
         c.wait_session(f["session_id"], timeout=5)
-    assert "became FAILED" in str(e.value) and "no capacity" in str(e.value)
+    assert "became FAILED" in str(e.value) and e.value.status == "FAILED"
 
 
 def test_pagination_follows_tokens(fake):
@@ -173,9 +245,61 @@ def test_pagination_follows_tokens(fake):
 
 def test_newest_build_excludes_known(fake):
     plane, c = fake
-    t = c.create_template("t", "reg.io/a:1")
+    t = c.create_template("t", "registry.example.com/a:1", "sandbox")
     first = c.newest_build(t["template_id"])
     c.update_template(t["template_id"])
     second = c.newest_build(t["template_id"], exclude=[first["build_id"]])
     assert second["build_id"] != first["build_id"]
     assert c.newest_build(t["template_id"])["build_id"] == second["build_id"]
+
+
+def test_an_unanswered_checkpoint_is_found_not_sent_again(fake):
+    plane, c = fake
+    s = plane.add_session("web")
+    plane.unanswered.append(("POST", "/checkpoints"))
+    cp = c.create_checkpoint(s["session_id"], "before-upgrade")
+    assert cp["label"] == "before-upgrade" and cp["status"] == "READY"
+    assert [m for m, p in plane.mutating_calls()] == ["POST"]  # never re-sent
+    assert len(plane.checkpoints[s["session_id"]]) == 1
+
+
+def test_an_unanswered_call_whose_effect_never_shows_is_reported_unknown(fake):
+    plane, c = fake
+    s = plane.add_session("web", status="PAUSED")
+    c.reconcile_timeout = 0
+    plane.fail_next.append(("POST", "/sessions/%s/resume" % s["session_id"], 0, "timed out"))
+    with pytest.raises(rest.OutcomeUnknown) as e:
+        c.resume_session(s["session_id"])
+    assert "not sent again" in str(e.value) and e.value.no_response
+
+
+def test_an_unanswered_resume_that_happened_is_a_success(fake):
+    plane, c = fake
+    s = plane.add_session("web", status="PAUSED")
+    plane.unanswered.append(("POST", "/resume"))
+    assert c.resume_session(s["session_id"])["status"] == "SESSION_STATUS_READY"
+    assert [p for m, p in plane.mutating_calls()].count("/sessions/%s/resume" % s["session_id"]) == 1
+
+
+def test_an_unanswered_rollback_is_confirmed_by_the_new_sandbox(fake):
+    plane, c = fake
+    s = plane.add_session("web")
+    before = s["sandbox_id"]
+    cp = c.create_checkpoint(s["session_id"])
+    plane.unanswered.append(("POST", "/rollback"))
+    after = c.rollback(s["session_id"], cp["checkpoint_id"])
+    assert after["sandbox_id"] != before
+
+
+def test_an_unanswered_fork_returns_the_children_by_lineage(fake):
+    plane, c = fake
+    s = plane.add_session("web")
+    plane.unanswered.append(("POST", "/fork"))
+    children = c.fork_session(s["session_id"], count=3)
+    assert sorted(ch["name"] for ch in children) == ["web-fork-1", "web-fork-2", "web-fork-3"]
+    assert [p for m, p in plane.mutating_calls() if p.endswith("/fork")] == ["/sessions/%s/fork" % s["session_id"]]
+
+
+def test_sizes_are_listed(fake):
+    plane, c = fake
+    assert c.list_sizes()[0]["slug"] == "mars-2vcpu-4gb"

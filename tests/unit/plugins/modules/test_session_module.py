@@ -1,4 +1,6 @@
 """microvm.sandbox.session against the fake plane: arguments, idempotency, check mode, diff, errors."""
+import pytest
+
 from ansible_collections.microvm.sandbox.plugins.modules import session as session_module
 from ansible_collections.microvm.sandbox.plugins.modules import session_info
 
@@ -6,21 +8,33 @@ MAIN = session_module.main
 
 
 def test_create_then_unchanged(run_module, fake_plane):
-    first = run_module(MAIN, {"name": "web-1", "size": "small", "idle_timeout": "10m"})
+    first = run_module(MAIN, {"name": "web-1", "size": "mars-2vcpu-4gb", "idle_timeout": "10m"})
     assert first.result["changed"] is True
     assert first.result["session"]["status"] == "SESSION_STATUS_READY"
     assert first.result["session"]["idle_timeout_seconds"] == 600
-    second = run_module(MAIN, {"name": "web-1", "size": "small", "idle_timeout": "600"})
+    # The size is not reported back, so a different one is not a difference (it cannot be seen).
+    second = run_module(MAIN, {"name": "web-1", "size": "mars-4vcpu-8gb", "idle_timeout": "600"})
     assert second.result["changed"] is False
     assert [c for c in fake_plane.mutating_calls() if c[0] == "POST"] == [("POST", "/sessions")]
 
 
 def test_create_body(run_module, fake_plane):
     run_module(MAIN, {"name": "web-1", "env": {"A": "1", "FLAG": True}, "secret_env": {"TOKEN": "s3cret-value"},
-                      "egress": ["pypi.org"], "template": "base"})
+                      "egress": ["mirror.example.com"], "template": "base", "size": "mars-2vcpu-4gb",
+                      "persistent_workspace": True})
     rec = list(fake_plane.sessions.values())[0]
-    assert rec["_env"] == {"A": "1", "FLAG": "true", "TOKEN": "s3cret-value"}
-    assert rec["_egress"] == ["pypi.org"]
+    assert rec["_env"] == {"A": "1", "FLAG": "true"}
+    # secret_env is an alias of secrets: the values go to the platform's secret store, not to env.
+    assert rec["_secrets"] == {"TOKEN": "s3cret-value"}
+    assert rec["_egress"] == ["mirror.example.com"]
+    assert rec["_template"] == "base" and rec["_size"] == "mars-2vcpu-4gb"
+    assert rec["agent_kind"] == "AGENT_KIND_CUSTOM" and rec["workspace_id"]
+
+
+def test_a_variable_in_env_and_secrets_is_refused(run_module, fake_plane):
+    run = run_module(MAIN, {"name": "web-1", "env": {"TOKEN": "plain-value"}, "secrets": {"TOKEN": "secret-value"}})
+    assert run.failed and "TOKEN set in both env and secrets" in run.result["msg"]
+    assert fake_plane.mutating_calls() == []
 
 
 def test_egress_unrestricted_is_the_keyword(run_module, fake_plane):
@@ -40,37 +54,46 @@ def test_secret_looking_env_key_warns(run_module, monkeypatch):
     warned = []
     monkeypatch.setattr(AnsibleModule, "warn", lambda self, msg: warned.append(msg))
     run_module(MAIN, {"name": "web-1", "env": {"API_TOKEN": "x" * 20, "LOG_LEVEL": "debug"}})
-    assert warned == ["env key 'API_TOKEN' looks like a secret: pass it in secret_env so its value is hidden"]
+    assert len(warned) == 1 and "'API_TOKEN' looks like a secret: pass it in secrets" in warned[0]
 
 
 def test_check_mode_creates_nothing(run_module, fake_plane):
-    run = run_module(MAIN, {"name": "web-1", "size": "small"}, check=True, diff=True)
+    run = run_module(MAIN, {"name": "web-1", "idle_timeout": "5m"}, check=True, diff=True)
     assert run.result["changed"] is True
     assert fake_plane.sessions == {}
     assert run.result["diff"]["before"] == {}
     assert run.result["diff"]["after"]["name"] == "web-1"
-    assert run.result["diff"]["after"]["size_slug"] == "small"
+    assert run.result["diff"]["after"]["idle_timeout_seconds"] == 300
+    assert run.result["diff"]["after"]["agent_kind"] == "AGENT_KIND_CUSTOM"
 
 
-def test_differing_settings_fail_and_list_the_fields(run_module, fake_plane):
-    fake_plane.add_session("web-1", size_slug="small", template="base")
-    run = run_module(MAIN, {"name": "web-1", "size": "large", "template": "py"})
+def test_differing_reported_settings_fail_and_list_the_fields(run_module, fake_plane):
+    fake_plane.add_session("web-1", idle_timeout_seconds=600, agent_kind="AGENT_KIND_CODEX")
+    run = run_module(MAIN, {"name": "web-1", "idle_timeout": "5m", "persistent_workspace": True,
+                            "template": "py", "size": "mars-4vcpu-8gb"})
     assert run.failed
-    assert "size_slug: is 'small', wanted 'large'" in run.result["msg"]
-    assert "template: is 'base', wanted 'py'" in run.result["msg"]
+    assert "idle_timeout_seconds: is 600, wanted 300" in run.result["msg"]
+    assert "agent_kind: is 'AGENT_KIND_CODEX'" in run.result["msg"]
+    assert "persistent_workspace: is False" in run.result["msg"]
     assert "recreate: true" in run.result["msg"]
-    assert len(run.result["differing_fields"]) == 2
+    # template and size are not reported by the platform: never compared.
+    assert len(run.result["differing_fields"]) == 3
     assert fake_plane.mutating_calls() == []
 
 
+def test_an_unspecified_agent_kind_is_no_difference(run_module, fake_plane):
+    fake_plane.add_session("web-1", agent_kind="AGENT_KIND_UNSPECIFIED")
+    assert run_module(MAIN, {"name": "web-1"}).result["changed"] is False
+
+
 def test_recreate_replaces_the_session(run_module, fake_plane):
-    old = fake_plane.add_session("web-1", size_slug="small")
-    run = run_module(MAIN, {"name": "web-1", "size": "large", "recreate": True}, diff=True)
+    old = fake_plane.add_session("web-1", idle_timeout_seconds=600)
+    run = run_module(MAIN, {"name": "web-1", "idle_timeout": "60s", "recreate": True}, diff=True)
     assert run.result["changed"] is True
     assert run.result["session"]["session_id"] != old["session_id"]
-    assert run.result["session"]["size_slug"] == "large"
+    assert run.result["session"]["idle_timeout_seconds"] == 60
     assert fake_plane.sessions[old["session_id"]]["status"] == "SESSION_STATUS_DESTROYED"
-    assert run.result["diff"]["before"]["size_slug"] == "small"
+    assert run.result["diff"]["before"]["idle_timeout_seconds"] == 600
 
 
 def test_paused_then_running(run_module, fake_plane):
@@ -106,6 +129,20 @@ def test_absent(run_module, fake_plane):
     assert again.result["changed"] is False
     by_id = run_module(MAIN, {"name": rec["session_id"], "state": "absent"})
     assert by_id.result["changed"] is False
+
+
+def test_absent_deletes_failed_sessions(run_module, fake_plane):
+    failed = fake_plane.add_session("web-1", status="FAILED", error_message="the sandbox failed to boot")
+    gone = fake_plane.add_session("web-1", status="DESTROYED")
+    run = run_module(MAIN, {"name": "web-1", "state": "absent"})
+    assert run.result["changed"] is True
+    assert fake_plane.sessions[failed["session_id"]]["status"] == "SESSION_STATUS_DESTROYED"
+    assert ("DELETE", "/sessions/%s" % gone["session_id"]) not in fake_plane.calls
+    assert run_module(MAIN, {"name": "web-1", "state": "absent"}).result["changed"] is False
+    by_id = fake_plane.add_session("web-2", status="FAILED")
+    run = run_module(MAIN, {"name": by_id["session_id"], "state": "absent"})
+    assert run.result["changed"] is True
+    assert fake_plane.sessions[by_id["session_id"]]["status"] == "SESSION_STATUS_DESTROYED"
 
 
 def test_address_by_id(run_module, fake_plane):
@@ -163,6 +200,22 @@ def test_env_fallback_for_url_and_token(run_module, monkeypatch, fake_plane):
     assert seen["prefix"] == "/v2/agents"
 
 
+def test_route_prefix_from_the_environment(run_module, monkeypatch, fake_plane):
+    monkeypatch.setenv("DO_AGENTS_API_PREFIX", "/v2/harness-runtime")
+    seen = {}
+    import microvm_fake_plane
+
+    init = microvm_fake_plane.FakeClient.__init__
+
+    def record(self, *a, **kw):
+        seen.update(kw)
+        init(self, *a, **kw)
+
+    monkeypatch.setattr(microvm_fake_plane.FakeClient, "__init__", record)
+    assert not run_module(MAIN, {"name": "web-1"}).failed
+    assert seen["prefix"] == "/v2/harness-runtime"
+
+
 def test_conflict_reports_the_server_message_and_state(run_module, fake_plane):
     fake_plane.add_session("web-1")
     fake_plane.fail_next.append(("POST", "/sessions/", 409, "session is busy"))
@@ -185,6 +238,7 @@ def test_session_info_filters_and_pages(run_module, fake_plane):
     assert sorted(s["name"] for s in run.result["sessions"]) == ["ci-gone", "ci-paused"]
     run = run_module(session_info.main, {"session": "CI-3"})
     assert [s["name"] for s in run.result["sessions"]] == ["ci-3"]
+    assert run_module(session_info.main, {"name": "ci-3"}).result["sessions"] == run.result["sessions"]
     run = run_module(session_info.main, {"session": "nope"})
     assert run.result["sessions"] == [] and not run.failed
     run = run_module(session_info.main, {"statuses": ["sleepy"]})
@@ -197,3 +251,24 @@ def test_absent_without_wait_returns_at_once(run_module, fake_plane):
     assert run.result["changed"] is True
     assert run.result["session"]["session_id"] == rec["session_id"]
     assert run.result["session"]["status"] in ("SESSION_STATUS_DESTROYING", "SESSION_STATUS_DESTROYED")
+
+
+@pytest.mark.parametrize("option,value", [("request_timeout", -1), ("request_timeout", 0), ("request_timeout", 1e308),
+                                          ("request_timeout", float("nan")), ("blocking_timeout", -1),
+                                          ("wait_timeout", -1), ("wait_timeout", 1e308)])
+def test_a_timeout_out_of_range_fails_naming_the_option(run_module, fake_plane, option, value):
+    run = run_module(MAIN, {"name": "web-1", option: value})
+    assert run.failed
+    assert run.result["msg"].startswith(option + " "), run.result["msg"]
+    assert "seconds" in run.result["msg"] and fake_plane.sessions == {}
+
+
+@pytest.mark.parametrize("option,value", [("env", {"A": [1, 2]}), ("env", {"A": {"b": 1}}),
+                                          ("secrets", {"TOKEN": ["s3cret-value"]}), ("env", {"A": None})])
+def test_a_non_scalar_env_value_is_refused_naming_the_key(run_module, fake_plane, option, value):
+    run = run_module(MAIN, {"name": "web-1", option: value})
+    assert run.failed
+    key = list(value)[0]
+    assert "%s: the value of %s must be a string, a number or a boolean" % (option, key) in run.result["msg"], run.result
+    assert "s3cret-value" not in str(run.result)
+    assert "s3cret-value" not in run.stdout and fake_plane.sessions == {}

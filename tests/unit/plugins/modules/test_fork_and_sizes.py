@@ -1,0 +1,63 @@
+"""microvm.sandbox.session_fork and size_info against the fake plane."""
+from ansible_collections.microvm.sandbox.plugins.modules import session_fork, size_info
+
+FORK = session_fork.main
+
+
+def test_fork_then_unchanged_by_lineage(run_module, fake_plane):
+    src = fake_plane.add_session("base")
+    first = run_module(FORK, {"source": "base", "count": 3}, diff=True)
+    assert first.result["changed"] is True
+    assert first.result["names"] == ["base-fork-1", "base-fork-2", "base-fork-3"]
+    assert first.result["created"] == first.result["names"]
+    assert all(s["parent_session_id"] == src["session_id"] for s in first.result["sessions"])
+    assert first.result["diff"] == {"before": {"forks": []}, "after": {"forks": first.result["names"]}}
+    again = run_module(FORK, {"source": "base", "count": 3})
+    assert again.result["changed"] is False and again.result["names"] == first.result["names"]
+    assert len([c for c in fake_plane.mutating_calls() if c[1].endswith("/fork")]) == 1
+
+
+def test_fork_tops_up_to_count(run_module, fake_plane):
+    fake_plane.add_session("base")
+    run_module(FORK, {"source": "base", "count": 1})
+    run = run_module(FORK, {"source": "base", "count": 3})
+    assert run.result["changed"] is True and len(run.result["sessions"]) == 3 and len(run.result["created"]) == 2
+
+
+def test_fork_from_a_checkpoint_label(run_module, fake_plane):
+    src = fake_plane.add_session("base")
+    fake_plane._post_sessions_x_checkpoints(["sessions", src["session_id"], "checkpoints"], {"label": "deps"}, {})
+    cp = fake_plane.checkpoints[src["session_id"]][0]
+    run = run_module(FORK, {"source": "base", "checkpoint": "deps", "count": 2})
+    assert run.result["checkpoint"]["checkpoint_id"] == cp["checkpoint_id"]
+    assert all(s["fork_from_checkpoint_id"] == cp["checkpoint_id"] for s in run.result["sessions"])
+    # Forks of the same source from another checkpoint (or from now) are not these.
+    other = run_module(FORK, {"source": "base", "count": 1})
+    assert other.result["changed"] is False  # any fork of the source counts when no checkpoint is named
+
+
+def test_fork_check_mode_and_bad_count(run_module, fake_plane):
+    fake_plane.add_session("base")
+    run = run_module(FORK, {"source": "base", "count": 2}, check=True)
+    assert run.result["changed"] is True and run.result["created"] == ["base-fork-1", "base-fork-2"]
+    assert fake_plane.mutating_calls() == []
+    bad = run_module(FORK, {"source": "base", "count": 5})
+    assert bad.failed and "count must be from 1 to 4" in bad.result["msg"]
+    missing = run_module(FORK, {"source": "nope"})
+    assert missing.failed and "nope" in missing.result["msg"]
+
+
+def test_fork_absent_deletes_the_forks(run_module, fake_plane):
+    fake_plane.add_session("base")
+    run_module(FORK, {"source": "base", "count": 2})
+    gone = run_module(FORK, {"source": "base", "state": "absent"})
+    assert gone.result["changed"] is True and gone.result["sessions"] == []
+    assert run_module(FORK, {"source": "base", "state": "absent"}).result["changed"] is False
+
+
+def test_size_info(run_module, fake_plane):
+    run = run_module(size_info.main, {})
+    assert run.result["slugs"] == ["mars-2vcpu-4gb"] and run.result["changed"] is False
+    assert run_module(size_info.main, {"slug": "mars-2vcpu-4gb"}).result["sizes"][0]["vcpus"] == 2
+    bad = run_module(size_info.main, {"slug": "small"})
+    assert bad.failed and "mars-2vcpu-4gb" in bad.result["msg"]
