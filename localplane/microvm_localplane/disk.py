@@ -13,6 +13,7 @@ A new image is a sparse copy of a blank one made once per size with
 mkfs.ext4 (a few MB actually written), so a new session pays a copy, not a mkfs.
 """
 import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -40,12 +41,16 @@ def _blank(state_dir, size):
     if os.path.isfile(path):
         return path
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    with open(tmp, "wb") as f:
-        f.truncate(size)
-    # no reserved blocks (the guest owns all of it); lazy init keeps the image sparse
-    _run(["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", tmp])
-    os.replace(tmp, path)
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent boots (threads or planes) make it once
+        if os.path.isfile(path):
+            return path
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.truncate(size)
+        # no reserved blocks (the guest owns all of it); lazy init keeps the image sparse
+        _run(["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", tmp])
+        os.replace(tmp, path)
     return path
 
 

@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 from dataclasses import asdict, dataclass
 
@@ -144,7 +145,15 @@ class GuestManager:
         self._scope = hashlib.sha256(self.state_dir.encode()).hexdigest()[:12]
         self._guests = {}
         self._locks = {}
+        self._hostlib = None
+        # ldd over the agent's runtime takes seconds on a busy machine: do it now, not in the first boot
+        self._hostlib_ready = threading.Thread(target=self._find_hostlib, daemon=True)
+        self._hostlib_ready.start()
         _become_subreaper()
+
+    def _find_hostlib(self):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            self._hostlib = self.code.hostlib(self.state_dir)
 
     # ------------------------------------------------------------ helpers
 
@@ -224,7 +233,10 @@ class GuestManager:
         # The agent always runs on the plane's own Python runtime (bound read-only at a private path):
         # its archive safety needs tarfile's extraction filters, which a template's Python may lack
         # (bookworm's 3.11.2 has none), and a template may have no Python at all.
-        hostlib = self.code.hostlib(self.state_dir)
+        self._hostlib_ready.join()
+        if self._hostlib is None or not os.path.isdir(self._hostlib):
+            self._hostlib = self.code.hostlib(self.state_dir)
+        hostlib = self._hostlib
         layout.create(["root"], ids)
         rootfs_mod.write_identity(layout, lowers, hostname, ids, netns.guest_resolvers())
         # The session's env reaches the agent's command baseline through the guest's own run dir; never logged.

@@ -79,7 +79,8 @@ class CodePaths:
         """A directory with the host C libraries the plane's Python and the agent's extensions need,
         built once per state dir and content."""
         objects = [os.path.join(self.base_prefix, self.python_rel)]
-        for top in (self.grpc_dir, self.google_dir, os.path.join(self.base_prefix, "lib")):
+        stdlib = os.path.join(self.base_prefix, "lib", "python%d.%d" % sys.version_info[:2], "lib-dynload")
+        for top in (self.grpc_dir, self.google_dir, stdlib):
             for dirpath, _dirs, files in os.walk(top):
                 objects += [os.path.join(dirpath, f) for f in files if f.endswith(".so") or ".so." in f]
         libs = _needed_libs(objects)
