@@ -1,8 +1,11 @@
 """The sandbox agent: SandboxAgentService (contract section 3) served on 0.0.0.0:8443 inside a guest.
 
 It runs inside the guest, so every path it touches is a real guest path:
-`..` and symlinks are resolved by the guest's own filesystem before the
-/workspace confinement check, and nothing is rewritten.
+`..` and symlinks are resolved as the guest's own realpath would, one held
+directory fd per component (beneath.py), before the /workspace confinement
+check, and the write happens through those very fds: nothing can move it
+elsewhere between the check and the write. Archives are checked whole before
+anything is extracted (agentarchive.py).
 
 Decisions the contract leaves open live in this module's constants and in
 `confine()`; keep them here so they are easy to change:
@@ -27,7 +30,6 @@ import stat
 import subprocess
 import sys
 import tarfile
-import tempfile
 import threading
 import time
 from concurrent import futures
@@ -39,9 +41,13 @@ if "ssl" not in sys.modules:
 
 import grpc  # noqa: E402
 
+from . import agentarchive  # noqa: E402
+from .agentarchive import tar_stream  # noqa: E402
+from .beneath import DIR, MISSING, Outside, TooLong, Walk, check_lengths  # noqa: E402
 from .pb import pb2, pb2_grpc  # noqa: E402
 
 WORKSPACE = "/workspace"
+WORKSPACE_NAMES = ("workspace",)
 RUN_DIR = "/run/localplane"
 HOME = "/workspace/home"
 LISTEN = "0.0.0.0:8443"
@@ -89,25 +95,44 @@ def oserror_refusal(e, path):
         errno.EACCES: grpc.StatusCode.PERMISSION_DENIED,
         errno.EPERM: grpc.StatusCode.PERMISSION_DENIED,
         errno.EROFS: grpc.StatusCode.FAILED_PRECONDITION,
+        errno.ELOOP: grpc.StatusCode.FAILED_PRECONDITION,
+        errno.ENAMETOOLONG: grpc.StatusCode.INVALID_ARGUMENT,
     }.get(e.errno, grpc.StatusCode.INTERNAL)
     return Refusal(code, '%s: "%s"' % (reason, path))
 
 
-def within(path, root):
-    return path == root or path.startswith(root + "/")
-
-
-def confine(path):
-    """The guest path a transfer may touch, or a Refusal (contract section 3, Confinement)."""
+def check_path(path):
+    """The syntactic checks of a transfer path (contract section 3, Confinement)."""
     if not path:
         raise invalid("path is required")
     if "\0" in path:
         raise invalid("path contains a NUL byte")
     if not path.startswith("/"):
         raise invalid('path must be absolute: "%s"' % path)
-    resolved = os.path.realpath(path)
-    if not within(resolved, WORKSPACE):
-        raise Refusal(grpc.StatusCode.PERMISSION_DENIED, 'path outside workspace: "%s"' % path)
+
+
+def outside(path):
+    return Refusal(grpc.StatusCode.PERMISSION_DENIED, 'path outside workspace: "%s"' % path)
+
+
+def confine(walk, path, follow_last=True):
+    """Resolve path like the guest does, one held directory fd per component -> beneath.Resolved under /workspace.
+
+    The fds of the result are what later writes use, so nothing can move the write elsewhere after this check.
+    """
+    check_path(path)
+    try:
+        check_lengths(path, walk.name_max)
+        resolved = walk.resolve(path, follow_last)
+        if not resolved.within(WORKSPACE_NAMES):
+            raise Outside(path)
+        check_lengths(resolved.logical, walk.name_max)  # what the links lead to must be addressable too
+    except Outside:
+        raise outside(path)
+    except TooLong as e:
+        raise invalid('%s ("%s" is refused, nothing was created)' % (e, path[:200]))
+    except OSError as e:
+        raise oserror_refusal(e, path)
     return resolved
 
 
@@ -328,11 +353,12 @@ class AgentService(pb2_grpc.SandboxAgentServiceServicer):
         if first is None or first.WhichOneof("request") != "header":
             raise invalid("the first UploadRequest must be header")
         header = first.header
-        target = confine(header.path)
-        if header.is_archive:
-            written = self._upload_archive(request_iterator, header.path, target)
-        else:
-            written = self._upload_file(request_iterator, header, target)
+        with Walk() as walk:
+            target = confine(walk, header.path)
+            if header.is_archive:
+                written = self._upload_archive(request_iterator, walk, header.path, target)
+            else:
+                written = self._upload_file(request_iterator, walk, header, target)
         return pb2.UploadResponse(path=header.path, bytes_written=written)
 
     def _receive(self, request_iterator, out):
@@ -353,14 +379,16 @@ class AgentService(pb2_grpc.SandboxAgentServiceServicer):
                 raise invalid("UploadRequest.%s after the header" % kind)
         raise invalid("upload stream ended without UploadEnd")
 
-    def _upload_file(self, request_iterator, header, target):
+    def _upload_file(self, request_iterator, walk, header, target):
         mode = (header.mode & 0o7777) or 0o644
-        parent, name = os.path.split(target)
-        if os.path.isdir(target):
+        if target.final.kind == DIR:
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, 'is a directory: "%s"' % header.path)
+        name = target.final.name
         try:
-            os.makedirs(parent, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=parent, prefix=".%s.upload-" % name[:100])
+            parent = walk.parent_fd(target)
+            tmp = ".%s.upload-%s" % (name[:100], os.urandom(6).hex())
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=parent)
         except OSError as e:
             raise oserror_refusal(e, header.path)
         try:
@@ -370,41 +398,43 @@ class AgentService(pb2_grpc.SandboxAgentServiceServicer):
                 if os.fstat(out.fileno()).st_size != size:
                     raise Refusal(grpc.StatusCode.DATA_LOSS, "short write to %s" % header.path)
                 os.fchmod(out.fileno(), mode)
-            os.replace(tmp, target)
+            # Renamed within the directory fd that was checked: a swapped name cannot redirect it.
+            os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
             return size
         except OSError as e:
-            self._remove(tmp)
+            self._remove(tmp, parent)
             raise oserror_refusal(e, header.path)
         except BaseException:
-            self._remove(tmp)
+            self._remove(tmp, parent)
             raise
 
-    def _upload_archive(self, request_iterator, given, target):
-        # Spool first (constant memory), verify the checksum, then extract: a bad
-        # upload creates nothing. The spool lives in the nearest existing
-        # directory so it is on the workspace filesystem.
-        spool_dir = target
-        while not os.path.isdir(spool_dir):
-            spool_dir = os.path.dirname(spool_dir)
+    def _upload_archive(self, request_iterator, walk, given, target):
+        # Spool first (constant memory, unlinked at once so nothing is left even if the agent dies), verify the
+        # checksum, check every member, then extract: a bad or refused archive creates nothing. The spool lives
+        # in the nearest existing directory so it is on the workspace filesystem.
+        if target.final.kind not in (DIR, MISSING):
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, 'not a directory: "%s"' % given)
+        spool_dir = [e.fd for e in target.entries if e.kind == DIR and e.fd is not None][-1]
         try:
-            fd, tmp = tempfile.mkstemp(dir=spool_dir, prefix=".upload-archive-")
+            tmp = ".upload-archive-%s" % os.urandom(6).hex()
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=spool_dir)
+            os.unlink(tmp, dir_fd=spool_dir)
         except OSError as e:
             raise oserror_refusal(e, given)
         try:
             with os.fdopen(fd, "w+b") as spool:
                 size = self._receive(request_iterator, spool)
                 spool.seek(0)
-                extract_archive(spool, target, given)
+                extract_archive(spool, target, given, walk)
             return size
         except OSError as e:
             raise oserror_refusal(e, given)
-        finally:
-            self._remove(tmp)
 
     @staticmethod
-    def _remove(path):
+    def _remove(name, dir_fd):
         try:
-            os.unlink(path)
+            os.unlink(name, dir_fd=dir_fd)
         except OSError:
             pass
 
@@ -412,37 +442,45 @@ class AgentService(pb2_grpc.SandboxAgentServiceServicer):
 
     @refusing
     def Download(self, request, context):
-        target = confine(request.path)
         chunk_size = request.chunk_size_bytes or CHUNK_DEFAULT
-        if not CHUNK_MIN <= chunk_size <= CHUNK_MAX:
-            raise invalid("chunk_size_bytes must be between %d and %d, got %d" % (CHUNK_MIN, CHUNK_MAX, chunk_size))
-        if not os.path.lexists(target):
-            raise Refusal(grpc.StatusCode.NOT_FOUND, 'path "%s" does not exist' % request.path)
-        digest = hashlib.sha256()
-        if request.as_archive:
-            if not os.path.isdir(target):
-                raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, 'not a directory: "%s"' % request.path)
-            yield pb2.DownloadChunk(header=pb2.DownloadHeader(size_bytes=-1, is_archive=True))
-            source = rechunk(tar_stream(target), chunk_size)
-        else:
-            if os.path.isdir(target):
-                raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
-                              'is a directory (use as_archive): "%s"' % request.path)
-            try:
-                f = open(target, "rb")
-            except OSError as e:
-                raise oserror_refusal(e, request.path)
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                f.close()
-                what = "a directory (use as_archive)" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-                raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, 'is %s: "%s"' % (what, request.path))
-            yield pb2.DownloadChunk(header=pb2.DownloadHeader(size_bytes=st.st_size, is_archive=False))
-            source = read_chunks(f, chunk_size)
-        for chunk in source:
-            digest.update(chunk)
-            yield pb2.DownloadChunk(chunk=chunk)
-        yield pb2.DownloadChunk(end=pb2.DownloadEnd(sha256=digest.hexdigest()))
+        with Walk() as walk:
+            target = confine(walk, request.path)
+            if not CHUNK_MIN <= chunk_size <= CHUNK_MAX:
+                raise invalid("chunk_size_bytes must be between %d and %d, got %d" % (CHUNK_MIN, CHUNK_MAX, chunk_size))
+            if target.final.kind == MISSING:
+                raise Refusal(grpc.StatusCode.NOT_FOUND, 'path "%s" does not exist' % request.path)
+            digest = hashlib.sha256()
+            if request.as_archive:
+                if target.final.kind != DIR:
+                    raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, 'not a directory: "%s"' % request.path)
+                try:
+                    dir_fd = walk.open_readable_dir(target)
+                except OSError as e:
+                    raise oserror_refusal(e, request.path)
+                yield pb2.DownloadChunk(header=pb2.DownloadHeader(size_bytes=-1, is_archive=True))
+                source = rechunk(tar_stream(dir_fd), chunk_size)
+            else:
+                if target.final.kind == DIR:
+                    raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
+                                  'is a directory (use as_archive): "%s"' % request.path)
+                try:
+                    # O_NOFOLLOW: the name checked is the file read; O_NONBLOCK: a FIFO cannot hang the agent.
+                    fd = os.open(target.final.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                                 dir_fd=walk.parent_fd_existing(target))
+                except OSError as e:
+                    raise oserror_refusal(e, request.path)
+                f = os.fdopen(fd, "rb")
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    f.close()
+                    what = "a directory (use as_archive)" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+                    raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, 'is %s: "%s"' % (what, request.path))
+                yield pb2.DownloadChunk(header=pb2.DownloadHeader(size_bytes=st.st_size, is_archive=False))
+                source = read_chunks(f, chunk_size)
+            for chunk in source:
+                digest.update(chunk)
+                yield pb2.DownloadChunk(chunk=chunk)
+            yield pb2.DownloadChunk(end=pb2.DownloadEnd(sha256=digest.hexdigest()))
 
 
 # ---------------------------------------------------------------- archives
@@ -468,110 +506,22 @@ def rechunk(pieces, size):
         yield bytes(buf)
 
 
-def tar_stream(root):
-    """A POSIX tar of the directory's contents, produced piece by piece (constant memory)."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(dirnames) + sorted(filenames):
-            full = os.path.join(dirpath, name)
-            arcname = os.path.relpath(full, root)
-            try:
-                info = tar_info(full, arcname)
-            except OSError:
-                continue  # vanished while walking
-            if info is None:
-                continue
-            yield info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
-            if info.isreg():
-                yield from file_payload(full, info.size)
-        # os.walk does not descend into symlinked directories: they are archived as links.
-    yield b"\0" * (tarfile.BLOCKSIZE * 2)
+ARCHIVE_STATUS = {"invalid": grpc.StatusCode.INVALID_ARGUMENT, "escape": grpc.StatusCode.PERMISSION_DENIED,
+                  "conflict": grpc.StatusCode.FAILED_PRECONDITION, "limit": grpc.StatusCode.INVALID_ARGUMENT}
 
 
-def tar_info(full, arcname):
-    st = os.lstat(full)
-    info = tarfile.TarInfo(arcname)
-    info.mode = stat.S_IMODE(st.st_mode)
-    info.mtime = int(st.st_mtime)
-    info.uid, info.gid = st.st_uid, st.st_gid
-    if stat.S_ISREG(st.st_mode):
-        info.type, info.size = tarfile.REGTYPE, st.st_size
-    elif stat.S_ISDIR(st.st_mode):
-        info.type = tarfile.DIRTYPE
-    elif stat.S_ISLNK(st.st_mode):
-        info.type, info.linkname = tarfile.SYMTYPE, os.readlink(full)
-    else:
-        return None  # sockets, fifos, devices: nothing a transfer should carry
-    return info
-
-
-def file_payload(path, size):
-    """Exactly `size` bytes then tar padding, even if the file changes while it is read."""
-    sent = 0
-    try:
-        with open(path, "rb") as f:
-            while sent < size:
-                data = f.read(min(READ_SIZE * 4, size - sent))
-                if not data:
-                    break
-                sent += len(data)
-                yield data
-    except OSError:
-        pass
-    if sent < size:
-        yield b"\0" * (size - sent)
-    pad = -size % tarfile.BLOCKSIZE
-    if pad:
-        yield b"\0" * pad
-
-
-def member_filter(member, dest):
-    """tarfile's `data` filter, plus: absolute symlinks are fine when they point inside dest."""
-    if member.issym() and os.path.isabs(member.linkname):
-        target = os.path.realpath(member.linkname)
-        if not within(target, os.path.realpath(dest)):
-            raise tarfile.LinkOutsideDestinationError(member, target)
-        link_dir = os.path.dirname(os.path.join(dest, member.name))
-        relative = member.replace(linkname=os.path.relpath(target, os.path.realpath(link_dir)), deep=False)
-        checked = tarfile.data_filter(relative, dest)
-        return checked.replace(linkname=member.linkname, deep=False)
-    return tarfile.data_filter(member, dest)
-
-
-def extract_archive(fileobj, target, given):
-    """Check every member first, then extract under target; nothing escapes it."""
+def extract_archive(fileobj, target, given, walk, run_dir=RUN_DIR):
+    """Check the whole archive first (agentarchive.plan), then extract it under target; nothing escapes it."""
     try:
         tar = tarfile.open(fileobj=fileobj, mode="r:*")
     except tarfile.TarError as e:
         raise invalid("not a tar archive: %s" % e)
     with tar:
         try:
-            members = tar.getmembers()
-        except tarfile.TarError as e:
-            raise invalid("corrupt tar archive: %s" % e)
-        links = set()
-        for m in members:
-            if m.name.startswith("/"):
-                # tarfile's data filter would strip the slash; an absolute member is refused instead.
-                raise Refusal(grpc.StatusCode.PERMISSION_DENIED,
-                              'archive member escapes "%s": absolute path %r' % (given, m.name))
-            name = os.path.normpath(m.name)
-            # A member reached through a link the same archive created could land anywhere.
-            parts = name.split("/")
-            if any("/".join(parts[:i]) in links for i in range(1, len(parts))):
-                raise Refusal(grpc.StatusCode.PERMISSION_DENIED,
-                              'archive member "%s" goes through a link in the archive' % m.name)
-            if m.issym() or m.islnk():
-                links.add(name)
-            try:
-                member_filter(m, target)
-            except tarfile.FilterError as e:
-                raise Refusal(grpc.StatusCode.PERMISSION_DENIED, 'archive member escapes "%s": %s' % (given, e))
-        os.makedirs(target, exist_ok=True)
-        try:
-            tar.extractall(target, members=members, filter=member_filter)
-        except tarfile.FilterError as e:
-            raise Refusal(grpc.StatusCode.PERMISSION_DENIED, 'archive member escapes "%s": %s' % (given, e))
+            members = agentarchive.plan(tar, target, given, agentarchive.load_limits(run_dir))
+            agentarchive.extract(tar, members, target, given, walk)
+        except agentarchive.ArchiveRefused as e:
+            raise Refusal(ARCHIVE_STATUS[e.kind], e.message)
         except tarfile.TarError as e:
             raise invalid("cannot extract archive: %s" % e)
 

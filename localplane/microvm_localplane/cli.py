@@ -152,7 +152,9 @@ def cmd_serve(args):
 
 # -- up -------------------------------------------------------------------------------
 def port_free(host, port):
+    """Can serve bind host:port? With SO_REUSEADDR, as serve binds: a crashed plane's TIME-WAIT leftovers don't count."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
             return True
@@ -192,8 +194,13 @@ def cmd_up(args):
         with contextlib.suppress(OSError):
             os.unlink(info_path(state_dir))
         token = load_or_make_token(state_dir, args.token)
-        host, port = parse_listen(args.listen)
+        host, port = parse_listen(args.listen or DEFAULT_LISTEN)
         if port and not port_free(host, port):
+            if args.listen:
+                # Surviving multiplexers and sourced env files name this port: never move it.
+                print("--listen %s: port %d is in use by another process; stop it or name another port "
+                      "(a port given with --listen is never replaced)" % (args.listen, port))
+                return 1
             print("port %d is busy; using a free port instead" % port)
             port = 0
         listen = "%s:%d" % (host, port)
@@ -306,7 +313,9 @@ def main(argv=None):
                    help="do not print the token (used by `up`, whose output goes to a log)")
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("up", help="start in the background (or reuse the running one) and write an env file")
-    p.add_argument("--listen", default=DEFAULT_LISTEN)
+    p.add_argument("--listen", default=None,
+                   help="HOST:PORT on loopback; a port named here is used or `up` fails (default %s, or a free port "
+                        "when that one is taken)" % DEFAULT_LISTEN)
     p.add_argument("--state-dir", required=True)
     p.add_argument("--env-file")
     p.add_argument("--token", default=None)

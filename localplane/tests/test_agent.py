@@ -2,8 +2,10 @@
 import hashlib
 import io
 import os
+import json
 import signal
 import tarfile
+import threading
 
 import grpc
 import hypothesis
@@ -367,7 +369,11 @@ def test_archive_round_trip(stub):
     [("lnk", "symlink", "."), ("lnk/../../escape.txt", "file", b"x")],
     [("d", "dir", None), ("d/l", "symlink", ".."), ("d/l/m", "symlink", "..")],
     [("hl", "hardlink", "/etc/passwd")],
-], ids=["dotdot", "absolute", "symlink-abs-out", "symlink-rel-out", "through-link", "link-chain", "hardlink-out"])
+    [("d", "symlink", "."), ("e", "symlink", "d/d/d/../..")],
+    [("d", "symlink", "."), ("ok.txt", "file", b"x"), ("e", "symlink", "d/d/d/../../escape.txt")],
+    [("a", "dir", None), ("a/l", "symlink", "/workspace"), ("top", "symlink", "a/l/..")],
+], ids=["dotdot", "absolute", "symlink-abs-out", "symlink-rel-out", "through-link", "link-chain", "hardlink-out",
+        "symlink-chain", "symlink-chain-after-a-file", "absolute-link-then-dotdot"])
 def test_escaping_archive_is_refused_and_writes_nothing(stub, entries):
     target = "/workspace/esc-%d" % abs(hash(str(entries)))
     code, msg = rpc_error(upload, stub, target, _tar(entries), is_archive=True)
@@ -382,6 +388,100 @@ def test_archive_through_existing_symlink_out_is_refused(stub):
     code, _details = rpc_error(upload, stub, "/workspace/arch-link", _tar([("out/x.txt", "file", b"x")]), is_archive=True)
     assert code == CODE.PERMISSION_DENIED
     assert sh(stub, "test -e /tmp/x.txt || echo clean").stdout == b"clean\n"
+
+
+@pytest.mark.parametrize("path,limit", [
+    ("/workspace/too-long/a/" + "n" * 300 + "/f", "NAME_MAX 255"),
+    ("/workspace/too-deep/" + "/".join(["d" * 200] * 21) + "/f", "PATH_MAX 4096"),
+], ids=["name", "path"])
+@pytest.mark.parametrize("is_archive", [False, True])
+def test_a_path_longer_than_the_file_system_allows_is_refused_and_creates_nothing(stub, path, limit, is_archive):
+    payload = _tar([("f", "file", b"x")]) if is_archive else b"x"
+    code, msg = rpc_error(upload, stub, path, payload, is_archive=is_archive)
+    assert code == CODE.INVALID_ARGUMENT and limit in msg, msg
+    assert sh(stub, "ls -A /workspace | grep -x -e too-long -e too-deep || echo none").stdout == b"none\n"
+
+
+def test_an_archive_member_longer_than_the_file_system_allows_is_refused_whole(stub):
+    entries = [("first.txt", "file", b"x"), ("sub", "dir", None), ("sub/" + "n" * 300, "file", b"x")]
+    code, msg = rpc_error(upload, stub, "/workspace/long-member", _tar(entries), is_archive=True)
+    assert code == CODE.INVALID_ARGUMENT and "NAME_MAX 255" in msg, msg
+    assert sh(stub, "test -e /workspace/long-member || echo nothing").stdout == b"nothing\n"
+
+
+@pytest.fixture
+def small_archive_limits(guest):
+    # The plane writes the guest's bounds into its run dir (`up --archive-max-members/--archive-max-bytes`).
+    path = os.path.join(guest._layout.run, "agent-limits.json")
+    with open(path, "w") as f:
+        json.dump({"archive_max_members": 3, "archive_max_bytes": 100}, f)
+    yield
+    os.unlink(path)
+
+
+@pytest.mark.parametrize("entries,limit", [
+    ([("a", "file", b"1"), ("b", "file", b"2"), ("c", "file", b"3"), ("d", "file", b"4")], "archive_max_members"),
+    ([("a", "file", b"1" * 60), ("b", "file", b"2" * 60)], "archive_max_bytes"),
+], ids=["members", "bytes"])
+def test_an_archive_over_the_planes_bounds_is_refused_and_writes_nothing(stub, small_archive_limits, entries, limit):
+    dest = "/workspace/bounded-" + limit
+    code, msg = rpc_error(upload, stub, dest, _tar(entries), is_archive=True)
+    assert code == CODE.INVALID_ARGUMENT and limit in msg, msg
+    assert sh(stub, "test -e %s || echo nothing" % dest).stdout == b"nothing\n"
+    within = entries[:3] if limit == "archive_max_members" else entries[:1]
+    upload(stub, dest, _tar(within), is_archive=True)
+    assert sh(stub, "ls %s" % dest).stdout.split() == [e[0].encode() for e in within]
+
+
+# A process in the guest exchanges a directory and a link out of /workspace as fast as it can (renameat2
+# RENAME_EXCHANGE: the name always exists, as one or the other).
+SWAPPER = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+os.chdir(sys.argv[1])
+n = 0
+while not os.path.exists("stop"):
+    if libc.renameat2(-100, b"d", -100, b"alt", 2) != 0:
+        raise OSError(ctypes.get_errno(), "renameat2")
+    n += 1
+print(n)
+"""
+
+
+def test_a_directory_swapped_for_a_link_never_moves_a_transfer_outside(stub):
+    sh(stub, "rm -rf /workspace/race /tmp/race-out; mkdir -p /workspace/race/d /tmp/race-out"
+             " && echo inside > /workspace/race/d/secret && echo outside > /tmp/race-out/secret"
+             " && ln -s /tmp/race-out /workspace/race/alt")
+    swapped = {}
+    swapper = threading.Thread(target=lambda: swapped.update(
+        r=run(stub, ["python3", "-c", SWAPPER, "/workspace/race"], timeout_seconds=300)))
+    swapper.start()
+    outcomes = {"ok": 0, "refused": 0}
+    unexpected = []
+    try:
+        for i in range(200):
+            steps = [lambda i=i: upload(stub, "/workspace/race/d/f%d" % i, b"x"),
+                     lambda i=i: upload(stub, "/workspace/race/d/sub%d/f" % i, b"x"),
+                     lambda i=i: upload(stub, "/workspace/race/d/arch%d" % i, _tar([("m", "file", b"x")]), is_archive=True),
+                     lambda: download(stub, "/workspace/race/d/secret")[1],
+                     lambda: download(stub, "/workspace/race/d", as_archive=True)[1]]
+            for step in steps:
+                try:
+                    got = step()
+                except grpc.RpcError as e:
+                    if e.code() not in (CODE.PERMISSION_DENIED, CODE.FAILED_PRECONDITION, CODE.NOT_FOUND):
+                        unexpected.append((e.code(), e.details()))
+                    outcomes["refused"] += 1
+                    continue
+                outcomes["ok"] += 1
+                assert not (isinstance(got, bytes) and b"outside" in got), "read a file outside /workspace"
+    finally:
+        sh(stub, "touch /workspace/race/stop")
+        swapper.join()
+    assert swapped["r"].code == 0 and int(swapped["r"].stdout) > 0, swapped["r"].stderr
+    assert sh(stub, "ls -A /tmp/race-out").stdout == b"secret\n"
+    assert outcomes["ok"] and outcomes["refused"], outcomes
+    assert not unexpected, unexpected[:5]
 
 
 def test_not_a_tar_is_invalid(stub):

@@ -2,6 +2,7 @@
 import contextlib
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -89,6 +90,52 @@ def test_up_reuses_and_down_leaves_nothing(tmp_path):
     assert down.returncode == 0, down.stdout + down.stderr
     assert processes_mentioning(state) == []
     assert "no local control plane" in cli("down", "--state-dir", state).stdout
+
+
+def port_in_time_wait():
+    """A loopback port whose only leftover is a connection in TIME-WAIT (what a crashed plane leaves behind)."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the plane's listener (aiohttp) has it
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    served, _addr = listener.accept()
+    served.close()  # the server side closes first: its end stays in TIME-WAIT
+    client.recv(1)
+    client.close()
+    listener.close()
+    probe = socket.socket()
+    with pytest.raises(OSError):  # without SO_REUSEADDR the port looks taken
+        probe.bind(("127.0.0.1", port))
+    probe.close()
+    return port
+
+
+def test_up_keeps_a_named_port_in_time_wait(tmp_path):
+    state, env_file = str(tmp_path / "plane"), str(tmp_path / "env")
+    port = port_in_time_wait()
+    up = cli("up", "--state-dir", state, "--env-file", env_file, "--listen", "127.0.0.1:%d" % port)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "DO_AGENTS_API_URL=http://127.0.0.1:%d\n" % port in open(env_file).read()
+    finally:
+        cli("down", "--state-dir", state)
+
+
+def test_up_never_moves_a_named_port_that_is_taken(tmp_path):
+    state, env_file = str(tmp_path / "plane"), str(tmp_path / "env")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        up = cli("up", "--state-dir", state, "--env-file", env_file, "--listen", "127.0.0.1:%d" % port)
+    try:
+        assert up.returncode != 0, up.stdout
+        assert "port %d is in use" % port in up.stdout and "never replaced" in up.stdout, up.stdout
+        assert not os.path.exists(env_file) and processes_mentioning(state) == []
+    finally:
+        cli("down", "--state-dir", state)
 
 
 @pytest.mark.parametrize("how", ["graceful", "crash"])

@@ -39,25 +39,27 @@ def inside_workspace(path):
     return path == WORKSPACE or path.startswith(WORKSPACE + "/")
 
 
-def kept_entries(dest, keep):
-    """The top-level entries of dest that hold a kept path (they survive clean)."""
-    entries = []
-    for k in keep:
-        k = posixpath.normpath(k)
-        if k.startswith(dest.rstrip("/") + "/"):
-            top = k[len(dest.rstrip("/")) + 1:].split("/", 1)[0]
-            entry = dest.rstrip("/") + "/" + top
-            if entry not in entries:
-                entries.append(entry)
-    return entries
+OUTSIDE_RC = 3  # the clean command's exit code when dest resolves outside /workspace in the guest
 
 
-def clean_command(dest, keep):
-    """A shell command that removes everything in dest except the entries that hold kept paths."""
-    cmd = "find %s -mindepth 1 -maxdepth 1" % shlex.quote(dest)
-    for entry in kept_entries(dest, keep):
-        cmd += " ! -path %s" % shlex.quote(entry)
-    return "if [ -d %s ]; then %s -exec rm -rf -- {} +; fi" % (shlex.quote(dest), cmd)
+def clean_command(dest, keep, workspace=WORKSPACE):
+    """A shell command that empties dest, except the entries that hold kept paths - only once the guest itself
+    resolved dest (cd -P: every link followed, the directory then held as the working directory) to a real
+    directory inside /workspace. Otherwise it removes nothing and exits OUTSIDE_RC with the real path on stderr.
+
+    Everything is removed relative to that working directory (find . and rm -rf never follow a link), so a link
+    swapped in on the way cannot redirect the removal. Kept paths are resolved in the guest too.
+    """
+    keep_args = " ".join(shlex.quote(posixpath.normpath(k)) for k in keep)
+    return (
+        "[ -e {d} ] || exit 0; cd -P -- {d} || exit 1; real=$(pwd -P); "
+        'case "$real" in {ws}|{ws}/*) ;; *) printf "%s\\n" "$real" >&2; exit {rc};; esac; '
+        "set --; for k in {keep}; do "
+        'kr=$(realpath -m -- "$k") || continue; '
+        'case "$kr" in "$real"/*) top=${{kr#"$real"/}}; set -- "$@" ! -path "./${{top%%/*}}";; esac; '
+        "done; "
+        'find . -mindepth 1 -maxdepth 1 "$@" -exec rm -rf -- {{}} +'
+    ).format(d=shlex.quote(dest), ws=shlex.quote(workspace), rc=OUTSIDE_RC, keep=keep_args or "''")
 
 
 class ActionModule(ActionBase):
@@ -103,21 +105,27 @@ class ActionModule(ActionBase):
                             "agent's archive upload); this host uses %s" % getattr(conn, "transport", type(conn).__name__))
 
         result["changed"] = True
-        result["cleaned"] = bool(args["clean"])
+        result["cleaned"] = False
         if self._task.check_mode:
             return result
 
         if args["clean"]:
             cmd = clean_command(dest, args["keep"])
             res = self._low_level_execute_command(cmd)
+            stderr = to_text(res.get("stderr", "")).strip()
+            if res.get("rc") == OUTSIDE_RC:
+                return dict(result, failed=True, changed=False,
+                            msg="workspace_archive: dest %s resolves to %s in the sandbox (through a symbolic link), "
+                                "outside /workspace: nothing was removed or extracted" % (dest, stderr[-1000:]))
             if res.get("rc", 1) != 0:
                 return dict(result, failed=True, changed=False,
                             msg="workspace_archive: could not empty %s before the restore (rc %s): %s"
-                                % (dest, res.get("rc"), to_text(res.get("stderr", "")).strip()[-2000:]))
+                                % (dest, res.get("rc"), stderr[-2000:]))
+            result["cleaned"] = True
         try:
             sent = conn.put_archive(src, dest)
         except AnsibleError as e:
-            return dict(result, failed=True, changed=bool(args["clean"]),
+            return dict(result, failed=True, changed=result["cleaned"],
                         msg="workspace_archive: the sandbox refused or failed to extract %s into %s: %s"
                             % (src, dest, to_text(e)))
         if isinstance(sent, dict) and "bytes" in sent:

@@ -8,9 +8,12 @@ tarfile opens with mode ``r:*``) and refuses the whole archive, naming every
 offending member, when any member would land outside ``target`` once extracted
 there: an absolute name, a ``..`` escape, a symbolic link whose target leaves
 ``target``, a hard link to something outside it, a member reached through a link
-the same archive creates, or a device, FIFO or other special file. Nothing is
-extracted here: the check is lexical, on the names alone, so it gives the same
-answer whatever the controller's own file system holds.
+the same archive creates, or a device, FIFO or other special file. Symbolic
+link targets are resolved through the archive's own links (``d -> .`` then
+``e -> d/d/d/../..`` leaves the target), once when each link is read and once
+more with every link of the archive. Nothing is extracted here: the check is
+symbolic, on the names alone, so it gives the same answer whatever the
+controller's own file system holds.
 
 `sha256_file(path)` is the lowercase hex sha256 of a file, read in chunks.
 """
@@ -22,8 +25,10 @@ __metaclass__ = type
 import hashlib
 import posixpath
 import tarfile
+from collections import deque
 
 CHUNK = 1024 * 1024
+MAX_LINKS = 40  # symbolic links followed in one resolution, as Linux does
 
 
 class ArchiveRefused(Exception):
@@ -47,12 +52,71 @@ def _inside(rel):
     return rel != ".." and not rel.startswith("../") and not rel.startswith("/")
 
 
-def member_problem(member, target, links):
+def _parts(path):
+    return [p for p in path.split("/") if p not in ("", ".")]
+
+
+def resolve_link(link_dir, link, symlinks, root):
+    """Where a symbolic link of the archive leads, following the archive's own links.
+
+    link_dir is the link's directory (list of names relative to the target), symlinks maps the normalized names of
+    the archive's symbolic links to their targets, root is the target's list of names. Returns the list of names
+    relative to the target, or a string saying why the link leaves the target (the controller knows nothing outside
+    it, so leaving it even for a moment is refused).
+    """
+    stack = list(link_dir)
+    todo = deque()
+    hops = 0
+    text = link
+    while True:
+        if text.startswith("/"):
+            parts = text.split("/")
+            names = _parts(text)
+            if ".." in parts[:len(root) + 1] or names[:len(root)] != root:
+                return "symbolic link to %s, outside /%s" % (link, "/".join(root))
+            stack = []
+            todo.extendleft(reversed(names[len(root):]))
+        else:
+            todo.extendleft(reversed(text.split("/")))
+        text = None
+        while todo:
+            part = todo.popleft()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if not stack:
+                    return "symbolic link to %s leaves the target" % link
+                stack.pop()
+                continue
+            stack.append(part)
+            target = symlinks.get("/".join(stack))
+            if target is not None:
+                hops += 1
+                if hops > MAX_LINKS:
+                    return "symbolic link to %s is a loop of links" % link
+                stack.pop()
+                text = target
+                break
+        if text is None:
+            return stack
+
+
+def link_problem(rel, link, symlinks, target):
+    """Why the symbolic link rel -> link leaves the target (None when it stays inside)."""
+    if not link:
+        return "symbolic link with an empty target"
+    where = resolve_link(rel.split("/")[:-1], link, symlinks, _parts(posixpath.normpath(target)))
+    return where if isinstance(where, str) else None
+
+
+def member_problem(member, target, links, symlinks=None):
     """Why this member would land outside target (None when it stays inside).
 
     target is the absolute guest directory the archive is extracted into; links is the set of
-    normalized names of the links seen so far in the archive (updated here).
+    normalized names of the links seen so far in the archive, symlinks maps the symbolic ones to their
+    targets (both updated here).
     """
+    symlinks = {} if symlinks is None else symlinks
     name = member.name
     if name.startswith("/"):
         return "absolute path"
@@ -65,16 +129,8 @@ def member_problem(member, target, links):
             return "goes through the link %s in the same archive" % "/".join(parts[:i])
     if member.issym():
         links.add(rel)
-        link = member.linkname
-        if not link:
-            return "symbolic link with an empty target"
-        if link.startswith("/"):
-            resolved = posixpath.normpath(link)
-            root = posixpath.normpath(target)
-            if not (resolved == root or resolved.startswith(root.rstrip("/") + "/")):
-                return "symbolic link to %s, outside %s" % (link, root)
-        elif not _inside(posixpath.normpath(posixpath.join(posixpath.dirname(rel), link))):
-            return "symbolic link to %s leaves the target" % link
+        symlinks[rel] = member.linkname
+        return link_problem(rel, member.linkname, symlinks, target)
     elif member.islnk():
         links.add(rel)
         link = member.linkname
@@ -93,13 +149,16 @@ def check_archive(path, target="/workspace", limit=20):
     offending = []
     summary = {"members": 0, "files": 0, "dirs": 0, "symlinks": 0, "hardlinks": 0, "size": 0}
     links = set()
+    symlinks = {}
+    flagged = set()
     try:
         with tarfile.open(path, mode="r:*") as tar:
             for member in tar:
                 summary["members"] += 1
-                problem = member_problem(member, target, links)
+                problem = member_problem(member, target, links, symlinks)
                 if problem:
                     offending.append("%s (%s)" % (member.name, problem))
+                    flagged.add(posixpath.normpath(member.name))
                     continue
                 if member.issym():
                     summary["symlinks"] += 1
@@ -112,6 +171,11 @@ def check_archive(path, target="/workspace", limit=20):
                     summary["size"] += member.size
     except (tarfile.TarError, EOFError, OSError) as e:
         raise ArchiveRefused("%s is not a readable tar archive: %s" % (path, e))
+    # A later link can change where an earlier one leads: every link once more, with all of them.
+    for rel, link in symlinks.items():
+        problem = link_problem(rel, link, symlinks, target)
+        if problem and rel not in flagged:
+            offending.append("%s (%s)" % (rel, problem))
     if offending:
         shown = offending[:limit]
         more = len(offending) - len(shown)

@@ -378,6 +378,52 @@ def test_the_agent_refuses_what_only_the_session_shows(sandbox, env, tmp_path, p
     assert "/workspace/checkmode" not in got and "/workspace/checkmode/x.txt" not in got
 
 
+CLEAN_THROUGH_A_LINK_PLAY = """
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - name: A directory outside the workspace, and a link in the workspace to the root
+      ansible.builtin.shell: |
+        set -e
+        mkdir -p /tmp/victim && echo precious > /tmp/victim/file
+        ln -sfn / /workspace/up
+      changed_when: true
+    - name: Restore with clean into a dest that passes through the link
+      microvm.sandbox.workspace_archive:
+        src: "{{ archive }}"
+        dest: /workspace/up/tmp/victim
+        clean: true
+      register: through
+      ignore_errors: true
+    - name: Report
+      ansible.builtin.debug:
+        msg: "THROUGH={{ through | to_json }}"
+    - name: What is left outside
+      ansible.builtin.command: ls -A /tmp/victim
+      register: left
+      changed_when: false
+    - name: Report what is left
+      ansible.builtin.debug:
+        msg: "LEFT={{ left.stdout_lines | to_json }}"
+"""
+
+
+def test_clean_through_a_link_out_of_the_workspace_removes_nothing(sandbox, env, tmp_path, playbook_runner):
+    """dest is lexically inside /workspace but resolves outside in the guest: the clean refuses before removing."""
+    archive = tmp_path / "a.tar.gz"
+    with tarfile.open(str(archive), "w:gz") as tar:
+        info = tarfile.TarInfo("a.txt")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"a"))
+    res = run(playbook_runner, CLEAN_THROUGH_A_LINK_PLAY, inventory("sbx", sandbox["session_id"]), env, tmp_path,
+              "-e", "archive=%s" % archive)
+    assert res.rc == 0, res
+    through = markers(res.stdout, "THROUGH")[0]
+    assert through["failed"] and "resolves to /tmp/victim" in through["msg"], through
+    assert through["cleaned"] is False and through["changed"] is False, through
+    assert markers(res.stdout, "LEFT")[0] == ["file"]
+
+
 def test_workspace_archive_needs_the_agent_connection(env, tmp_path, playbook_runner):
     archive = tmp_path / "a.tar.gz"
     with tarfile.open(str(archive), "w:gz") as tar:

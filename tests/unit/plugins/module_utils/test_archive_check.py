@@ -112,3 +112,24 @@ def test_sha256_file(tmp_path):
     f = tmp_path / "f"
     f.write_bytes(b"abc")
     assert sha256_file(str(f)) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+
+
+@pytest.mark.parametrize("members,offender", [
+    ([("d", "sym", "."), ("e", "sym", "d/d/d/../..")], "e"),
+    ([("d", "sym", "."), ("ok.txt", "file", b"x"), ("e", "sym", "d/d/d/../../escape.txt")], "e"),
+    ([("sub", "dir", None), ("sub/up", "sym", ".."), ("x", "sym", "sub/up/..")], "x"),
+    ([("a", "sym", "/workspace/d/.."), ("d", "sym", ".")], "a"),
+    ([("a", "sym", "b"), ("b", "sym", "a")], "a"),
+    # the link read first is fine alone; the one after changes where it leads
+    ([("e", "sym", "d/../x"), ("d", "sym", "..")], "d"),
+    # lexically d/../../x leaves; through d -> sub/inner it lands on x, inside
+    ([("d", "sym", "sub/inner"), ("sub", "dir", None), ("e", "sym", "d/../../x")], None),
+], ids=["chain", "chain-after-a-file", "up-then-up", "absolute-through-a-link", "loop", "later-link", "inside-chain"])
+def test_symbolic_links_are_resolved_through_the_archives_own_links(tmp_path, members, offender):
+    path = make_tar(tmp_path / "links.tar", members, mode="w")
+    if offender is None:
+        assert check_archive(path, "/workspace")["symlinks"] == 2
+        return
+    with pytest.raises(ArchiveRefused) as err:
+        check_archive(path, "/workspace")
+    assert offender in [o.split(" (")[0] for o in err.value.offending], err.value.offending
