@@ -16,13 +16,15 @@ export PATH := $(BIN):$(PATH)
 # no registry pull), openssh-server (the SSH peer in bench/), sudo (guests of
 # the built-in `base` template run the host's /usr and /etc read-only, so
 # sudo there is what lets the connection tests' `become_method: sudo` run
-# instead of skipping; root, the guest's user, may sudo by Debian's default).
-DEB_PACKAGES := bubblewrap umoci skopeo buildah docker-registry debootstrap openssh-server rsync sudo
+# instead of skipping; root, the guest's user, may sudo by Debian's default),
+# podman (builds and runs the execution environment, make ee-test).
+# bindep.txt lists the same packages by profile (hack/bindep-check.py).
+DEB_PACKAGES := bubblewrap umoci skopeo buildah docker-registry debootstrap openssh-server rsync sudo podman
 PYTEST_ARGS ?=
 NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py tests/unit/plugins/plugin_utils/test_option_defs.py tests/unit/plugins/plugin_utils/test_warm.py
 
 .PHONY: help venv system-deps collection proto proto-check lint sanity ansible-lint docs-lint docs \
-        unit localplane-test integration molecule test test-live demo local-up local-down build clean bench
+        unit localplane-test integration molecule galaxy-import test test-live demo local-up local-down build clean bench
 
 help:
 	@echo "make demo   - set up everything and run the demo end to end on the local control plane"
@@ -31,9 +33,10 @@ help:
 	@echo "make local-up / local-down - start / stop the local control plane (.local/env)"
 	@echo "make proto  - regenerate the guest agent stubs from protos/"
 	@echo "make bench  - run the benchmarks in bench/"
+	@echo "make galaxy-import - run Galaxy's importer (offline) on the built tarball"
 	@echo "make molecule - run every Molecule scenario (extensions/molecule/) on a local control plane of its own"
 
-$(VENV)/.stamp: requirements-dev.txt requirements.txt
+$(VENV)/.stamp: requirements-dev.txt requirements.txt localplane/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements-dev.txt
@@ -125,6 +128,9 @@ local-down: venv
 
 demo: setup
 	bash hack/demo.sh
+
+galaxy-import: setup
+	bash hack/galaxy-import.sh
 
 build: setup
 	$(BIN)/ansible-galaxy collection build --force --output-path .local/dist .

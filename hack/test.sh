@@ -26,6 +26,8 @@ step changelog-lint .venv/bin/antsibull-changelog lint
 step docs-lint .venv/bin/antsibull-docs lint-collection-docs --plugin-docs --skip-rstcheck .
 step ansible-lint .venv/bin/ansible-lint --profile production --offline --nocolor -q
 step sanity bash hack/sanity.sh
+step bindep .venv/bin/python hack/bindep-check.py
+step galaxy-import bash hack/galaxy-import.sh
 for s in "${suites[@]}"; do
   step "${s%%:*}" bash hack/pytest-count.sh "${s%%:*}" "${s#*:}"
 done

@@ -14,7 +14,8 @@ description:
   - Lists the sessions of the control plane (the platform or the local control plane) and adds one host per
     session, named after the session, reached with the C(microvm.sandbox.agent)
     connection plugin (C(ansible_connection=microvm.sandbox.agent), C(ansible_host) = the session id).
-  - Reads configuration files whose name ends with C(.microvm_sessions.yml) or C(.microvm_sessions.yaml).
+  - Reads configuration files whose name ends with C(.microvm_sessions.yml) or C(.microvm_sessions.yaml); a file
+    that names this plugin under another name fails with a message naming the suffix.
   - Every session field becomes a host variable with the prefix O(host_var_prefix), for example C(microvm_session_id),
     C(microvm_name), C(microvm_status) (short form, such as C(READY)), C(microvm_agent_kind),
     C(microvm_parent_session_id), C(microvm_workspace_id). The platform reports no template or size.
@@ -56,6 +57,13 @@ options:
     description: The connection plugin set as C(ansible_connection) for every host.
     type: str
     default: microvm.sandbox.agent
+  python_interpreter:
+    description:
+      - Set as C(ansible_python_interpreter) for every host. The default discovers the template's Python without
+        the discovery warning (templates differ in where their Python lives); give a path such as
+        V(/usr/bin/python3) to skip discovery, or override it per host with O(compose).
+    type: str
+    default: auto_silent
 """
 
 EXAMPLES = r"""
@@ -103,15 +111,42 @@ CONNECTION_VARS = {
 DEFAULTS = {"api_url": profile.DEFAULT_API_URL, "route_prefix": profile.DEFAULT_PREFIX}
 
 
+SUFFIXES = (".microvm_sessions.yml", ".microvm_sessions.yaml")
+_PLUGIN_LINE = re.compile(r"""^plugin:\s*["']?microvm\.sandbox\.sessions["']?\s*(#.*)?$""", re.M)
+
+
+def _names_this_plugin(path):
+    """Whether a YAML file says `plugin: microvm.sandbox.sessions` (read cheaply, never fails)."""
+    if not path.endswith((".yml", ".yaml")):
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(65536).decode("utf-8", "replace")
+    except OSError:
+        return False
+    return bool(_PLUGIN_LINE.search(head))
+
+
+def _suggested_name(path):
+    stem = re.sub(r"\.ya?ml$", "", path)
+    return stem + SUFFIXES[0]
+
+
 class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
 
     NAME = "microvm.sandbox.sessions"
 
     def verify_file(self, path):
+        # A file that names this plugin but has another suffix is accepted too, so that
+        # parse() can say which suffix it needs instead of core's generic refusal.
         return super(InventoryModule, self).verify_file(path) and \
-            path.endswith((".microvm_sessions.yml", ".microvm_sessions.yaml"))
+            (path.endswith(SUFFIXES) or _names_this_plugin(path))
 
     def parse(self, inventory, loader, path, cache=True):
+        if not path.endswith(SUFFIXES):
+            raise AnsibleError(
+                "%s names the %s inventory plugin, which reads only files whose names end in %s: rename it, "
+                "for example to %s" % (path, self.NAME, " or ".join(SUFFIXES), _suggested_name(path)))
         super(InventoryModule, self).parse(inventory, loader, path, cache)
         self._read_config_data(path)
         sessions = self._sessions(self.get_cache_key(path), cache)
@@ -190,6 +225,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         hostvars = wrap_var(hostvars)  # API data is never a template
         hostvars["ansible_host"] = wrap_var(session.get("session_id"))
         hostvars["ansible_connection"] = self.get_option("connection_plugin")
+        hostvars["ansible_python_interpreter"] = self.get_option("python_interpreter")
         return hostvars
 
     def _connection_vars(self):

@@ -51,7 +51,8 @@ options:
         A paused session stays paused.
       - V(running) is V(present), and resumes the session if it is paused.
       - V(paused) is V(present), then pauses the session if it is running.
-      - V(absent) deletes the session and waits until it is gone.
+      - V(absent) deletes the session and waits until it is gone; FAILED sessions of that name (or that id) are
+        deleted too, so their records go.
     type: str
     choices: [present, running, paused, absent]
     default: present
@@ -97,6 +98,8 @@ options:
       - Environment variables of the sandbox, used when it is created.
       - The platform keeps them verbatim in the saved spec and shows them in API responses. Put credentials into
         O(secrets) instead; the module warns when a key here looks like a secret.
+      - Values are strings, numbers or booleans (V(true) becomes C(true)); a list, a mapping or null fails the task
+        naming the variable.
     type: dict
   secrets:
     description:
@@ -298,7 +301,8 @@ class SessionManager(object):
         session = self.client.find_session(self.p["name"])
         if session is not None and status_of(session) in profile.GONE:
             if self.p["state"] == "absent":
-                return None
+                # A FAILED session still holds its sandbox's records until it is deleted.
+                return session if status_of(session) == "FAILED" else None
             self.module.fail_json(
                 msg="Session %s (%r) is %s: it cannot be used again. Give a name to create a new session."
                 % (session.get("session_id"), session.get("name"), status_of(session)), session=session)
@@ -423,10 +427,19 @@ class SessionManager(object):
 
     # -- absent ------------------------------------------------------------
     def absent(self, existing):
-        if existing is None:
-            return None
-        self.delete(existing)
+        doomed = [existing] if existing is not None else []
+        doomed += [s for s in self.failed_by_name() if existing is None or s["session_id"] != existing["session_id"]]
+        for session in doomed:
+            self.delete(session)
         return self.last_seen
+
+    def failed_by_name(self):
+        """FAILED sessions of this name: the API's name filter matches live sessions only."""
+        name = self.p["name"]
+        if profile.looks_like_uuid(name):
+            return []
+        return [s for s in self.client.list_sessions(status="SESSION_STATUS_FAILED")
+                if (s.get("name") or "").lower() == name.lower()]
 
     def delete(self, session):
         self.changed = True

@@ -20,11 +20,13 @@ extends_documentation_fragment:
   - microvm.sandbox.api.attributes
   - microvm.sandbox.api.info_module
 options:
-  session:
+  name:
     description:
-      - Id or name of one session. Names are matched (case-insensitively) among live sessions only.
+      - Id or name of one session, as O(microvm.sandbox.session#module:name) takes it. Names are matched
+        (case-insensitively) among live sessions only.
       - When nothing matches, RV(sessions) is empty; the module does not fail.
     type: str
+    aliases: [session]
   name_prefix:
     description:
       - Only sessions whose name starts with this prefix (case-sensitive).
@@ -46,7 +48,7 @@ seealso:
 EXAMPLES = r"""
 - name: One session by name
   microvm.sandbox.session_info:
-    session: ci-job-42
+    name: ci-job-42
   register: found
 
 - name: Fail when it is missing
@@ -93,8 +95,8 @@ def list_sessions(module, client):
         statuses = expand_statuses(p["statuses"])
     except ValueError as e:
         module.fail_json(msg="statuses: %s" % e)
-    if p["session"]:
-        found = client.find_session(p["session"])
+    if p["name"]:
+        found = client.find_session(p["name"])
         sessions = [found] if found else []
     else:
         # The API filters on one status at most; more are filtered here.
@@ -106,7 +108,7 @@ def list_sessions(module, client):
 def main():
     module = AnsibleModule(
         argument_spec=api_argument_spec(
-            session=dict(type="str"),
+            name=dict(type="str", aliases=["session"]),
             name_prefix=dict(type="str"),
             statuses=dict(type="list", elements="str"),
         ),

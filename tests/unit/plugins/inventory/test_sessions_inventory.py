@@ -48,10 +48,16 @@ def test_verify_file(tmp_path):
     inv = plugin_module.InventoryModule()
     good = tmp_path / "a.microvm_sessions.yml"
     bad = tmp_path / "a.yml"
+    other = tmp_path / "hosts.yml"
     good.write_text("plugin: microvm.sandbox.sessions\n")
     bad.write_text("plugin: microvm.sandbox.sessions\n")
+    other.write_text("all:\n  hosts:\n    web: {}\n")
     assert inv.verify_file(str(good))
-    assert not inv.verify_file(str(bad))
+    assert not inv.verify_file(str(other))
+    # A file that names the plugin under the wrong name is taken, so that parse can name the suffix.
+    assert inv.verify_file(str(bad))
+    with pytest.raises(AnsibleError, match=r"\.microvm_sessions\.yml or \.microvm_sessions\.yaml.*a\.microvm_sessions\.yml"):
+        inv.parse(InventoryData(), DataLoader(), str(bad))
 
 
 def test_hosts_and_vars(tmp_path, plane):
@@ -64,6 +70,7 @@ def test_hosts_and_vars(tmp_path, plane):
     v = hostvars(data, "web-1")
     assert v["ansible_host"] == ready["session_id"]
     assert v["ansible_connection"] == "microvm.sandbox.agent"
+    assert v["ansible_python_interpreter"] == "auto_silent"
     assert v["microvm_status"] == "READY" and v["microvm_name"] == "web-1"
     assert v["ansible_microvm_api_url"] == "http://plane:1"
     assert "ansible_microvm_route_prefix" not in v

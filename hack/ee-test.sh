@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# make ee-test: build a real execution environment and run a playbook inside it.
+#  1. A Debian base image made here, with no registry pull: a debootstrap
+#     rootfs (python3, pip, venv) imported into podman as
+#     localhost/microvm-ee-base:bookworm; the rootfs tarball is cached under
+#     .local/ee/ and the image kept in podman's store.
+#  2. `ansible-builder create` from hack/ee/execution-environment.yml with the
+#     built collection tarball and this machine's pip configuration (index,
+#     CA bundle: hack/ee/pip_config.py), then `podman build` on the host
+#     network (layers cached between runs).
+#  3. A local control plane of its own, and tests/ee/project/session.yml run
+#     by ansible-runner inside the image (podman, host network): it starts a
+#     session, runs tasks over the agent connection and deletes it. Nothing
+#     may be left on the plane.
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+bin="$root/.venv/bin"
+export PATH="$bin:$PATH"
+export PYTHONPATH="${PYTHONPATH:-$root/.local/collections:$root/localplane}"
+work="$root/.local/ee"
+base_image=localhost/microvm-ee-base:bookworm
+ee_image=localhost/microvm-sandbox-ee:test
+mkdir -p "$work" .local/results
+report=.local/results/ee-test.txt
+start=$SECONDS
+fail() { echo "ee-test: $*" | tee "$report" >&2; exit 1; }
+command -v podman >/dev/null || fail "podman is missing (make system-deps installs it)"
+
+# 1. The base image.
+if ! podman image exists "$base_image"; then
+  if [ ! -s "$work/base-bookworm.tar" ]; then
+    command -v debootstrap >/dev/null || fail "debootstrap is missing (make system-deps installs it)"
+    rm -rf "$work/rootfs"
+    echo "ee-test: debootstrap bookworm (minbase, python3, pip, venv) with the machine's configured sources"
+    debootstrap --variant=minbase --include=python3,python3-pip,python3-venv,ca-certificates \
+      bookworm "$work/rootfs" >"$work/debootstrap.log" 2>&1 || fail "debootstrap failed, see $work/debootstrap.log"
+    rm -rf "$work"/rootfs/var/cache/apt/archives/*.deb "$work"/rootfs/var/lib/apt/lists/*
+    tar -C "$work/rootfs" -cf "$work/base-bookworm.tar.partial" . && mv "$work/base-bookworm.tar.partial" "$work/base-bookworm.tar"
+    rm -rf "$work/rootfs"
+  fi
+  podman import --quiet "$work/base-bookworm.tar" "$base_image" >/dev/null || fail "podman import of the base failed"
+fi
+echo "ee-test: base image $base_image ready ($((SECONDS - start)) s)"
+
+# 2. The build context and the image.
+def="$work/definition"
+rm -rf "$def" "$work/context"; mkdir -p "$def/collections"
+cp hack/ee/execution-environment.yml hack/ee/requirements.yml "$def/"
+"$bin/ansible-galaxy" collection build --force --output-path "$work/dist" . >/dev/null || fail "collection build failed"
+cp "$(ls -t "$work"/dist/microvm-sandbox-*.tar.gz | head -n 1)" "$def/collections/microvm-sandbox.tar.gz"
+"$bin/python" hack/ee/pip_config.py "$def/pip" || fail "could not write the pip configuration"
+"$bin/ansible-builder" create -f "$def/execution-environment.yml" -c "$work/context" >/dev/null || fail "ansible-builder create failed"
+t0=$SECONDS
+podman build --network host --layers -f "$work/context/Containerfile" -t "$ee_image" "$work/context" >"$work/build.log" 2>&1 \
+  || { tail -n 30 "$work/build.log"; fail "podman build failed, see $work/build.log"; }
+echo "ee-test: built $ee_image in $((SECONDS - t0)) s"
+podman image prune -f >/dev/null 2>&1 || true  # the superseded untagged builds
+
+# 3. A plane, and the playbook inside the image.
+state="$work/plane"
+stop_plane() { "$bin/python" -m microvm_localplane down --state-dir "$state" >/dev/null 2>&1 || true; }
+trap stop_plane EXIT
+trap 'exit 130' INT TERM
+mkdir -p "$state"
+"$bin/python" -m microvm_localplane up --state-dir "$state" --env-file "$work/plane.env" >/dev/null || fail "the local control plane did not start"
+# shellcheck disable=SC1091
+source "$work/plane.env"
+pdd="$work/runner"
+rm -rf "$pdd"; mkdir -p "$pdd/env"; chmod 700 "$pdd/env"
+cp -r tests/ee/project tests/ee/inventory "$pdd/"
+( umask 077; printf 'DO_AGENTS_API_URL: "%s"\nDO_AGENTS_API_TOKEN: "%s"\nANSIBLE_NOCOLOR: "1"\n' \
+    "$DO_AGENTS_API_URL" "$DO_AGENTS_API_TOKEN" > "$pdd/env/envvars" )
+t0=$SECONDS
+"$bin/ansible-runner" run "$pdd" -p session.yml --process-isolation --process-isolation-executable podman \
+  --container-image "$ee_image" --container-option=--network=host >"$work/run.log" 2>&1
+rc=$?
+cat "$work/run.log"
+recap=$(grep -E '^localhost|^ee-sandbox' "$work/run.log" | tr -s ' ' | tr '\n' ';')
+# Nothing may be left on the plane.
+leftovers=$("$bin/python" - <<'PY'
+import os
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient
+
+client = ApiClient(os.environ["DO_AGENTS_API_URL"], os.environ["DO_AGENTS_API_TOKEN"])
+gone = ("SESSION_STATUS_DESTROYING", "SESSION_STATUS_DESTROYED")
+print(" ".join(s.get("name", "?") for s in client.list_sessions() if s.get("status") not in gone))
+PY
+) || leftovers="(listing failed)"
+[ "$rc" = 0 ] || fail "the playbook failed in the execution environment (ansible-runner exit $rc, $((SECONDS - t0)) s)"
+[ -z "$leftovers" ] || fail "left behind on the plane: $leftovers"
+echo "ee-test: playbook ran in $ee_image in $((SECONDS - t0)) s, nothing left behind; $((SECONDS - start)) s in all" | tee "$report"
+echo "recap: $recap"

@@ -1,0 +1,357 @@
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Action plugin of microvm.sandbox.sync: a directory tree into or out of a sandbox, rsync-style.
+
+One run is one Exec of the guest side of sync_tree.py (the guest's python3) plus at most one archive:
+
+push: the guest streams the destination's manifest -> the controller walks the source beside it and
+      writes the changes into one tar and the deletions and fixes into an operations file (both on
+      local disk, never in memory) -> the tar is checked like workspace_archive's and extracted by the
+      agent (Upload with is_archive) into a stage dir in the run's scratch -> "+" and the operations
+      go down the same Exec's stdin: the guest renames each staged entry into place, then deletes and
+      fixes modes and mtimes.
+pull: the guest streams the source's manifest -> the controller walks its destination beside it and
+      sends back the wanted paths -> the guest writes a tar of exactly those into its scratch ->
+      Download, checked member by member, extracted into a local stage dir and renamed into place.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import posixpath
+import tempfile
+import uuid
+
+from ansible.errors import AnsibleConnectionFailure, AnsibleError
+from ansible.module_utils.common.text.converters import to_text
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.module_utils.archive_check import ArchiveRefused, check_archive
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import sync_tree as st
+from ansible_collections.microvm.sandbox.plugins.plugin_utils.sync_plan import ManifestReader, Planner
+
+ARGUMENT_SPEC = dict(
+    src=dict(type="str", required=True),
+    dest=dict(type="str", required=True),
+    mode=dict(type="str", default="push", choices=["push", "pull"]),
+    delete=dict(type="bool", default=False),
+    checksum=dict(type="bool", default=False),
+    exclude=dict(type="list", elements="str", default=[]),
+    exclude_from=dict(type="list", elements="path", default=[]),
+    list_limit=dict(type="int", default=1000),
+)
+COPY_CHUNK = 1024 * 1024
+UNREACHABLE = frozenset([mp.ERR_UNREACHABLE, mp.ERR_LOST, mp.ERR_GONE, mp.ERR_PROTOCOL])
+
+
+class SyncFailed(Exception):
+    """A failure reported as the task's msg."""
+
+
+def guest_program():
+    """The guest side: sync_tree.py's own source, run with `python3 -c`."""
+    with open(st.__file__.replace(".pyc", ".py"), "r", encoding="utf-8") as f:
+        return f.read()
+
+
+def guest_path(path):
+    """Relative guest paths are relative to the default workdir; '~' is the platform's home."""
+    if path == "~" or path.startswith("~/"):
+        path = profile.HOME_DIR + path[1:]
+    if not path.startswith("/"):
+        path = posixpath.join(profile.DEFAULT_WORKDIR, path)
+    return posixpath.normpath(path)
+
+
+def protected(root, scratch_dir):
+    """An anchored exclude for the scratch dir when it lies inside the guest tree: never synced, never deleted."""
+    if profile.is_within(scratch_dir, root) and posixpath.normpath(scratch_dir) != posixpath.normpath(root):
+        return ["/%s/" % posixpath.relpath(scratch_dir, root)]
+    return []
+
+
+class TarWriter:
+    """The push archive: entries of the local tree added one by one, read through O_NOFOLLOW fds."""
+
+    def __init__(self, path, root_fd):
+        import tarfile
+        self.tarfile = tarfile
+        self.tar = tarfile.open(path, "w", format=tarfile.PAX_FORMAT, encoding="utf-8", errors="surrogateescape")
+        self.root_fd = root_fd
+        self.members = 0
+        self._parent = (None, None)  # (parent parts, fd): consecutive entries mostly share a directory
+
+    def _dir_fd(self, parents):
+        if self._parent[0] != parents:
+            if self._parent[1] is not None:
+                os.close(self._parent[1])
+                self._parent = (None, None)
+            self._parent = (parents, st.open_dir_at(self.root_fd, parents))
+        return self._parent[1]
+
+    def add(self, entry, ancestor_only=False):
+        tarfile = self.tarfile
+        info = tarfile.TarInfo(st.rel_text(entry.path))
+        info.mode, info.mtime = entry.mode, entry.mtime
+        if entry.kind == st.KIND_DIR:
+            info.type = tarfile.DIRTYPE
+            self.tar.addfile(info)
+        elif entry.kind == st.KIND_LINK:
+            info.type, info.linkname = tarfile.SYMTYPE, st.rel_text(entry.extra)
+            self.tar.addfile(info)
+        else:
+            parents, name = st.split_rel(entry.path)
+            fd = os.open(name, st.READ_FLAGS, dir_fd=self._dir_fd(parents))
+            with os.fdopen(fd, "rb") as f:
+                info.size = os.fstat(fd).st_size  # what is read now, even if it changed since the walk
+                self.tar.addfile(info, f)
+        self.members += 1
+
+    def close(self):
+        if self._parent[1] is not None:
+            os.close(self._parent[1])
+        self.tar.close()
+
+
+class ActionModule(ActionBase):
+
+    TRANSFERS_FILES = False
+    _supports_check_mode = True
+    _requires_connection = True
+
+    def run(self, tmp=None, task_vars=None):
+        result = super(ActionModule, self).run(tmp, task_vars)
+        del tmp
+        validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        del validation
+        self._vars = task_vars or {}
+        conn = self._connection
+        if not callable(getattr(conn, "exec_stream", None)):
+            return dict(result, failed=True,
+                        msg="sync needs the microvm.sandbox.agent connection (it streams through the guest agent); "
+                            "this host uses %s" % getattr(conn, "transport", type(conn).__name__))
+        try:
+            excludes = list(args["exclude"])
+            for path in args["exclude_from"]:
+                excludes.extend(st.read_patterns(self._local_path(path)))
+        except OSError as e:
+            return dict(result, failed=True, msg="sync: cannot read exclude_from file: %s" % e)
+        try:
+            if args["mode"] == "push":
+                outcome = self._push(args, excludes)
+            else:
+                outcome = self._pull(args, excludes)
+        except SyncFailed as e:
+            return dict(result, failed=True, msg="sync: %s" % e)
+        except (st.SyncError, ArchiveRefused) as e:
+            return dict(result, failed=True, msg="sync: %s" % e)
+        except mp.MuxError as e:
+            if e.kind in UNREACHABLE:
+                raise AnsibleConnectionFailure("microvm.sandbox.sync: %s" % e)
+            return dict(result, failed=True, msg="sync: %s" % e)
+        except (OSError, mp.ProtocolError) as e:
+            return dict(result, failed=True, msg="sync: %s" % e)
+        result.update(outcome)
+        return result
+
+    # -- shared ---------------------------------------------------------------------------------------
+    def _local_path(self, path, needle=None):
+        path = os.path.expanduser(path)
+        if os.path.isabs(path):
+            return path
+        if needle:
+            try:
+                return self._find_needle(needle, path)
+            except AnsibleError:
+                pass
+        return self._loader.path_dwim(path)
+
+    def _python(self):
+        value = self._vars.get("ansible_python_interpreter")
+        if isinstance(value, str) and value.startswith("/") and "{" not in value:
+            return value
+        return "python3"
+
+    def _start(self, mode, root, checksum, excludes):
+        """Start the guest side; -> (stream, manifest reader, guest excludes, stage path in the run's scratch)."""
+        conn = self._connection
+        scratch = conn.get_option("scratch_dir") or profile.SCRATCH_DIR
+        guest_excludes = excludes + protected(root, scratch)
+        stage_name = "sync-%s%s" % (uuid.uuid4().hex[:16], ".tar" if mode == "pull" else "")
+        request = {"mode": mode, "root": root, "checksum": checksum, "excludes": guest_excludes,
+                   "workspace": profile.TRANSFER_ROOT, "stage_name": stage_name}
+        # A pull reads as the task's user. A push applies as the agent's user, who owns what its Upload
+        # extracted into the stage, and hands every entry it moves in to the task's user (like put_file).
+        if mode == "push":
+            request["owner"] = conn.guest_user()
+        stream, run_dir = conn.exec_stream(["/bin/sh", "-c", 'exec "$0" -c "$1" "$2"', self._python(), guest_program(),
+                                            st.json.dumps(request)], as_user=(mode == "pull"))
+        return stream, ManifestReader(stream.stdout()), guest_excludes, posixpath.join(run_dir, stage_name)
+
+    def _guest_failed(self, stream, reader, what):
+        reader.finish()
+        rc = (stream.exit or {}).get("rc")
+        err = to_text(stream.stderr, errors="surrogate_or_replace").strip()
+        return SyncFailed("%s (the guest side ended with rc %s): %s" % (what, rc, err[-2000:] or "no message"))
+
+    def _outcome(self, planner, args, src, dest):
+        out = dict(changed=planner.changed, src=src, dest=dest, mode=args["mode"],
+                   added=planner.added.paths, updated=planner.updated.paths, deleted=planner.deleted.paths,
+                   left_out=planner.skipped.paths,
+                   counts=dict(added=planner.added.count, updated=planner.updated.count,
+                               deleted=planner.deleted.count, left_out=planner.skipped.count),
+                   bytes=planner.bytes)
+        if planner.skipped.count:
+            self._display.warning("sync: %d entr%s left out (links that leave the tree, or special files): %s"
+                                  % (planner.skipped.count, "y" if planner.skipped.count == 1 else "ies",
+                                     ", ".join(planner.skipped.paths[:10])))
+        if self._task.diff and planner.changed:
+            lines = ["+ %s" % p for p in planner.added.paths] + ["~ %s" % p for p in planner.updated.paths] + \
+                    ["- %s" % p for p in planner.deleted.paths]
+            hidden = sum(x.count - len(x.paths) for x in (planner.added, planner.updated, planner.deleted))
+            if hidden:
+                lines.append("... and %d more" % hidden)
+            if planner.root_created and not lines:
+                lines.append("~ . (the destination directory itself)")
+            out["diff"] = dict(prepared="%s %s -> %s\n%s\n" % (args["mode"], src, dest, "\n".join(lines)))
+        return out
+
+    # -- push -----------------------------------------------------------------------------------------
+    def _push(self, args, excludes):
+        src = self._local_path(args["src"], needle="files")
+        dest = guest_path(args["dest"])
+        if not os.path.isdir(src):
+            raise SyncFailed("src %s is not a directory on the controller" % src)
+        root_fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with tempfile.TemporaryDirectory(prefix="microvm-sync-") as tmp:
+                return self._push_tree(args, excludes, src, root_fd, dest, tmp)
+        finally:
+            os.close(root_fd)
+
+    def _push_tree(self, args, excludes, src, root_fd, dest, tmp):
+        stream, reader, guest_excludes, stage = self._start("push", dest, args["checksum"], excludes)
+        try:
+            tar_path, ops_path = os.path.join(tmp, "changes.tar"), os.path.join(tmp, "ops")
+            writer = TarWriter(tar_path, root_fd)
+            try:
+                with open(ops_path, "wb") as ops:
+                    planner = Planner(writer.add, ops.write, delete=args["delete"], checksum=args["checksum"],
+                                      limit=args["list_limit"])
+                    local = st.walk(root_fd, st.Excludes(guest_excludes), args["checksum"], skip_unsafe_links=True)
+                    try:
+                        planner.run(local, reader.entries())
+                    except st.SyncError:
+                        raise self._guest_failed(stream, reader, "could not read %s in the sandbox" % dest)
+            finally:
+                writer.close()
+            outcome = self._outcome(planner, args, src, dest)
+            if self._task.check_mode or not planner.changed:
+                stream.close_stdin()
+                reader.finish()
+                return outcome
+            if writer.members:
+                check_archive(tar_path, stage)
+                try:
+                    self._connection.put_archive(tar_path, stage)
+                except AnsibleError as e:
+                    raise SyncFailed("the sandbox refused or failed to extract the changes into %s: %s" % (stage, e))
+                stream.write(b"+\0")
+            else:
+                stream.write(b".\0")
+            with open(ops_path, "rb") as ops:
+                for chunk in iter(lambda: ops.read(COPY_CHUNK), b""):
+                    stream.write(chunk)
+            stream.close_stdin()
+            summary = reader.line()
+            if summary is None:
+                raise self._guest_failed(stream, reader, "could not apply the changes to %s" % dest)
+            reader.finish()
+            outcome["applied"] = summary
+            return outcome
+        finally:
+            stream.close()
+
+    # -- pull -----------------------------------------------------------------------------------------
+    def _pull(self, args, excludes):
+        src = guest_path(args["src"])
+        dest = self._local_path(args["dest"])
+        root_fd = st.open_root(dest, create=not self._task.check_mode)
+        try:
+            with tempfile.TemporaryDirectory(prefix="microvm-sync-") as tmp:
+                return self._pull_tree(args, excludes, src, root_fd, dest, tmp)
+        finally:
+            if root_fd is not None:
+                os.close(root_fd)
+
+    def _pull_tree(self, args, excludes, src, root_fd, dest, tmp):
+        stream, reader, guest_excludes, stage = self._start("pull", src, args["checksum"], excludes)
+        local_excludes = st.Excludes(guest_excludes)
+        try:
+            wanted_path, ops_path = os.path.join(tmp, "wanted"), os.path.join(tmp, "ops")
+            counter = {"wanted": 0}
+            with open(wanted_path, "wb") as wanted, open(ops_path, "wb") as ops:
+                def want(entry, ancestor_only=False):
+                    wanted.write(entry.path + b"\0")
+                    counter["wanted"] += 1
+                planner = Planner(want, ops.write, delete=args["delete"], checksum=args["checksum"],
+                                  limit=args["list_limit"])
+                local = st.walk(root_fd, local_excludes, args["checksum"]) if root_fd is not None else iter(())
+                try:
+                    planner.run(reader.entries(), local)
+                except st.SyncError:
+                    raise self._guest_failed(stream, reader, "could not read %s in the sandbox" % src)
+            outcome = self._outcome(planner, args, src, dest)
+            if self._task.check_mode or not planner.changed or not counter["wanted"]:
+                stream.close_stdin()
+                reader.finish()
+                if not self._task.check_mode and planner.changed:
+                    self._apply_local(root_fd, None, ops_path, local_excludes, dest)
+                return outcome
+            with open(wanted_path, "rb") as wanted:
+                for chunk in iter(lambda: wanted.read(COPY_CHUNK), b""):
+                    stream.write(chunk)
+            stream.write(b"\0")
+            made = reader.line()
+            if made is None:
+                raise self._guest_failed(stream, reader, "could not pack the changes of %s" % src)
+            local_tar = os.path.join(tmp, "changes.tar")
+            try:
+                self._connection.fetch_file(made["tar"], local_tar)
+            except AnsibleError as e:
+                raise SyncFailed("could not download the changes of %s: %s" % (src, e))
+            stream.close_stdin()
+            reader.finish()
+            check_archive(local_tar, dest)
+            self._apply_local(root_fd, local_tar, ops_path, local_excludes, dest)
+            return outcome
+        finally:
+            stream.close()
+
+    @staticmethod
+    def _apply_local(root_fd, tar_path, ops_path, excludes, dest):
+        """Extract the checked tar into a stage dir beside dest, rename it into place, then the operations."""
+        if tar_path is not None:
+            parent = os.path.dirname(os.path.abspath(dest.rstrip("/")))
+            try:
+                stage = tempfile.mkdtemp(prefix=".microvm-sync.", dir=parent)
+            except OSError:
+                stage = tempfile.mkdtemp(prefix="microvm-sync.")
+            try:
+                stage_fd = os.open(stage, st.DIR_FLAGS)
+                try:
+                    with open(tar_path, "rb") as f:
+                        st.extract_checked(f, stage_fd)
+                    st.apply_stage(stage_fd, root_fd)
+                finally:
+                    os.close(stage_fd)
+            finally:
+                import shutil
+                shutil.rmtree(stage, ignore_errors=True)
+        with open(ops_path, "rb") as ops:
+            st.run_ops(root_fd, st.split_stream(iter(lambda: ops.read(COPY_CHUNK), b"")), excludes)

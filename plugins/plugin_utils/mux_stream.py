@@ -1,0 +1,69 @@
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""A command in the guest as a live stream: stdout read as it arrives, stdin written whenever the caller wants.
+
+The mux's `exec` op already relays both directions frame by frame; MuxClient.exec() collects the output
+into memory, which a manifest of a big tree must not be. This talks the same op over its own connection
+to the session's mux (stdlib only, like everything on the worker side), so an action plugin can run an
+Exec, an Upload and a Download of the same session side by side.
+"""
+
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
+
+STDIN_FRAME = 1024 * 1024
+STDERR_KEPT = 64 * 1024
+
+
+class ExecStream:
+    """One command; iterate `stdout()` once, then read `exit` (the EXIT payload) and `stderr`."""
+
+    def __init__(self, client, argv, env=None, run=None):
+        self.client = client
+        self.stderr = b""
+        self.exit = None
+        self._stdin_open = True
+        client.connect()
+        self.sock = client.sock
+        mp.send_frame(self.sock, mp.REQUEST, {"op": "exec", "argv": list(argv), "env": env or {}, "workdir": "",
+                                              "timeout": 0, "run": run})
+        frame = mp.recv_frame(self.sock)
+        if frame is None or frame[0] != mp.ACK:
+            raise mp.MuxError(mp.ERR_UNREACHABLE, "the connection multiplexer did not take the command")
+
+    def stdout(self):
+        """Chunks of stdout until the command exits; MuxError when it fails or is lost."""
+        while True:
+            frame = mp.recv_frame(self.sock)
+            if frame is None:
+                raise mp.MuxError(mp.ERR_LOST, "the connection multiplexer hung up during the command")
+            kind, payload = frame
+            if kind == mp.STDOUT:
+                yield payload
+            elif kind == mp.STDERR:
+                self.stderr = (self.stderr + payload)[-STDERR_KEPT:]
+            elif kind == mp.EXIT:
+                self.exit = payload
+                return
+            elif kind == mp.ERROR:
+                raise mp.MuxError(payload.get("kind"), payload.get("message"))
+            else:
+                raise mp.MuxError(mp.ERR_PROTOCOL, "unexpected frame %d from the mux" % kind)
+
+    def write(self, data):
+        view = memoryview(data)
+        for offset in range(0, len(view), STDIN_FRAME):
+            mp.send_frame(self.sock, mp.STDIN, view[offset:offset + STDIN_FRAME])
+
+    def close_stdin(self):
+        if self._stdin_open:
+            self._stdin_open = False
+            mp.send_frame(self.sock, mp.STDIN_EOF)
+
+    def close(self):
+        try:
+            if self.exit is not None:
+                self.close_stdin()  # keeps the connection in step, as MuxClient does
+        except OSError:
+            pass
+        self.client.close()

@@ -1,0 +1,773 @@
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Directory trees for microvm.sandbox.sync, on both ends: walked, described, changed; never followed out.
+
+This one file is used twice: the controller imports it, and its source is run in the guest with the
+guest's python3 (`python3 -c <this file> <json>`), so it is stdlib only and self-contained.
+
+- `Excludes`: gitignore-style patterns (and rsync's `- ` / `+ ` prefixes), pruning whole directories.
+- `walk()`: a tree as manifest entries, in one canonical order on both ends (pre-order, names sorted
+  bytewise at each level), produced one directory at a time: memory grows with the width of a
+  directory, never with the size of the tree. Every directory is opened relative to its parent's fd
+  with O_NOFOLLOW, so a link inside the tree is described as a link and never entered.
+- Manifest records: `path \\0 kind+"mode size mtime" \\0 extra \\0` (extra: a link's target or a
+  file's sha256), streamed and parsed in chunks.
+- `apply_stage()` moves a staged tree into place one entry at a time with rename(2) (atomic per
+  file: a cut leaves each file old or new), and `run_ops()` does the deletions and the
+  directory/mode/mtime fixes, in the order the plan wrote them.
+- `guest_main()`: the guest side of one sync run over one Exec stream (see plugins/action/sync.py).
+"""
+
+import errno
+import hashlib
+import json
+import os
+import re
+import stat
+import sys
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+HASH_CHUNK = 1024 * 1024
+ROOT = b"."
+END = b""               # the empty path ends the manifest
+KIND_FILE, KIND_DIR, KIND_LINK, KIND_SKIPPED = b"f", b"d", b"l", b"x"
+PLAIN_MODES = (0o644, 0o755)  # what every tar extractor keeps as it is; other modes get an explicit fix
+
+
+class SyncError(Exception):
+    """A refusal or failure with a message for the user."""
+
+
+# ------------------------------------------------------------------ excludes
+
+def glob_regex(pattern):
+    """A gitignore glob as a regex: * and ? stay within a name, ** crosses directories, [...] is a class."""
+    out = []
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "*":
+            if pattern[i:i + 2] == "**":
+                if pattern[i + 2:i + 3] == "/":
+                    out.append("(?:.*/)?")
+                    i += 3
+                    continue
+                out.append(".*")
+                i += 2
+                continue
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            j = i + 1
+            if j < n and pattern[j] in "!^":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            j = pattern.find("]", j)
+            if j < 0:
+                out.append(re.escape(c))
+            else:
+                body = pattern[i + 1:j]
+                if body[:1] in ("!", "^"):
+                    body = "^" + body[1:]
+                out.append("[" + body.replace("\\", "\\\\") + "]")
+                i = j + 1
+                continue
+        elif c == "\\" and i + 1 < n:
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+            continue
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+class Excludes:
+    """Ordered exclude rules; the last rule that matches a path decides (gitignore).
+
+    `name` matches that name at any depth; a leading or inner `/` anchors the pattern at the root of
+    the tree; a trailing `/` matches directories only; `!` (or rsync's `+ `) re-includes; `- ` is
+    rsync's spelling of a plain exclude. An excluded directory is pruned with everything in it.
+    """
+
+    def __init__(self, patterns=()):
+        self.rules = []
+        for raw in patterns:
+            self.add(raw)
+
+    def add(self, raw):
+        pattern = raw.rstrip("\n").rstrip("\r")
+        if not pattern.strip() or pattern.startswith("#"):
+            return
+        if pattern.endswith(" ") and not pattern.endswith("\\ "):
+            pattern = pattern.rstrip(" ")
+        negate = False
+        if pattern.startswith("+ "):
+            negate, pattern = True, pattern[2:]
+        elif pattern.startswith("- "):
+            pattern = pattern[2:]
+        elif pattern.startswith("!"):
+            negate, pattern = True, pattern[1:]
+        elif pattern.startswith("\\!") or pattern.startswith("\\#"):
+            pattern = pattern[1:]
+        dir_only = pattern.endswith("/")
+        pattern = pattern.rstrip("/")
+        if not pattern:
+            return
+        anchored = "/" in pattern
+        pattern = pattern.lstrip("/")
+        if pattern.startswith("**/"):
+            anchored = True  # "**/x" is x at any depth, written as an anchored pattern
+        self.rules.append((negate, dir_only, anchored, re.compile(glob_regex(pattern), re.S)))
+
+    def __bool__(self):
+        return bool(self.rules)
+
+    def excluded(self, rel, is_dir):
+        """rel: the path relative to the tree's root (str, '/'-separated)."""
+        result = False
+        base = rel.rsplit("/", 1)[-1]
+        for negate, dir_only, anchored, rx in self.rules:
+            if dir_only and not is_dir:
+                continue
+            if rx.fullmatch(rel if anchored else base):
+                result = not negate
+        return result
+
+
+def read_patterns(path):
+    with open(path, "r", encoding="utf-8", errors="surrogateescape") as f:
+        return [line for line in f]
+
+
+# ------------------------------------------------------------------ entries and records
+
+class Entry:
+    __slots__ = ("path", "kind", "mode", "size", "mtime", "extra")
+
+    def __init__(self, path, kind, mode, size, mtime, extra=b""):
+        self.path = path      # bytes, relative, '/'-separated; ROOT for the root
+        self.kind = kind      # KIND_*
+        self.mode = mode      # permission bits
+        self.size = size
+        self.mtime = mtime    # whole seconds, the resolution every tar and filesystem keeps
+        self.extra = extra    # a link's target, or a file's sha256 (hex, bytes) when checksums are asked for
+
+    def key(self):
+        return sort_key(self.path)
+
+    def encode(self):
+        return b"%s\0%s%o %d %d\0%s\0" % (self.path, self.kind, self.mode, self.size, self.mtime, self.extra)
+
+    def __repr__(self):
+        return "Entry(%r, %r, %o, %d, %d, %r)" % (self.path, self.kind, self.mode, self.size, self.mtime, self.extra)
+
+
+def sort_key(path):
+    """The canonical order: a directory right before its contents, names compared as bytes."""
+    return () if path == ROOT else tuple(path.split(b"/"))
+
+
+def decode_records(chunks):
+    """Bytes chunks -> (path, meta, extra) triples, in a constant-size buffer."""
+    pending = []
+    tail = b""
+    for chunk in chunks:
+        if not chunk:
+            continue
+        parts = (tail + chunk).split(b"\0")
+        tail = parts.pop()
+        pending.extend(parts)
+        if len(pending) >= 3:
+            usable = len(pending) - len(pending) % 3
+            for i in range(0, usable, 3):
+                yield pending[i], pending[i + 1], pending[i + 2]
+            del pending[:usable]
+    if tail or pending:
+        raise SyncError("the manifest stream ended in the middle of a record")
+
+
+def parse_meta(path, meta, extra):
+    kind = meta[:1]
+    mode, size, mtime = meta[1:].split(b" ")
+    return Entry(path, kind, int(mode, 8), int(size), int(mtime), extra)
+
+
+# ------------------------------------------------------------------ walking
+
+def rel_text(path):
+    return path.decode("utf-8", "surrogateescape")
+
+
+def link_is_safe(rel, target):
+    """A link that stays inside the tree, judged on its text alone (rsync's --safe-links)."""
+    if not target or target.startswith(b"/"):
+        return False
+    parent = rel.rsplit(b"/", 1)[0] if b"/" in rel else b""
+    depth = len([p for p in parent.split(b"/") if p])
+    for part in target.split(b"/"):
+        if part == b"..":
+            depth -= 1
+            if depth < 0:
+                return False
+        elif part and part != b".":
+            depth += 1
+    return True
+
+
+def file_digest(dir_fd, name):
+    fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
+    try:
+        digest = hashlib.sha256()
+        while True:
+            data = os.read(fd, HASH_CHUNK)
+            if not data:
+                return digest.hexdigest().encode()
+            digest.update(data)
+    finally:
+        os.close(fd)
+
+
+def entry_of(dir_fd, name, rel, st, checksum):
+    mode = stat.S_IMODE(st.st_mode)
+    mtime = int(st.st_mtime)
+    if stat.S_ISREG(st.st_mode):
+        return Entry(rel, KIND_FILE, mode, st.st_size, mtime, file_digest(dir_fd, name) if checksum else b"")
+    if stat.S_ISDIR(st.st_mode):
+        return Entry(rel, KIND_DIR, mode, 0, mtime)
+    if stat.S_ISLNK(st.st_mode):
+        return Entry(rel, KIND_LINK, 0o777, 0, mtime, os.readlink(name, dir_fd=dir_fd))
+    return None
+
+
+def walk(root_fd, excludes=None, checksum=False, skip_unsafe_links=False):
+    """Entries of the tree under root_fd, the root first, in canonical order.
+
+    Special files (sockets, FIFOs, devices) and, with skip_unsafe_links, links that leave the tree
+    come out as KIND_SKIPPED entries, so the other end can say what was left out.
+    """
+    st = os.fstat(root_fd)
+    yield Entry(ROOT, KIND_DIR, stat.S_IMODE(st.st_mode), 0, int(st.st_mtime))
+    yield from _walk_dir(root_fd, b"", excludes, checksum, skip_unsafe_links)
+
+
+def _walk_dir(dir_fd, prefix, excludes, checksum, skip_unsafe_links):
+    with os.scandir(dir_fd) as it:
+        names = sorted(os.fsencode(e.name) for e in it)
+    for name in names:
+        rel = prefix + name
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # vanished while walking
+        is_dir = stat.S_ISDIR(st.st_mode)
+        if excludes and excludes.excluded(rel_text(rel), is_dir):
+            continue
+        try:
+            entry = entry_of(dir_fd, name, rel, st, checksum)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENXIO):  # replaced by a link or a FIFO meanwhile
+                continue
+            raise
+        if entry is None or (skip_unsafe_links and entry.kind == KIND_LINK and not link_is_safe(rel, entry.extra)):
+            yield Entry(rel, KIND_SKIPPED, 0, 0, 0, entry.extra if entry is not None else b"special file")
+            continue
+        yield entry
+        if is_dir:
+            try:
+                sub = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+            except OSError as e:
+                if e.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+                    continue
+                raise
+            try:
+                yield from _walk_dir(sub, rel + b"/", excludes, checksum, skip_unsafe_links)
+            finally:
+                os.close(sub)
+
+
+# ------------------------------------------------------------------ opening paths without following links
+
+def open_dir_at(root_fd, parts):
+    """The fd of the directory root/parts[0]/..., each step opened with O_NOFOLLOW."""
+    fd = os.dup(root_fd)
+    try:
+        for part in parts:
+            nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def split_rel(rel):
+    parts = rel.split(b"/")
+    if rel.startswith(b"/") or any(p in (b"", b".", b"..") for p in parts):
+        raise SyncError("refused path %r: not a plain relative path" % rel_text(rel))
+    return parts[:-1], parts[-1]
+
+
+def open_root(path, create=False, workspace=None):
+    """Open the tree's root directory (following the links of the path the user named, like rsync).
+
+    With workspace set, a root named inside it must still be inside it once resolved: a link that
+    leads out of the workspace is refused, never followed.
+    """
+    real = os.path.realpath(path)
+    if workspace:
+        ws = workspace.rstrip("/")
+        if within(os.path.normpath(path), ws) and not within(real, os.path.realpath(ws)):
+            raise SyncError("%s resolves to %s through a link, outside %s: refused (name the real path "
+                            "if you mean it)" % (path, real, workspace))
+    if create and not os.path.lexists(real):
+        os.makedirs(real, exist_ok=True)
+    try:
+        return os.open(real, DIR_FLAGS)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        raise SyncError("%s is not a directory" % path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise SyncError("%s changed into a link while it was opened" % path)
+        raise
+
+
+def within(path, root):
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+# ------------------------------------------------------------------ changing a tree
+
+def remove_entry(dir_fd, name, rel, excludes=None):
+    """Remove dir_fd/name; a directory goes depth first, never through a link; excluded entries stay.
+
+    -> False when something excluded was kept (so the directory stays too).
+    """
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return True
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=dir_fd)
+        return True
+    sub = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    empty = True
+    try:
+        with os.scandir(sub) as it:
+            names = [os.fsencode(e.name) for e in it]
+        for child in names:
+            child_rel = rel + b"/" + child
+            if excludes:
+                try:
+                    cst = os.stat(child, dir_fd=sub, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if excludes.excluded(rel_text(child_rel), stat.S_ISDIR(cst.st_mode)):
+                    empty = False
+                    continue
+            empty = remove_entry(sub, child, child_rel, excludes) and empty
+    finally:
+        os.close(sub)
+    if not empty:
+        return False
+    try:
+        os.rmdir(name, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            return False
+        raise
+    return True
+
+
+def copy_entry(src_fd, name, dst_fd, dst_name):
+    """Copy src_fd/name to dst_fd/dst_name (across filesystems), with modes and mtimes."""
+    st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
+    if stat.S_ISLNK(st.st_mode):
+        os.symlink(os.readlink(name, dir_fd=src_fd), dst_name, dir_fd=dst_fd)
+        return
+    if stat.S_ISDIR(st.st_mode):
+        os.mkdir(dst_name, 0o700, dir_fd=dst_fd)
+        sub_src = os.open(name, DIR_FLAGS, dir_fd=src_fd)
+        sub_dst = os.open(dst_name, DIR_FLAGS, dir_fd=dst_fd)
+        try:
+            with os.scandir(sub_src) as it:
+                names = [os.fsencode(e.name) for e in it]
+            for child in names:
+                copy_entry(sub_src, child, sub_dst, child)
+            set_attrs(sub_dst, stat.S_IMODE(st.st_mode), int(st.st_mtime))
+        finally:
+            os.close(sub_src)
+            os.close(sub_dst)
+        return
+    fin = os.open(name, READ_FLAGS, dir_fd=src_fd)
+    try:
+        fout = os.open(dst_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dst_fd)
+        try:
+            while True:
+                data = os.read(fin, HASH_CHUNK)
+                if not data:
+                    break
+                os.write(fout, data)
+            set_attrs(fout, stat.S_IMODE(st.st_mode), int(st.st_mtime))
+        finally:
+            os.close(fout)
+    finally:
+        os.close(fin)
+
+
+def move_into(src_fd, name, dst_fd):
+    """rename(2) src_fd/name over dst_fd/name: atomic. Across filesystems: copy beside it, then rename."""
+    try:
+        os.rename(name, name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+        return
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+    tmp = b".~sync." + os.urandom(4).hex().encode() + b"." + name[:100]
+    try:
+        copy_entry(src_fd, name, dst_fd, tmp)
+        os.rename(tmp, name, src_dir_fd=dst_fd, dst_dir_fd=dst_fd)
+    except BaseException:
+        remove_entry(dst_fd, tmp, tmp)
+        raise
+
+
+def chown_entry(dir_fd, name, owner):
+    """Give dir_fd/name, and everything in it for a directory, to owner (uid, gid); links themselves."""
+    os.chown(name, owner[0], owner[1], dir_fd=dir_fd, follow_symlinks=False)
+    if not stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+        return
+    sub = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        with os.scandir(sub) as it:
+            names = [os.fsencode(e.name) for e in it]
+        for child in names:
+            chown_entry(sub, child, owner)
+    finally:
+        os.close(sub)
+
+
+def apply_stage(stage_fd, dest_fd, rel=b"", owner=None):
+    """Move every entry of the staged tree into the destination tree; -> number of entries moved.
+
+    A staged directory whose counterpart is a directory is entered; any other entry replaces its
+    counterpart in one rename (a directory that becomes a file is removed first). With owner
+    (uid, gid), what is moved in is handed to that user first.
+    """
+    moved = 0
+    with os.scandir(stage_fd) as it:
+        names = sorted(os.fsencode(e.name) for e in it)
+    for name in names:
+        st = os.stat(name, dir_fd=stage_fd, follow_symlinks=False)
+        try:
+            dst = os.stat(name, dir_fd=dest_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            dst = None
+        if stat.S_ISDIR(st.st_mode) and dst is not None and stat.S_ISDIR(dst.st_mode):
+            sub_stage = os.open(name, DIR_FLAGS, dir_fd=stage_fd)
+            try:
+                sub_dest = os.open(name, DIR_FLAGS, dir_fd=dest_fd)
+                try:
+                    moved += apply_stage(sub_stage, sub_dest, rel + name + b"/", owner)
+                finally:
+                    os.close(sub_dest)
+            finally:
+                os.close(sub_stage)
+            continue
+        if dst is not None and (stat.S_ISDIR(dst.st_mode) != stat.S_ISDIR(st.st_mode)):
+            remove_entry(dest_fd, name, rel + name)  # a type change replaces the whole entry
+        move_into(stage_fd, name, dest_fd)
+        if owner:
+            chown_entry(dest_fd, name, owner)  # after the move: a copy across filesystems makes new files
+        moved += 1
+    return moved
+
+
+def set_attrs(fd_or_dir, mode, mtime, name=None):
+    """Mode and mtime of an open fd, or of dir_fd/name (never through a link)."""
+    if name is None:
+        os.fchmod(fd_or_dir, mode)
+        os.utime(fd_or_dir, ns=(mtime * 10 ** 9, mtime * 10 ** 9))
+        return
+    try:
+        fd = os.open(name, READ_FLAGS, dir_fd=fd_or_dir)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return  # a link: links carry no mode of their own
+        if e.errno != errno.EACCES:
+            raise
+        # unreadable to a non-root owner (mode 000): change it by name, having checked it is no link
+        if stat.S_ISLNK(os.stat(name, dir_fd=fd_or_dir, follow_symlinks=False).st_mode):
+            return
+        os.chmod(name, mode, dir_fd=fd_or_dir)
+        os.utime(name, ns=(mtime * 10 ** 9, mtime * 10 ** 9), dir_fd=fd_or_dir, follow_symlinks=False)
+        return
+    try:
+        set_attrs(fd, mode, mtime)
+    finally:
+        os.close(fd)
+
+
+def op_delete(rel):
+    return b"-" + rel + b"\0"
+
+
+def op_attrs(rel, mode, mtime):
+    return b"=%o %d %s\0" % (mode, mtime, rel)
+
+
+def run_ops(root_fd, records, excludes=None):
+    """Do the plan's deletions and attribute fixes, in order; -> (deleted, fixed)."""
+    deleted = fixed = 0
+    for record in records:
+        op, body = record[:1], record[1:]
+        if op == b"-":
+            parents, name = split_rel(body)
+            try:
+                fd = open_dir_at(root_fd, parents)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            try:
+                remove_entry(fd, name, body, excludes)
+            finally:
+                os.close(fd)
+            deleted += 1
+        elif op == b"=":
+            mode, mtime, rel = body.split(b" ", 2)
+            if rel == ROOT:
+                set_attrs(root_fd, int(mode, 8), int(mtime))
+            else:
+                parents, name = split_rel(rel)
+                try:
+                    fd = open_dir_at(root_fd, parents)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                try:
+                    set_attrs(fd, int(mode, 8), int(mtime), name)
+                except FileNotFoundError:
+                    pass
+                finally:
+                    os.close(fd)
+            fixed += 1
+        elif op:
+            raise SyncError("unknown operation %r" % op)
+    return deleted, fixed
+
+
+def split_stream(chunks):
+    """NUL-terminated records from bytes chunks."""
+    tail = b""
+    for chunk in chunks:
+        parts = (tail + chunk).split(b"\0")
+        tail = parts.pop()
+        yield from parts
+    if tail:
+        raise SyncError("the operation stream ended in the middle of a record")
+
+
+# ------------------------------------------------------------------ archives of selected entries (pull)
+
+def tar_selected(root_fd, paths, out):
+    """Write a tar stream of the given entries (each alone, not recursively) to the file out; -> members."""
+    import tarfile
+    count = 0
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, encoding="utf-8",
+                      errors="surrogateescape") as tar:
+        for rel in paths:
+            parents, name = split_rel(rel)
+            try:
+                dir_fd = open_dir_at(root_fd, parents)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            try:
+                if add_member(tar, dir_fd, name, rel):
+                    count += 1
+            finally:
+                os.close(dir_fd)
+    return count
+
+
+def add_member(tar, dir_fd, name, rel):
+    """Add dir_fd/name as the member rel; False when it vanished or is no longer a plain entry."""
+    import tarfile
+    info = tarfile.TarInfo(rel_text(rel))
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        info.mode, info.mtime = stat.S_IMODE(st.st_mode), int(st.st_mtime)
+        if stat.S_ISDIR(st.st_mode):
+            info.type = tarfile.DIRTYPE
+            tar.addfile(info)
+        elif stat.S_ISLNK(st.st_mode):
+            info.type, info.linkname = tarfile.SYMTYPE, rel_text(os.readlink(name, dir_fd=dir_fd))
+            tar.addfile(info)
+        elif stat.S_ISREG(st.st_mode):
+            fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
+            with os.fdopen(fd, "rb") as f:
+                info.size = os.fstat(fd).st_size
+                tar.addfile(info, f)
+        else:
+            return False
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def extract_checked(fileobj, stage_fd):
+    """Extract a checked tar stream under stage_fd, with exact modes and mtimes and no link ever followed.
+
+    Only plain relative names, regular files, directories and symbolic links; parents must come first.
+    """
+    import tarfile
+    dirs = []
+    with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
+        for member in tar:
+            rel = os.fsencode(member.name.rstrip("/"))
+            parents, name = split_rel(rel)
+            dir_fd = open_dir_at(stage_fd, parents)
+            try:
+                if member.isdir():
+                    try:
+                        os.mkdir(name, 0o700, dir_fd=dir_fd)
+                    except FileExistsError:
+                        pass
+                    dirs.append((rel, member.mode, int(member.mtime)))
+                elif member.issym():
+                    os.symlink(os.fsencode(member.linkname), name, dir_fd=dir_fd)
+                elif member.isreg():
+                    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
+                    try:
+                        src = tar.extractfile(member)
+                        while True:
+                            data = src.read(HASH_CHUNK)
+                            if not data:
+                                break
+                            os.write(fd, data)
+                        set_attrs(fd, member.mode & 0o7777, int(member.mtime))
+                    finally:
+                        os.close(fd)
+                else:
+                    raise SyncError("refused archive member %s: not a file, directory or link" % member.name)
+            finally:
+                os.close(dir_fd)
+    for rel, mode, mtime in reversed(dirs):
+        parents, name = split_rel(rel)
+        dir_fd = open_dir_at(stage_fd, parents)
+        try:
+            set_attrs(dir_fd, mode & 0o7777, mtime, name)
+        finally:
+            os.close(dir_fd)
+
+
+# ------------------------------------------------------------------ the guest's side of a run
+
+def read_chunks(stream, size=65536):
+    while True:
+        data = stream.read1(size) if hasattr(stream, "read1") else stream.read(size)
+        if not data:
+            return
+        yield data
+
+
+def guest_main(argv):
+    """python3 -c <this file> '<json>': one sync run's guest side, over the Exec's stdin and stdout.
+
+    push: manifest of the destination -> wait for b"+" (the archive is extracted in the stage dir)
+          -> move it into place, then the deletions and fixes that follow -> a JSON summary.
+    pull: manifest of the source -> the wanted paths, ended by an empty record -> a tar of them in
+          the stage file and a JSON line naming it -> at stdin EOF, remove the stage file.
+    """
+    args = json.loads(argv[1])
+    out = sys.stdout.buffer
+    stdin = sys.stdin.buffer
+    excludes = Excludes(args.get("excludes") or [])
+    mode = args["mode"]
+    try:
+        root_fd = open_root(args["root"], create=False, workspace=args.get("workspace"))
+    except SyncError as e:
+        sys.stderr.write("%s\n" % e)
+        return 3
+    if root_fd is None and mode == "pull":
+        sys.stderr.write("%s does not exist\n" % args["root"])
+        return 4
+    if root_fd is not None:
+        for entry in walk(root_fd, excludes, args.get("checksum"), skip_unsafe_links=(mode == "pull")):
+            out.write(entry.encode())
+    out.write(b"\0END\0" + json.dumps({"exists": root_fd is not None}).encode() + b"\0")
+    out.flush()
+    stage = os.path.join(os.environ.get("TMPDIR") or "/tmp", args["stage_name"])
+    if mode == "pull":
+        return guest_pull(root_fd, stage, stdin, out)
+    return guest_push(args, root_fd, stage, stdin, out, excludes)
+
+
+def guest_pull(root_fd, stage, stdin, out):
+    records = split_stream(read_chunks(stdin))
+    wanted = iter(lambda: next(records, b""), b"")
+    members = None
+    try:
+        with open(stage, "xb") as f:
+            members = tar_selected(root_fd, wanted, f)
+        out.write(json.dumps({"tar": stage, "members": members, "size": os.path.getsize(stage)}).encode() + b"\n")
+        out.flush()
+        for _chunk in read_chunks(stdin):
+            pass  # hold the stage file until the controller has it
+    finally:
+        if members is not None or os.path.lexists(stage):
+            try:
+                os.unlink(stage)
+            except OSError:
+                pass
+    return 0
+
+
+def guest_push(args, root_fd, stage, stdin, out, excludes):
+    records = split_stream(read_chunks(stdin))
+    first = next(records, None)
+    summary = {"moved": 0, "deleted": 0, "fixed": 0}
+    try:
+        if first is None:
+            return 0  # nothing to do (or check mode)
+        owner = args.get("owner")
+        if root_fd is None:
+            root_fd = open_root(args["root"], create=True, workspace=args.get("workspace"))
+            if owner:
+                os.fchown(root_fd, owner[0], owner[1])
+        if first == b"+":
+            stage_fd = os.open(stage, DIR_FLAGS)
+            try:
+                summary["moved"] = apply_stage(stage_fd, root_fd, owner=owner)
+            finally:
+                os.close(stage_fd)
+        elif first != b".":
+            raise SyncError("unexpected first operation %r" % first[:20])
+        summary["deleted"], summary["fixed"] = run_ops(root_fd, records, excludes)
+    finally:
+        if os.path.isdir(stage):
+            parent = os.open(os.path.dirname(stage), DIR_FLAGS)
+            try:
+                remove_entry(parent, os.fsencode(os.path.basename(stage)), b"stage")
+            finally:
+                os.close(parent)
+    out.write(json.dumps(summary).encode() + b"\n")
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(guest_main(sys.argv))
+    except SyncError as exc:
+        sys.stderr.write("%s\n" % exc)
+        sys.exit(3)
+    except OSError as exc:
+        sys.stderr.write("%s\n" % exc)
+        sys.exit(5)
