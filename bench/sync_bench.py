@@ -234,6 +234,10 @@ def main():
             label = "pull-%s" % size
             results["cases"][label] = summarise(bench.pull_case(label, tree))
             print(label, json.dumps(results["cases"][label]), flush=True)
+        # peak memory after the 10,000-file runs: the session's mux, and the largest ansible-playbook process
+        results["peak_rss_bytes"] = {
+            "mux": max([vm_hwm(p) or 0 for p in mux_pids(stage.mux_dir)] or [0]),
+            "largest_child_process": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}
         if args.big:
             results["big"] = big_case(bench, args.big_gib)
             print("big", json.dumps(results["big"]), flush=True)
@@ -249,6 +253,8 @@ def main():
                 print("  %-20s %-12s %8.2f %8.2f %8s %9.2fx" % (
                     label, step, tools["sync"], tools["rsync"], "%.2f" % copy if copy is not None else "-",
                     tools["sync"] / tools["rsync"]))
+        print("peak RSS: mux %.0f MiB, largest ansible-playbook process (or rsync/ssh) %.0f MiB" % (
+            results["peak_rss_bytes"]["mux"] / 2.0 ** 20, results["peak_rss_bytes"]["largest_child_process"] / 2.0 ** 20))
         print("wrote %s" % benchlib.save_json(args.output, results))
     finally:
         stage.stop()
