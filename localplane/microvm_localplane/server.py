@@ -55,14 +55,25 @@ class Plane:
 
 
 # -- middlewares ------------------------------------------------------------------
+def bearer_credentials(header):
+    """The credentials of an `Authorization: Bearer <token>` header, else None.
+
+    The scheme is case-insensitive and followed by one or more spaces (RFC 7235, section 2.1).
+    """
+    scheme, sep, rest = header.partition(" ")
+    if not sep or scheme.lower() != "bearer":
+        return None
+    return rest.lstrip(" ")
+
+
 def auth_middleware(plane):
-    expected = ("Bearer " + plane.token).encode()
+    expected = plane.token.encode()
 
     @web.middleware
     async def check_token(request, handler):
-        given = request.headers.get("Authorization", "").encode("utf-8", "replace")
+        given = bearer_credentials(request.headers.get("Authorization", ""))
         # Constant-time comparison; the token is never logged.
-        if not given or not hmac.compare_digest(given, expected):
+        if not given or not hmac.compare_digest(given.encode("utf-8", "replace"), expected):
             return error_response(401, "missing or invalid bearer token: send Authorization: Bearer <token>")
         return await handler(request)
 

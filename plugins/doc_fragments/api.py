@@ -41,6 +41,7 @@ options:
         calls that start work (POST) are retried only on HTTP 429. A retry waits what the platform asks for in
         C(Retry-After), else in C(ratelimit-reset), or an exponential backoff, always with jitter and at most
         5 times.
+      - Greater than 0 and at most 3600; a value out of range fails the task naming this option.
     type: float
     default: 30
   blocking_timeout:
@@ -49,6 +50,7 @@ options:
         (checkpoint create, rollback, resume and fork).
       - When such a call gets no answer in time, it is B(not) sent again. The module looks up whether it happened
         (for up to O(wait_timeout) seconds) and reports success when it did, or fails saying the outcome is unknown.
+      - Greater than 0 and at most 86400; a value out of range fails the task naming this option.
     type: float
     default: 900
   wait_timeout:
@@ -56,6 +58,7 @@ options:
       - How many seconds to wait for an object to reach the wanted state when the module waits
         (a session to become usable, paused or gone, a template build to finish).
       - Accepted by every module so that it can be set once in C(module_defaults); modules that do not wait ignore it.
+      - From 0 to 604800 (a week); a value out of range fails the task naming this option.
     type: int
     default: 600
   validate_certs:

@@ -12,6 +12,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import math
 import re
 
 from ansible.module_utils.basic import env_fallback
@@ -23,6 +24,13 @@ from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiCli
 DEFAULT_REQUEST_TIMEOUT = 30.0
 DEFAULT_BLOCKING_TIMEOUT = 900.0
 DEFAULT_WAIT_TIMEOUT = 600
+# option -> (lowest, highest, lowest allowed?), in seconds: beyond them a timeout is a mistake (or overflows a C timeval)
+TIMEOUT_RANGES = {
+    "request_timeout": (0, 3600, False),
+    "blocking_timeout": (0, 86400, False),
+    "wait_timeout": (0, 7 * 86400, True),
+}
+ENV_OPTIONS = ("env", "secrets")  # the platform takes string values only
 
 _SESSION_PATH = re.compile(r"^/sessions/([^/?]+)")
 
@@ -53,8 +61,34 @@ def client_from_module(module):
         fail_from_error(module, e)
 
 
+def option_problems(params):
+    """What the argument spec cannot say: timeouts in range, env values that are scalars. -> messages naming the option."""
+    problems = []
+    for name, (low, high, low_ok) in sorted(TIMEOUT_RANGES.items()):
+        value = params.get(name)
+        if value is None:
+            continue
+        if not (math.isfinite(value) and (value >= low if low_ok else value > low) and value <= high):
+            problems.append("%s must be a number of seconds %s %s and at most %s, got %r" % (
+                name, "from" if low_ok else "greater than", low, high, value))
+    for name in ENV_OPTIONS:
+        for key, value in sorted((params.get(name) or {}).items()):
+            if isinstance(value, (list, tuple, dict, set)) or value is None:
+                # secrets are never shown: only the key and the kind of value
+                problems.append("%s: the value of %s must be a string, a number or a boolean, got %s (the platform "
+                                "takes strings; quote it, or join a list yourself)" % (name, key, _kind(value)))
+    return problems
+
+
+def _kind(value):
+    return {list: "a list", tuple: "a list", dict: "a mapping", set: "a set"}.get(type(value), "null")
+
+
 def run_api_module(module, work):
-    """Build the client, run `work(client)` -> result dict, exit; every API error becomes fail_json."""
+    """Check the options, build the client, run `work(client)` -> result dict, exit; errors become fail_json."""
+    problems = option_problems(module.params)
+    if problems:
+        module.fail_json(msg="; ".join(problems))
     client = client_from_module(module)
     try:
         result = work(client)

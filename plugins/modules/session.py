@@ -98,6 +98,8 @@ options:
       - Environment variables of the sandbox, used when it is created.
       - The platform keeps them verbatim in the saved spec and shows them in API responses. Put credentials into
         O(secrets) instead; the module warns when a key here looks like a secret.
+      - Values are strings, numbers or booleans (V(true) becomes C(true)); a list, a mapping or null fails the task
+        naming the variable.
     type: dict
   secrets:
     description:

@@ -11,6 +11,7 @@ and are renamed into place only once the sha256 matches. Transfer paths
 outside the transfer root are refused here, before any network call.
 """
 
+import contextlib
 import hashlib
 import os
 import queue
@@ -34,10 +35,14 @@ MAX_MESSAGE = 16 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE),
     ("grpc.max_send_message_length", MAX_MESSAGE),
-    # a dropped tunnel should be redialled promptly, not after grpc's default 1-120 s backoff
+    # a dropped tunnel should be redialled promptly, not after grpc's default 1-120 s backoff. Not
+    # grpc.min_reconnect_backoff_ms: gRPC takes it as the minimum *connect timeout* too, and a fresh tunnel
+    # (a WebSocket dial through the API, then the guest's bridge) often needs more than 100 ms to carry the
+    # agent's SETTINGS frame: the attempt was abandoned and the next command failed without being sent.
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
+    # each channel its own connection: a channel opened to replace a lost one must never share its subchannel
+    ("grpc.use_local_subchannel_pool", 1),
     ("grpc.enable_retries", 0),
     # bulk transfers: a deeper receive window and bigger HTTP/2 frames mean fewer stalls and wakeups
     ("grpc.http2.lookahead_bytes", 8 * 1024 * 1024),
@@ -175,13 +180,81 @@ def transfer_error(error, path, label, verb):
     return AgentError("cannot %s %s: %s (%s)" % (verb, where, details, code.name))
 
 
-class AgentClient:
-    """The three RPCs of SandboxAgentService over one channel."""
+class _Line:
+    """One channel and its stub. Retired when a stream on it was lost; closed once its last call is over."""
 
-    def __init__(self, channel, label, scratch_dir=profile.SCRATCH_DIR):
+    __slots__ = ("channel", "stub", "calls", "retired")
+
+    def __init__(self, channel):
+        self.channel = channel
         self.stub = pb_grpc.SandboxAgentServiceStub(channel)
+        self.calls = 0
+        self.retired = False
+
+
+class AgentClient:
+    """The three RPCs of SandboxAgentService over one channel.
+
+    With `redial` (a function returning a new channel to the same agent), a call whose stream is lost drops
+    its channel's connection: later calls go through a fresh channel, so no call is sent down a cut connection
+    in the moment before gRPC notices it closed (it would be lost too, never run). Calls still running on the
+    old channel finish on it; it is closed after the last one.
+    """
+
+    def __init__(self, channel, label, scratch_dir=profile.SCRATCH_DIR, redial=None):
         self.label = label
         self.scratch_dir = scratch_dir
+        self._redial = redial
+        self._lock = threading.Lock()
+        self._line = _Line(channel)
+        self._exec_lines = {}  # id(call) -> its line, from exec_stream to the end of iter_exec
+
+    @property
+    def channel(self):
+        return self._line.channel
+
+    @property
+    def stub(self):
+        return self._line.stub
+
+    def _take(self):
+        with self._lock:
+            line = self._line
+            line.calls += 1
+        return line
+
+    def _give_back(self, line):
+        with self._lock:
+            line.calls -= 1
+            done = line.retired and line.calls == 0
+        if done:
+            line.channel.close()
+
+    @contextlib.contextmanager
+    def _using(self):
+        line = self._take()
+        try:
+            yield line
+        finally:
+            self._give_back(line)
+
+    def drop_connection(self, line):
+        """A stream on `line` was lost: the calls that follow dial a fresh connection."""
+        if self._redial is None:
+            return
+        with self._lock:
+            if line is not self._line:
+                return  # another lost call replaced it already
+            line.retired = True
+            self._line = _Line(self._redial())
+            done = line.calls == 0
+        if done:
+            line.channel.close()
+
+    def close(self):
+        with self._lock:
+            line, self._redial = self._line, None
+        line.channel.close()
 
     # -- Exec ------------------------------------------------------------------
     def exec_stream(self, argv, env=None, workdir="", timeout=0, stdin=None, deadline=None):
@@ -206,11 +279,29 @@ class AgentClient:
             for offset in range(0, len(stdin), CHUNK_SIZE):
                 feed.put(stdin[offset:offset + CHUNK_SIZE])
             feed.put(None)
-        call = self.stub.Exec(requests(), timeout=deadline)
+        line = self._take()
+        try:
+            call = line.stub.Exec(requests(), timeout=deadline)
+        except BaseException:
+            self._give_back(line)
+            raise
+        with self._lock:
+            self._exec_lines[id(call)] = line
         return call, feed
 
     def iter_exec(self, call, feed=None):
         """Yield ('stdout'|'stderr', bytes) and finally ('exit', ExecResult); raise CommandLost otherwise."""
+        with self._lock:
+            line = self._exec_lines.pop(id(call), None)
+        try:
+            yield from self._iter_exec(call, line)
+        finally:
+            if feed is not None:
+                feed.put(None)  # unblock the request generator if stdin never ended
+            if line is not None:
+                self._give_back(line)
+
+    def _iter_exec(self, call, line):
         try:
             for out in call:
                 which = out.WhichOneof("output")
@@ -223,10 +314,12 @@ class AgentClient:
                     yield "exit", ExecResult(e.exit_code, e.timed_out, e.duration_ms, e.hitl_rejected)
                     return
         except grpc.RpcError as e:
-            raise self._exec_error(e)
-        finally:
-            if feed is not None:
-                feed.put(None)  # unblock the request generator if stdin never ended
+            error = self._exec_error(e)
+            if isinstance(error, CommandLost) and e.code() != grpc.StatusCode.CANCELLED and line is not None:
+                self.drop_connection(line)  # CANCELLED is our own cancel: the connection is fine
+            raise error
+        if line is not None:
+            self.drop_connection(line)
         raise CommandLost("the command's output stream on session %s ended without an exit status: "
                           "the command was lost (it may have partly run; it is not re-run)" % self.label)
 
@@ -274,15 +367,23 @@ class AgentClient:
                     yield pb.UploadRequest(chunk=chunk)
                 yield pb.UploadRequest(end=pb.UploadEnd(sha256=chunks.hexdigest()))
 
+            line = self._take()
             try:
-                response = self.stub.Upload(requests())
+                response = line.stub.Upload(requests())
             except grpc.RpcError as e:
                 chunks.cancel()
+                self._drop_if_lost(e, line)
                 if e.code() == grpc.StatusCode.INVALID_ARGUMENT and "sha" in (e.details() or "").lower():
                     raise ChecksumMismatch("upload of %s to %s on session %s failed its checksum: %s" % (
                         local_path, remote_path, self.label, e.details()))
                 raise transfer_error(e, remote_path, self.label, "extract an archive into" if is_archive else "upload to")
+            finally:
+                self._give_back(line)
         return response.bytes_written
+
+    def _drop_if_lost(self, error, line):
+        if error.code() == grpc.StatusCode.UNAVAILABLE:  # the connection broke (a refusal leaves it alone)
+            self.drop_connection(line)
 
     # -- Download --------------------------------------------------------------
     def download(self, remote_path, local_path, chunk_size=CHUNK_SIZE):
@@ -295,9 +396,9 @@ class AgentClient:
             size = 0
             expected_size = -1
             expected_sha = None
-            with os.fdopen(fd, "wb") as f:
+            with os.fdopen(fd, "wb") as f, self._using() as line:
                 try:
-                    for msg in self.stub.Download(pb.DownloadRequest(path=remote_path, chunk_size_bytes=chunk_size)):
+                    for msg in line.stub.Download(pb.DownloadRequest(path=remote_path, chunk_size_bytes=chunk_size)):
                         which = msg.WhichOneof("output")
                         if which == "chunk":
                             chunk = msg.chunk  # each access copies the bytes out of the message: take them once
@@ -309,7 +410,10 @@ class AgentClient:
                         elif which == "end":
                             expected_sha = msg.end.sha256
                 except grpc.RpcError as e:
+                    self._drop_if_lost(e, line)
                     raise transfer_error(e, remote_path, self.label, "download")
+                if expected_sha is None:
+                    self.drop_connection(line)
             if expected_sha is None:
                 raise AgentUnavailable("the download of %s from session %s ended before its checksum: "
                                        "the stream was cut; nothing was written to %s" % (remote_path, self.label, local_path))

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import shlex
 import signal
 import socket
@@ -60,6 +61,7 @@ WATCH_INTERVAL = 1.0          # idle and run-liveness checks
 SESSION_CHECK_INTERVAL = 10.0  # REST check that the session still exists
 DEADLINE_GRACE = 30.0          # client deadline beyond the agent's own command timeout
 STALE_RUN_MINUTES = 24 * 60    # run dirs of other controllers are swept after a day
+TASK_TMP = re.compile(r"^ansible-tmp-[0-9.]+-(\d+)-\d+$")  # ansible-core's name: time, worker pid, random
 
 
 class Unreachable(Exception):
@@ -116,7 +118,6 @@ class Mux:
         self.session_id = None
         self.label = self.session
         self.tunnel = None
-        self.channel = None
         self.agent = None
         self.state = None
         self.stopping = threading.Event()
@@ -161,15 +162,26 @@ class Mux:
                              label=self.label, connect_timeout=self.connect_timeout,
                              validate_certs=self.cfg.get("validate_certs", True), socket_dir=self.dir)
         self.tunnel.start()
-        self.channel = ac.open_channel("unix:" + self.tunnel.socket_path)
-        self.channel.subscribe(self._on_state, try_to_connect=False)
-        self.agent = ac.AgentClient(self.channel, self.label, self.scratch_dir)
+        # A lost stream drops its connection: the agent client then dials through a fresh channel (_dial).
+        self.agent = ac.AgentClient(self._dial(), self.label, self.scratch_dir, redial=self._dial)
         self.warm = warm.WarmRunners(self.agent, self.label)
         self.ensure_ready()
         self.listen()
 
-    def _on_state(self, state):
-        self.state = state
+    @property
+    def channel(self):
+        return self.agent.channel if self.agent is not None else None
+
+    def _dial(self):
+        """A gRPC channel through the tunnel; its connectivity feeds self.state while it is the agent's."""
+        channel = ac.open_channel("unix:" + self.tunnel.socket_path)
+        self.state = None
+
+        def on_state(state):
+            if self.agent is None or self.agent.channel is channel:
+                self.state = state
+        channel.subscribe(on_state, try_to_connect=False)
+        return channel
 
     def listen(self):
         if os.path.exists(self.socket_path):
@@ -314,6 +326,32 @@ class Mux:
             except Exception as e:  # the session may be gone; nothing left to clean then
                 log.warning("run %s ended: could not remove %s: %s", run_id, run["dir"], e)
             self.runs.pop(run_id, None)
+        self.sweep_abandoned_task_dirs()
+
+    def sweep_abandoned_task_dirs(self):
+        """rmdir the empty ansible-tmp-* dirs of the shared remote_tmp whose controller worker is gone.
+
+        A task that ends UNREACHABLE never removes its own. The dir name carries the worker's pid; rmdir
+        removes empty directories only, so a dir another task is filling right now is never lost.
+        """
+        tmp = posixpath.join(self.scratch_dir, "ansible-tmp")
+        try:
+            listing = self.guest('cd -- "$1" 2>/dev/null || exit 0; find . -mindepth 1 -maxdepth 1 -type d -empty '
+                                 '-name "ansible-tmp-*"', tmp).stdout.decode("utf-8", "replace")
+        except Exception as e:
+            log.warning("sweep: cannot list %s: %s", tmp, e)
+            return
+        abandoned = []
+        for line in listing.split("\n"):
+            m = TASK_TMP.match(line[2:] if line.startswith("./") else line)
+            if m and not run_alive(int(m.group(1)), None):
+                abandoned.append(posixpath.join(tmp, m.group(0)))
+        if abandoned:
+            try:
+                self.guest('rmdir -- "$@" 2>/dev/null; true', *abandoned)
+                log.info("sweep: removed %d empty task dir(s) of gone workers in %s", len(abandoned), tmp)
+            except Exception as e:
+                log.warning("sweep: cannot remove task dirs in %s: %s", tmp, e)
 
     def sweep_stale_runs(self, host_tag):
         """Remove run dirs left by crashed runs of this controller, and very old ones of any controller."""
@@ -338,6 +376,7 @@ class Mux:
                 log.info("sweep: removed %s", ", ".join(stale))
         except Exception as e:
             log.warning("sweep failed: %s", e)
+        self.sweep_abandoned_task_dirs()
 
     # -- serving workers ---------------------------------------------------------------
     def serve_forever(self):
@@ -722,8 +761,8 @@ def main():
         mux.serve_forever()
     finally:
         mux.stop(clean=False)
-        if mux.channel is not None:
-            mux.channel.close()
+        if mux.agent is not None:
+            mux.agent.close()
         mux.tunnel.stop()
         try:
             os.unlink(os.path.join(mux.dir, mp.PID_NAME))

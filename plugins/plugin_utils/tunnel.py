@@ -206,6 +206,14 @@ class Tunnel:
 
     async def _serve(self, reader, writer):
         try:
+            await self._serve_one(reader, writer)
+        except asyncio.CancelledError:
+            # stop() cancels every connection. Ending normally here: asyncio's stream callback asks a cancelled
+            # task for its exception (Python 3.11), which logs a CancelledError traceback for a clean stop.
+            writer.close()
+
+    async def _serve_one(self, reader, writer):
+        try:
             ws = await self._dial()
         except TunnelError as e:
             self._record(e)

@@ -52,6 +52,8 @@ RUN, KILL, RUNREF = 1, 2, 3
 READY, STARTED, OUT, ERR, EXIT, REFUSE, MISS = 10, 11, 12, 13, 14, 15, 16
 IMPORTS = "imports"  # the child's report pipe
 MARKER = "microvm-warm-runner"
+TMP_PREFIX = "microvm-warm-"   # + "<pid>-": a runner killed with its mux never removes its dir; the next one does
+OWN_DIR = re.compile(r"^microvm-warm-(\d+)-")
 PRELOAD = ("ansible.module_utils.basic", "ansible.module_utils._internal._ansiballz._loader")
 # Variables read when an interpreter starts: a task that changes them runs cold.
 STARTUP_VARS = re.compile(r"^(PYTHON.*|LANG|LANGUAGE|LC_.*)$")
@@ -121,7 +123,7 @@ class Runner:
 
     # -- preloading ------------------------------------------------------------------
     def preload(self, zip_bytes):
-        self.preload_dir = tempfile.mkdtemp(prefix="microvm-warm-")
+        self.preload_dir = tempfile.mkdtemp(prefix="%s%d-" % (TMP_PREFIX, os.getpid()))
         self.preload_zip = os.path.join(self.preload_dir, "preload.zip")
         with open(self.preload_zip, "wb") as f:
             f.write(zip_bytes)
@@ -459,7 +461,30 @@ def run_atexit():
         run()
 
 
+def runner_alive(pid):
+    """Is pid a warm runner (its command line carries MARKER)? A reused pid of anything else is not."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return MARKER.encode() in f.read()
+    except (OSError, ValueError):
+        return False
+
+
+def sweep_stale_dirs(tmp=None):
+    """Remove the preload dirs of runners that are gone: they die by SIGKILL with their mux, never cleaning up."""
+    tmp = tmp or tempfile.gettempdir()
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return
+    for name in names:
+        m = OWN_DIR.match(name)
+        if m and int(m.group(1)) != os.getpid() and not runner_alive(int(m.group(1))):
+            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+
+
 def main():
+    sweep_stale_dirs()
     proto_in = os.dup(0)
     proto_out = os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)

@@ -56,13 +56,12 @@ class Agent:
         from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_client as ac
         from ansible_collections.microvm.sandbox.plugins.plugin_utils.tunnel import Tunnel
         self.tunnel = Tunnel(url, "/v2/agents", session_id, token, connect_timeout=30)
-        path = self.tunnel.start()
-        self.channel = ac.open_channel("unix:" + path)
-        self.client = ac.AgentClient(self.channel, session_id)
+        target = "unix:" + self.tunnel.start()
+        self.client = ac.AgentClient(ac.open_channel(target), session_id, redial=lambda: ac.open_channel(target))
 
     def close(self, drain=10):
         with contextlib.suppress(Exception):
-            self.channel.close()
+            self.client.close()
         # Let the tunnel finish the connections the channel just closed (their WebSocket close handshake)
         # before stopping its loop: Tunnel.stop() cancels without waiting, and a connection still closing
         # would be left pending ("Task was destroyed but it is pending").

@@ -19,11 +19,20 @@ ROUTES = [
 
 
 @pytest.mark.parametrize("method,path", ROUTES)
-@pytest.mark.parametrize("token", [None, "Bearer wrong-token", "Basic Zm9vOmJhcg=="])
+@pytest.mark.parametrize("token", [None, "Bearer wrong-token", "bearer wrong-token", "Basic Zm9vOmJhcg==", "Bearer"])
 def test_missing_or_wrong_token_is_401(api, method, path, token):
     resp = api.call(method, path, token=token or False, data="{}", headers={"Content-Type": "application/json"})
     assert resp.status_code == 401
     assert error_message(resp)
+
+
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER", "bEaReR"])
+def test_the_auth_scheme_is_case_insensitive(plane, scheme):
+    # RFC 7235 2.1: the scheme is a case-insensitive token
+    import requests
+    resp = requests.get(plane.url + "/v2/agents/sessions", headers={"Authorization": "%s %s" % (scheme, plane.token)},
+                        timeout=30)
+    assert resp.status_code == 200, resp.text
 
 
 def test_token_is_not_echoed(api):

@@ -1,4 +1,6 @@
 """microvm.sandbox.session against the fake plane: arguments, idempotency, check mode, diff, errors."""
+import pytest
+
 from ansible_collections.microvm.sandbox.plugins.modules import session as session_module
 from ansible_collections.microvm.sandbox.plugins.modules import session_info
 
@@ -249,3 +251,24 @@ def test_absent_without_wait_returns_at_once(run_module, fake_plane):
     assert run.result["changed"] is True
     assert run.result["session"]["session_id"] == rec["session_id"]
     assert run.result["session"]["status"] in ("SESSION_STATUS_DESTROYING", "SESSION_STATUS_DESTROYED")
+
+
+@pytest.mark.parametrize("option,value", [("request_timeout", -1), ("request_timeout", 0), ("request_timeout", 1e308),
+                                          ("request_timeout", float("nan")), ("blocking_timeout", -1),
+                                          ("wait_timeout", -1), ("wait_timeout", 1e308)])
+def test_a_timeout_out_of_range_fails_naming_the_option(run_module, fake_plane, option, value):
+    run = run_module(MAIN, {"name": "web-1", option: value})
+    assert run.failed
+    assert run.result["msg"].startswith(option + " "), run.result["msg"]
+    assert "seconds" in run.result["msg"] and fake_plane.sessions == {}
+
+
+@pytest.mark.parametrize("option,value", [("env", {"A": [1, 2]}), ("env", {"A": {"b": 1}}),
+                                          ("secrets", {"TOKEN": ["s3cret-value"]}), ("env", {"A": None})])
+def test_a_non_scalar_env_value_is_refused_naming_the_key(run_module, fake_plane, option, value):
+    run = run_module(MAIN, {"name": "web-1", option: value})
+    assert run.failed
+    key = list(value)[0]
+    assert "%s: the value of %s must be a string, a number or a boolean" % (option, key) in run.result["msg"], run.result
+    assert "s3cret-value" not in str(run.result)
+    assert "s3cret-value" not in run.stdout and fake_plane.sessions == {}

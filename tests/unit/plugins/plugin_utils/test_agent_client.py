@@ -35,6 +35,40 @@ def test_stream_without_exit_is_a_lost_command(client):
     assert agent.calls == [("exec", ["true"])]  # never re-run
 
 
+@pytest.mark.parametrize("mode", ["no-exit", "unavailable"])
+def test_a_lost_stream_drops_its_connection_and_the_next_call_dials_afresh(fake_agent, tmp_path, mode):
+    agent, channel = fake_agent
+    dialled = []
+
+    def redial():
+        dialled.append(ac.open_channel("unix:" + str(tmp_path / "agent.sock")))
+        return dialled[-1]
+
+    c = ac.AgentClient(channel, "sess-1", redial=redial)
+    agent.mode = mode
+    with pytest.raises(ac.CommandLost):
+        c.exec(["true"])
+    assert len(dialled) == 1 and c.channel is dialled[0]
+    with pytest.raises(ValueError):  # the old channel, and its connection, are closed
+        channel.unary_unary("/x")(b"")
+    agent.mode = "ok"
+    assert c.exec(["true"]).exit_code == 0
+    assert len(dialled) == 1
+    c.close()
+
+
+def test_a_refused_command_keeps_the_connection(fake_agent, tmp_path):
+    agent, channel = fake_agent
+    c = ac.AgentClient(channel, "sess-1", redial=lambda: pytest.fail("redialled after a refusal"))
+    agent.mode = "denied"
+    with pytest.raises(ac.TransferDenied):
+        c.download("/workspace/f", str(tmp_path / "f"))
+    agent.mode = None
+    with pytest.raises(ac.RemoteNotFound):
+        c.download("/workspace/missing", str(tmp_path / "f"))
+    assert c.channel is channel
+
+
 def test_unavailable_is_a_lost_command(client):
     agent, c = client
     agent.mode = "unavailable"
@@ -98,10 +132,16 @@ class NoNetwork:
         raise AssertionError("network call %s attempted" % name)
 
 
+class NoNetworkChannel:
+    """A channel whose every RPC fails the test."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: NoNetwork()
+
+
 @pytest.mark.parametrize("path", ["/tmp/x", "/workspace/../tmp/x", "relative/x", "/workspacex/y"])
 def test_transfer_outside_workspace_refused_locally(tmp_path, path):
-    c = ac.AgentClient.__new__(ac.AgentClient)
-    c.stub, c.label, c.scratch_dir = NoNetwork(), "sess-1", "/workspace/.scratch"
+    c = ac.AgentClient(NoNetworkChannel(), "sess-1", "/workspace/.scratch")
     src = tmp_path / "f"
     src.write_text("x")
     with pytest.raises(profile.TransferPathError) as e:

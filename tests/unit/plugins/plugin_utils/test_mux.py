@@ -27,7 +27,7 @@ def served(fake_agent, tmp_path):
     d = mp.private_dir(os.path.join(base, "k"))
     m = mux_mod.Mux({"dir": d, "session": "box", "api_url": "http://127.0.0.1:9", "token": "s3cr3t", "persist": 60})
     m.session_id, m.label = "sid-1", "box (sid-1)"
-    m.tunnel, m.channel = NoTunnel(), channel
+    m.tunnel = NoTunnel()
     m.agent = ac.AgentClient(channel, m.label)
     m.state = grpc.ChannelConnectivity.READY
     m.check_session = lambda: {"status": "SESSION_STATUS_READY"}

@@ -1,5 +1,6 @@
 """The port-forward tunnel: URL mapping, error wording, and bytes through a real WebSocket server."""
 import asyncio
+import logging
 import os
 import socket
 import stat
@@ -195,3 +196,20 @@ def test_wrong_token_is_fatal(server):
     finally:
         t.stop()
     assert not os.path.exists(t.socket_path)
+
+
+def test_stop_with_open_connections_logs_no_traceback(server, caplog):
+    t = tn.Tunnel("http://127.0.0.1:%d" % server.port, "/v2/agents", "sess-1", "s3cr3t", connect_timeout=5)
+    t.start()
+    socks = [dial(t) for _ in range(2)]
+    for s in socks:
+        s.sendall(b"hello")
+        assert read_all(s, 5) == b"olleh"
+    with caplog.at_level(logging.DEBUG):
+        t.stop()
+    noisy = [r for r in caplog.records if r.levelno >= logging.ERROR or "CancelledError" in r.getMessage()
+             or (r.exc_info and r.exc_info[0] is not None)]
+    assert noisy == [], [r.getMessage() for r in noisy]
+    for s in socks:
+        assert s.recv(10) == b""  # the connections were closed
+        s.close()

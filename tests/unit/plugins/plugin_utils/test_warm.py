@@ -63,3 +63,26 @@ def test_refused_or_non_module_payloads_are_never_referenced():
     assert sent(r)[1] == wr.RUN
     r._dispatch(rid3, wr.STARTED, b"")
     assert r.held == set()
+
+
+def test_the_preload_dirs_of_dead_runners_are_swept_at_start(tmp_path):
+    import os
+    import subprocess
+    import sys
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    runner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", wr.MARKER])
+    other = subprocess.Popen(["sleep", "60"])  # alive, but not a runner (a reused pid)
+    try:
+        names = {"dead": "microvm-warm-%d-a1" % gone.pid, "live": "microvm-warm-%d-b2" % runner.pid,
+                 "reused": "microvm-warm-%d-c3" % other.pid, "own": "microvm-warm-%d-d4" % os.getpid(),
+                 "unrelated": "microvm-warmth", "legacy": "microvm-warm-q8x_z2"}
+        for name in names.values():
+            (tmp_path / name).mkdir()
+        (tmp_path / names["dead"] / "preload.zip").write_bytes(b"zip")
+        wr.sweep_stale_dirs(str(tmp_path))
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            names[k] for k in ("live", "own", "unrelated", "legacy"))
+    finally:
+        runner.kill()
+        other.kill()
