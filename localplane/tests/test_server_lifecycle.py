@@ -43,7 +43,7 @@ class Rest:
         self.url, self.h = url + "/v2/agents", {"Authorization": "Bearer " + token}
 
     def create(self, name, **extra):
-        body = "name: %s\nagent: none\n" % name + "".join("%s: %s\n" % kv for kv in extra.items())
+        body = "name: %s\nagent: custom\n" % name + "".join("%s: %s\n" % kv for kv in extra.items())
         r = requests.post(self.url + "/sessions", data=body, headers=dict(self.h, **{"Content-Type": "application/yaml"}))
         assert r.status_code == 201, r.text
         return r.json()["session"]["session_id"]
