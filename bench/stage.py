@@ -81,7 +81,7 @@ class Stage:
             os.makedirs(os.path.join(self.tmp, "plane"))
             self.plane = start_local_plane(os.path.join(self.tmp, "plane"))
             client = self.plane.client()
-            self.session = client.wait_session(client.create_session({"name": name, "agent": "none"})["session_id"],
+            self.session = client.wait_session(client.create_session({"name": name, "agent": "custom"})["session_id"],
                                                timeout=120)
             self.sshd = Sshd(self.tmp)
             self.local_dir = os.path.join(self.tmp, "local-dest")

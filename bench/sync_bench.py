@@ -130,10 +130,10 @@ class Bench:
             shutil.copytree(tree, src, symlinks=True)
             dests = {"sync": "/workspace/%s-%d" % (label, r), "rsync": os.path.join(self.stage.ssh_dir, "%s-%d" % (label, r)),
                      "copy": "/workspace/%s-copy-%d" % (label, r)}
-            runners = {"sync": lambda: self.sync("push", src, dests["sync"], delete),
-                       "rsync": lambda: self.rsync(src, dests["rsync"], delete, self.rsync_ssh)}
+            runners = {"sync": lambda s=src, d=dests["sync"]: self.sync("push", s, d, delete),
+                       "rsync": lambda s=src, d=dests["rsync"]: self.rsync(s, d, delete, self.rsync_ssh)}
             if with_copy:
-                runners["copy"] = lambda: self.copy(src, dests["copy"])
+                runners["copy"] = lambda s=src, d=dests["copy"]: self.copy(s, d)
             for step in ("first", "unchanged", "one_changed"):
                 if step == "one_changed":
                     change_one(src, delete)
@@ -153,8 +153,8 @@ class Bench:
         shutil.copytree(tree, src_ssh, symlinks=True)
         for r in range(self.repeat):
             outs = {tool: self.stage.path("%s-out-%s-%d" % (label, tool, r)) for tool in ("sync", "rsync")}
-            runners = {"sync": lambda: self.sync("pull", src_guest, outs["sync"], True),
-                       "rsync": lambda: self.rsync(src_ssh, outs["rsync"], True, self.rsync_ssh, pull=True)}
+            runners = {"sync": lambda d=outs["sync"]: self.sync("pull", src_guest, d, True),
+                       "rsync": lambda d=outs["rsync"]: self.rsync(src_ssh, d, True, self.rsync_ssh, pull=True)}
             for step in ("first", "unchanged", "one_changed"):
                 if step == "one_changed":
                     self.guest("echo changed-%d >> %s/dir000/file00000.txt" % (r, src_guest))

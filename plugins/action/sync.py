@@ -185,8 +185,12 @@ class ActionModule(ActionBase):
         stage_name = "sync-%s%s" % (uuid.uuid4().hex[:16], ".tar" if mode == "pull" else "")
         request = {"mode": mode, "root": root, "checksum": checksum, "excludes": guest_excludes,
                    "workspace": profile.TRANSFER_ROOT, "stage_name": stage_name}
+        # A pull reads as the task's user. A push applies as the agent's user, who owns what its Upload
+        # extracted into the stage, and hands every entry it moves in to the task's user (like put_file).
+        if mode == "push":
+            request["owner"] = conn.guest_user()
         stream, run_dir = conn.exec_stream(["/bin/sh", "-c", 'exec "$0" -c "$1" "$2"', self._python(), guest_program(),
-                                            st.json.dumps(request)])
+                                            st.json.dumps(request)], as_user=(mode == "pull"))
         return stream, ManifestReader(stream.stdout()), guest_excludes, posixpath.join(run_dir, stage_name)
 
     def _guest_failed(self, stream, reader, what):

@@ -647,18 +647,24 @@ class Connection(ConnectionBase):
             raise AnsibleFileNotFound("microvm.sandbox.agent: archive does not exist: %s" % to_text(in_path))
         return self._call("put_archive", self._mux.put_archive, to_text(in_path), to_text(out_dir))
 
-    def exec_stream(self, argv):
+    def exec_stream(self, argv, as_user=True):
         """Start argv in the guest over its own connection to the mux; -> (mux_stream.ExecStream, the run's TMPDIR).
 
         Not part of Ansible's connection API: microvm.sandbox.sync streams a manifest out of it and
-        operations into it while it moves an archive with put_archive / fetch_file.
+        operations into it while it moves an archive with put_archive / fetch_file. With as_user false
+        it runs as the agent's user even when remote_user asks for another (the caller hands files over).
         """
         self._connect()
         run = self._run_info()
         display.vvv("EXEC STREAM %s" % argv[:4], host=self._session())
-        stream = self._call("a streamed command", mux_stream.ExecStream, self._new_mux_client(), argv,
-                            env={"TMPDIR": run["dir"]}, run=run)
+        stream = self._call("a streamed command", mux_stream.ExecStream, self._new_mux_client(),
+                            self._as_user(argv) if as_user else argv, env={"TMPDIR": run["dir"]}, run=run)
         return stream, run["dir"]
+
+    def guest_user(self):
+        """(uid, gid) of the remote_user commands run as, or None for the agent's own user."""
+        self._connect()
+        return (int(self._user["uid"]), int(self._user["gid"])) if self._user else None
 
     def fetch_file(self, in_path, out_path):
         super().fetch_file(in_path, out_path)

@@ -441,11 +441,27 @@ def move_into(src_fd, name, dst_fd):
         raise
 
 
-def apply_stage(stage_fd, dest_fd, rel=b""):
+def chown_entry(dir_fd, name, owner):
+    """Give dir_fd/name, and everything in it for a directory, to owner (uid, gid); links themselves."""
+    os.chown(name, owner[0], owner[1], dir_fd=dir_fd, follow_symlinks=False)
+    if not stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+        return
+    sub = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        with os.scandir(sub) as it:
+            names = [os.fsencode(e.name) for e in it]
+        for child in names:
+            chown_entry(sub, child, owner)
+    finally:
+        os.close(sub)
+
+
+def apply_stage(stage_fd, dest_fd, rel=b"", owner=None):
     """Move every entry of the staged tree into the destination tree; -> number of entries moved.
 
     A staged directory whose counterpart is a directory is entered; any other entry replaces its
-    counterpart in one rename (a directory that becomes a file is removed first).
+    counterpart in one rename (a directory that becomes a file is removed first). With owner
+    (uid, gid), what is moved in is handed to that user first.
     """
     moved = 0
     with os.scandir(stage_fd) as it:
@@ -461,7 +477,7 @@ def apply_stage(stage_fd, dest_fd, rel=b""):
             try:
                 sub_dest = os.open(name, DIR_FLAGS, dir_fd=dest_fd)
                 try:
-                    moved += apply_stage(sub_stage, sub_dest, rel + name + b"/")
+                    moved += apply_stage(sub_stage, sub_dest, rel + name + b"/", owner)
                 finally:
                     os.close(sub_dest)
             finally:
@@ -470,6 +486,8 @@ def apply_stage(stage_fd, dest_fd, rel=b""):
         if dst is not None and (stat.S_ISDIR(dst.st_mode) != stat.S_ISDIR(st.st_mode)):
             remove_entry(dest_fd, name, rel + name)  # a type change replaces the whole entry
         move_into(stage_fd, name, dest_fd)
+        if owner:
+            chown_entry(dest_fd, name, owner)  # after the move: a copy across filesystems makes new files
         moved += 1
     return moved
 
@@ -718,12 +736,15 @@ def guest_push(args, root_fd, stage, stdin, out, excludes):
     try:
         if first is None:
             return 0  # nothing to do (or check mode)
+        owner = args.get("owner")
         if root_fd is None:
             root_fd = open_root(args["root"], create=True, workspace=args.get("workspace"))
+            if owner:
+                os.fchown(root_fd, owner[0], owner[1])
         if first == b"+":
             stage_fd = os.open(stage, DIR_FLAGS)
             try:
-                summary["moved"] = apply_stage(stage_fd, root_fd)
+                summary["moved"] = apply_stage(stage_fd, root_fd, owner=owner)
             finally:
                 os.close(stage_fd)
         elif first != b".":

@@ -76,7 +76,7 @@ def write(root, rel, data=b"", mode=0o644, mtime=None):
 def box(plane, tmp_path_factory):
     """One session for the module's tests (each uses its own directories), a private mux dir and an inventory."""
     client = plane.client()
-    session = client.wait_session(client.create_session({"name": unique_name("sync"), "agent": "none"})["session_id"],
+    session = client.wait_session(client.create_session({"name": unique_name("sync"), "agent": "custom"})["session_id"],
                                   timeout=120)
     base = tmp_path_factory.mktemp("sync")
     mux = str(base / "mux")
@@ -90,11 +90,11 @@ def box(plane, tmp_path_factory):
         client.delete_session(session["session_id"])
 
 
-def sync(plane, box, tmp_path, args=None, check=False, diff=False, tasks=None, env=None):
+def sync(plane, box, tmp_path, args=None, check=False, diff=False, tasks=None, env=None, **play_keywords):
     """Run microvm.sandbox.sync once (or the given task list) against the box; -> the PlaybookRun."""
     if tasks is None:
         tasks = [{"name": "sync", "microvm.sandbox.sync": args}]
-    play = [{"hosts": "sbx", "gather_facts": False, "tasks": tasks}]
+    play = [dict({"hosts": "sbx", "gather_facts": False, "tasks": tasks}, **play_keywords)]
     extra = []
     if check:
         extra.append("--check")
@@ -453,3 +453,23 @@ def test_roles_restore_from_and_export_to_a_directory(plane, box, tmp_path):
     assert without(local_state(os.path.join(exported, "restored")), ".") == \
         without(local_state(src), ".", "project/__pycache__")
     assert run.result("exported")["workspace_export_result"]["paths"] == ["restored"]
+
+
+def test_remote_user_owns_what_is_pushed_and_pulls_as_itself(plane, box, tmp_path):
+    sid = box["sid"]
+    guest_sh(plane, sid, "id mvsync >/dev/null 2>&1 || useradd -m -s /bin/sh mvsync; mkdir -p /root/private && "
+                         "echo r > /root/private/r.txt")
+    src = str(tmp_path / "src")
+    write(src, "sub/own.txt", "mine\n", mtime=1_600_000_000)
+    res = result(sync(plane, box, tmp_path, {"src": src, "dest": "/home/mvsync/tree"}, remote_user="mvsync"))
+    assert res["changed"] is True
+    owners = guest_sh(plane, sid, "stat -c '%U %n' /home/mvsync/tree /home/mvsync/tree/sub /home/mvsync/tree/sub/own.txt")
+    assert [line.split()[0] for line in owners.splitlines()] == ["mvsync"] * 3, owners
+    out = str(tmp_path / "out")
+    result(sync(plane, box, tmp_path, {"mode": "pull", "src": "/home/mvsync/tree", "dest": out}, remote_user="mvsync"))
+    assert local_state(out) == local_state(src)
+    # the pull reads as the user: root's private files stay out of reach
+    run = sync(plane, box, tmp_path, {"mode": "pull", "src": "/root/private", "dest": str(tmp_path / "o")},
+               remote_user="mvsync")
+    assert run.result("sync")["failed"], run
+    assert not os.path.exists(os.path.join(str(tmp_path / "o"), "r.txt"))
