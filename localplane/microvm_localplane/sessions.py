@@ -180,7 +180,7 @@ class Sessions:
                 await self.guests.clone_state(clone_from[0], sid, clone_from[1])
             starter = self.guests.adopt if adopt else self.guests.boot
             await starter(sid, sandbox_id, self.rootfs_spec(rec), guest_env(rec), rec["egress"],
-                          hostname_for(rec["name"]))
+                          hostname_for(rec["name"]), size=rec.get("size_slug"))
             self.apply_agent_limits(sid)
         except asyncio.CancelledError:
             raise
