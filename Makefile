@@ -10,17 +10,22 @@ COLL_LINK := $(COLLECTIONS)/ansible_collections/microvm/sandbox
 export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export PYTHONPATH := $(COLLECTIONS):$(CURDIR)/localplane
 export PATH := $(BIN):$(PATH)
-# Debian packages: bubblewrap (isolated guests of the local control plane),
+# One cache of the base template's Debian rootfs for every plane make starts (built once, minutes).
+export MICROVM_LOCALPLANE_CACHE ?= $(CURDIR)/.local/cache
+# Debian packages: runc and uidmap (guests of the local control plane: an OCI
+# runtime, each guest in its own user namespace over subordinate ids),
 # umoci and skopeo (unpacking OCI templates), buildah (template_image role),
-# docker-registry (a real local OCI registry), debootstrap (a base image with
-# no registry pull), openssh-server (the SSH peer in bench/), sudo (guests of
-# the built-in `base` template run the host's /usr and /etc read-only, so
-# sudo there is what lets the connection tests' `become_method: sudo` run
-# instead of skipping; root, the guest's user, may sudo by Debian's default),
-# podman and runc (build and run the execution environment, make ee-test;
-# runc because crun refuses cgroup v1 hosts).
+# docker-registry (a real local OCI registry), debootstrap (the built-in
+# `base` template's own Debian rootfs, and the role's base image with no
+# registry pull), openssh-server (the SSH peer in bench/), rsync, sudo,
+# podman (builds and runs the execution environment, make ee-test; with runc,
+# since crun refuses cgroup v1 hosts).
 # bindep.txt lists the same packages by profile (hack/bindep-check.py).
-DEB_PACKAGES := bubblewrap umoci skopeo buildah docker-registry debootstrap openssh-server rsync sudo podman runc
+DEB_PACKAGES := runc uidmap umoci skopeo buildah docker-registry debootstrap openssh-server rsync sudo podman
+# Subordinate ids of the user running the local control plane: each guest gets its own
+# 65536 of them (localplane/microvm_localplane/idmap.py). Added when the user has none.
+SUBID_START := 1000000000
+SUBID_COUNT := 1073741824
 PYTEST_ARGS ?=
 NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py tests/unit/plugins/plugin_utils/test_option_defs.py tests/unit/plugins/plugin_utils/test_warm.py
 
@@ -64,10 +69,15 @@ system-deps:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null || \
 	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; }; \
 	  else echo "Missing Debian packages:$$missing"; \
-	    echo "  bubblewrap: isolated guests of the local control plane; umoci/skopeo: OCI templates;"; \
-	    echo "  buildah/docker-registry/debootstrap: template_image role; openssh-server: bench only;"; \
-	    echo "  sudo: become with sudo inside guests of the base template (they use the host's /usr and /etc)."; \
+	    echo "  runc/uidmap: isolated guests of the local control plane; umoci/skopeo: OCI templates;"; \
+	    echo "  debootstrap: the base template's rootfs and the template_image role; buildah/docker-registry:"; \
+	    echo "  template_image role; openssh-server: bench only."; \
 	    echo "  Install them as root: apt-get install -y$$missing"; exit 1; fi; fi
+	@user=$$(id -un); for f in /etc/subuid /etc/subgid; do \
+	  grep -q "^$$user:" $$f 2>/dev/null && continue; \
+	  if [ "$$(id -u)" = 0 ]; then echo "adding subordinate ids $$user:$(SUBID_START):$(SUBID_COUNT) to $$f"; \
+	    echo "$$user:$(SUBID_START):$(SUBID_COUNT)" >> $$f; \
+	  else echo "$$f has no entry for $$user: as root, add $$user:$(SUBID_START):$(SUBID_COUNT)"; exit 1; fi; done
 
 # The collection must resolve as ansible_collections/microvm/sandbox.
 collection:

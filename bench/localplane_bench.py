@@ -49,7 +49,7 @@ class Rest:
         self.http.headers["Authorization"] = "Bearer " + handle.token
 
     def create(self, name):
-        r = self.http.post(self.base + "/sessions", data="name: %s\nagent: none\nidle_timeout: 1h\n" % name,
+        r = self.http.post(self.base + "/sessions", data="name: %s\nagent: custom\nidle_timeout: 1h\n" % name,
                            headers={"Content-Type": "application/yaml"})
         r.raise_for_status()
         return r.json()["session"]["session_id"]

@@ -23,6 +23,8 @@ echo "== connection: 30-task playbook vs local and SSH, 256 MiB copies vs scp (b
 "$PY" bench/connection_bench.py --repeat "$REPEAT"
 echo "== warm runner vs cold, local, SSH and Mitogen (bench/fastpath_bench.py)"
 "$PY" bench/fastpath_bench.py --repeat "$REPEAT" --mitogen-venv "$MITOGEN_VENV"
+echo "== directory trees: microvm.sandbox.sync vs rsync over SSH and copy (bench/sync_bench.py)"
+"$PY" bench/sync_bench.py --repeat "$REPEAT"
 echo "== load: 20 sessions x 30 tasks, forks 10 (bench/load_bench.py)"
 "$PY" bench/load_bench.py
 echo "results: bench/results/"
