@@ -82,6 +82,8 @@ notes:
     outside O(dest) is caught by the agent, which checks the whole archive against the sandbox's tree and refuses
     it before writing anything.
   - Names longer than 255 bytes, or paths longer than 4096 bytes once extracted, are refused on the controller.
+  - What only the agent can refuse comes after O(clean) - an archive over the platform's bounds, or one that writes
+    through a link kept by O(keep). Then O(dest) stays emptied and the task fails with C(cleaned=true).
 seealso:
   - module: microvm.sandbox.workspace_object
 """
