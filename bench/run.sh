@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 REPEAT="${BENCH_REPEAT:-3}"
 MITOGEN_VENV=.local/bench/mitogen-venv
-export PYTHONPATH=".local/collections:localplane${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH=".local/collections:localplane:tests/support${PYTHONPATH:+:$PYTHONPATH}"
 
 if [ ! -x "$MITOGEN_VENV/bin/ansible-playbook" ] || ! cmp -s bench/requirements-mitogen.txt "$MITOGEN_VENV/.requirements"; then
     echo "== the Mitogen peer's venv ($MITOGEN_VENV)"
@@ -23,6 +23,8 @@ echo "== connection: 30-task playbook vs local and SSH, 256 MiB copies vs scp (b
 "$PY" bench/connection_bench.py --repeat "$REPEAT"
 echo "== warm runner vs cold, local, SSH and Mitogen (bench/fastpath_bench.py)"
 "$PY" bench/fastpath_bench.py --repeat "$REPEAT" --mitogen-venv "$MITOGEN_VENV"
+echo "== directory trees: microvm.sandbox.sync vs rsync over SSH and copy (bench/sync_bench.py)"
+"$PY" bench/sync_bench.py --repeat "$REPEAT"
 echo "== load: 50 sessions x 30 tasks, forks 25 (bench/load_bench.py)"
 "$PY" bench/load_bench.py
 echo "== fleet: 100 sessions vs SSH to 100 hosts, 10 tasks, forks 50 (bench/fleet_bench.py)"

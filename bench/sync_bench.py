@@ -6,6 +6,7 @@ without delete: the first sync into an empty destination, a sync with nothing ch
 changed (with delete, one more file removed); then a pull of the same tree out, the same three ways.
 - sync:  `ansible-playbook` running one microvm.sandbox.sync task through the agent connection to a local-plane
          sandbox, Ansible's own start-up included (the session's mux is warm, as in any play after its first task);
+         and the task's own time ("sync task", from its -vvv timing line: guest command start to the end);
 - rsync: `rsync -a [--delete]` over SSH to a private sshd on 127.0.0.1 (ControlPersist warm), the tool
          ansible.posix.synchronize runs;
 - copy:  `ansible-playbook` running ansible.builtin.copy of the directory through the agent connection (500-file
@@ -19,6 +20,7 @@ Usage: PYTHONPATH=.local/collections:localplane .venv/bin/python bench/sync_benc
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -26,11 +28,11 @@ import subprocess
 import time
 
 import benchlib  # first: it puts the collection and localplane on sys.path
-from benchlib import ROOT, run_playbook, write
+from benchlib import ROOT, playbook_argv, timed_run, write
 
 from stage import Stage
 
-from microvm_localplane.testing import mux_pids
+from microvm_plane_testing import mux_pids
 
 SYNC_PLAY = """
 - hosts: target
@@ -50,6 +52,7 @@ COPY_PLAY = """
         src: "{src}/"
         dest: "{dest}/"
 """
+TASK_TIME = re.compile(r"SYNC (?:done|applied) after ([0-9.]+)s")
 NOOP_PLAY = """
 - hosts: target
   gather_facts: false
@@ -92,6 +95,7 @@ class Bench:
         self.rsync_ssh = "ssh -p %d %s" % (stage.sshd.port, " ".join(stage.sshd.options))
         self.client = stage.plane.client()
         self.n = 0
+        self.task_seconds = []
 
     def guest(self, script):
         res = self.client.request("POST", "/sessions/%s/sandbox/exec" % self.stage.session["session_id"],
@@ -100,17 +104,25 @@ class Bench:
             raise RuntimeError("guest command failed: %s" % res)
         return res["stdout"]
 
-    def play(self, text):
+    def play(self, text, *options):
+        """Seconds of one ansible-playbook run (and its stdout)."""
         self.n += 1
         name = "play-%d.yml" % self.n
         write(self.stage.path(name), text)
-        return run_playbook(self.stage.tmp, name, self.inventory, self.env)
+        proc, elapsed = timed_run(playbook_argv(self.inventory, name, *options), self.env, self.stage.tmp)
+        if proc.returncode != 0 or "failed=0" not in proc.stdout:
+            raise RuntimeError("playbook failed:\n%s\n%s" % (proc.stdout[-3000:], proc.stderr[-2000:]))
+        return elapsed, proc.stdout
 
     def sync(self, mode, src, dest, delete):
-        return self.play(SYNC_PLAY.format(mode=mode, src=src, dest=dest, delete=str(delete).lower()))
+        """Seconds of the whole ansible-playbook run; the sync task's own seconds go to self.task_seconds."""
+        elapsed, out = self.play(SYNC_PLAY.format(mode=mode, src=src, dest=dest, delete=str(delete).lower()), "-vvv")
+        found = TASK_TIME.findall(out)
+        self.task_seconds.append(float(found[-1]) if found else float("nan"))
+        return elapsed
 
     def copy(self, src, dest):
-        return self.play(COPY_PLAY.format(src=src, dest=dest))
+        return self.play(COPY_PLAY.format(src=src, dest=dest))[0]
 
     @staticmethod
     def rsync(src, dest, delete, ssh, pull=False):
@@ -139,6 +151,8 @@ class Bench:
                     change_one(src, delete)
                 for tool, run in runners.items():
                     times.setdefault(step, {}).setdefault(tool, []).append(run())
+                    if tool == "sync":
+                        times[step].setdefault("sync_task", []).append(self.task_seconds[-1])
             self.guest("rm -rf %s %s" % (dests["sync"], dests["copy"]))
             shutil.rmtree(dests["rsync"], ignore_errors=True)
             shutil.rmtree(src, ignore_errors=True)
@@ -161,6 +175,8 @@ class Bench:
                     change_one(src_ssh, False)
                 for tool, run in runners.items():
                     times.setdefault(step, {}).setdefault(tool, []).append(run())
+                    if tool == "sync":
+                        times[step].setdefault("sync_task", []).append(self.task_seconds[-1])
             for out in outs.values():
                 shutil.rmtree(out, ignore_errors=True)
         self.guest("rm -rf %s" % src_guest)
@@ -168,7 +184,7 @@ class Bench:
         return times
 
     def noop(self):
-        return statistics.median([self.play(NOOP_PLAY) for _dummy in range(self.repeat)])
+        return statistics.median([self.play(NOOP_PLAY)[0] for _dummy in range(self.repeat)])
 
 
 def vm_hwm(pid):
@@ -234,6 +250,10 @@ def main():
             label = "pull-%s" % size
             results["cases"][label] = summarise(bench.pull_case(label, tree))
             print(label, json.dumps(results["cases"][label]), flush=True)
+        # peak memory after the 10,000-file runs: the session's mux, and the largest ansible-playbook process
+        results["peak_rss_bytes"] = {
+            "mux": max([vm_hwm(p) or 0 for p in mux_pids(stage.mux_dir)] or [0]),
+            "largest_child_process": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}
         if args.big:
             results["big"] = big_case(bench, args.big_gib)
             print("big", json.dumps(results["big"]), flush=True)
@@ -242,13 +262,17 @@ def main():
         print()
         print("seconds, median of %d (sync and copy: a whole ansible-playbook run; a no-op playbook takes %.2f s)"
               % (args.repeat, results["ansible_noop_playbook_seconds"]))
-        print("  %-20s %-12s %8s %8s %8s %10s" % ("case", "step", "sync", "rsync", "copy", "sync/rsync"))
+        print("  %-20s %-12s %8s %10s %8s %8s %10s %10s" % ("case", "step", "sync", "sync task", "rsync", "copy",
+                                                            "sync/rsync", "task/rsync"))
         for label, steps in results["cases"].items():
             for step, tools in steps.items():
                 copy = tools.get("copy")
-                print("  %-20s %-12s %8.2f %8.2f %8s %9.2fx" % (
-                    label, step, tools["sync"], tools["rsync"], "%.2f" % copy if copy is not None else "-",
-                    tools["sync"] / tools["rsync"]))
+                print("  %-20s %-12s %8.2f %10.2f %8.2f %8s %9.2fx %9.2fx" % (
+                    label, step, tools["sync"], tools["sync_task"], tools["rsync"],
+                    "%.2f" % copy if copy is not None else "-", tools["sync"] / tools["rsync"],
+                    tools["sync_task"] / tools["rsync"]))
+        print("peak RSS: mux %.0f MiB, largest ansible-playbook process (or rsync/ssh) %.0f MiB" % (
+            results["peak_rss_bytes"]["mux"] / 2.0 ** 20, results["peak_rss_bytes"]["largest_child_process"] / 2.0 ** 20))
         print("wrote %s" % benchlib.save_json(args.output, results))
     finally:
         stage.stop()

@@ -23,6 +23,7 @@ __metaclass__ = type
 import os
 import posixpath
 import tempfile
+import time
 import uuid
 
 from ansible.errors import AnsibleConnectionFailure, AnsibleError
@@ -189,9 +190,14 @@ class ActionModule(ActionBase):
         # extracted into the stage, and hands every entry it moves in to the task's user (like put_file).
         if mode == "push":
             request["owner"] = conn.guest_user()
+        self._started = time.monotonic()
         stream, run_dir = conn.exec_stream(["/bin/sh", "-c", 'exec "$0" -c "$1" "$2"', self._python(), guest_program(),
                                             st.json.dumps(request)], as_user=(mode == "pull"))
+        self._timing("guest side started")
         return stream, ManifestReader(stream.stdout()), guest_excludes, posixpath.join(run_dir, stage_name)
+
+    def _timing(self, what):
+        self._display.vvv("SYNC %s after %.3fs" % (what, time.monotonic() - self._started))
 
     def _guest_failed(self, stream, reader, what):
         reader.finish()
@@ -251,9 +257,11 @@ class ActionModule(ActionBase):
             finally:
                 writer.close()
             outcome = self._outcome(planner, args, src, dest)
+            self._timing("compared")
             if self._task.check_mode or not planner.changed:
                 stream.close_stdin()
                 reader.finish()
+                self._timing("done")
                 return outcome
             if writer.members:
                 check_archive(tar_path, stage)
@@ -262,6 +270,7 @@ class ActionModule(ActionBase):
                 except AnsibleError as e:
                     raise SyncFailed("the sandbox refused or failed to extract the changes into %s: %s" % (stage, e))
                 stream.write(b"+\0")
+                self._timing("archive of %d members uploaded" % writer.members)
             else:
                 stream.write(b".\0")
             with open(ops_path, "rb") as ops:
@@ -272,6 +281,7 @@ class ActionModule(ActionBase):
             if summary is None:
                 raise self._guest_failed(stream, reader, "could not apply the changes to %s" % dest)
             reader.finish()
+            self._timing("applied")
             outcome["applied"] = summary
             return outcome
         finally:

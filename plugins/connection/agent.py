@@ -496,6 +496,9 @@ class Connection(ConnectionBase):
         if not token:
             raise AnsibleConnectionFailure("microvm.sandbox.agent: no API token for session %s: set option api_token "
                                            "(ansible_microvm_api_token) or env %s" % (session, profile.API_TOKEN_ENV))
+        problem = profile.token_destination_problem(self.get_option("api_url") or profile.DEFAULT_API_URL, token)
+        if problem:
+            raise AnsibleConnectionFailure("microvm.sandbox.agent: session %s: %s" % (session, problem))
         return SessionConfig(session=session, token=token, api_url=self.get_option("api_url"),
                              prefix=self.get_option("route_prefix"), agent_port=self.get_option("agent_port"),
                              connect_timeout=self.get_option("connect_timeout"), persist=self.get_option("persist"),

@@ -106,6 +106,7 @@ attributes:
     support: full
   platform:
     description: Runs on the controller; the sandbox needs C(python3).
+    support: full
     platforms: posix
 notes:
   - Ownership is not synced; files belong to the agent's user in the sandbox and to the controller user locally.

@@ -141,7 +141,7 @@ class Excludes:
 
 def read_patterns(path):
     with open(path, "r", encoding="utf-8", errors="surrogateescape") as f:
-        return [line for line in f]
+        return list(f)
 
 
 # ------------------------------------------------------------------ entries and records
