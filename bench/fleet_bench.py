@@ -11,7 +11,7 @@ and per-task clients), and of the ansible-playbook process tree. It also records
 with one session open and with all of them, and the plane's memory (plane and guests) for the fleet.
 
 Prints a table and writes bench/results/fleet.json. Note the machine's load: it is shared.
-Usage: PYTHONPATH=.local/collections:localplane .venv/bin/python bench/fleet_bench.py [--sessions 100] [--forks 50]
+Usage: PYTHONPATH=.local/collections:localplane:tests/support .venv/bin/python bench/fleet_bench.py [--sessions 100] [--forks 50]
 """
 import argparse
 import concurrent.futures
@@ -27,7 +27,7 @@ from benchlib import BIN, ROOT, ansible_env, playbook_argv, playbook_text, timed
 
 from stage import PYTHON, Sshd
 
-from microvm_localplane.testing import mux_pids, start_local_plane, stop_local_plane, stop_muxes
+from microvm_plane_testing import mux_pids, start_local_plane, stop_local_plane, stop_muxes
 
 TASKS = 10
 

@@ -6,7 +6,7 @@ Through the plugin's transfer path (MuxClient.put / fetch, the shared mux), on i
 and the aggregate throughput of 2. over 1. (the shared mux must not serialize sessions on one core).
 Records the mux processes' memory and the machine's load. Writes bench/results/transfer.json.
 
-Usage: PYTHONPATH=.local/collections:localplane .venv/bin/python bench/transfer_bench.py [--size-mib 256] [--sessions 4]
+Usage: PYTHONPATH=.local/collections:localplane:tests/support .venv/bin/python bench/transfer_bench.py [--size-mib 256] [--sessions 4]
 """
 import argparse
 import os
@@ -20,7 +20,7 @@ import time
 import benchlib  # first: it puts the collection and localplane on sys.path
 from benchlib import ROOT
 
-from microvm_localplane.testing import mux_pids, start_local_plane, stop_local_plane, stop_muxes
+from microvm_plane_testing import mux_pids, start_local_plane, stop_local_plane, stop_muxes
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import MuxClient
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import DEFAULT_POOL_SIZE, SessionConfig

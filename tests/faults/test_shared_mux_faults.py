@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from microvm_localplane.testing import mux_pids, unique_name
+from microvm_plane_testing import mux_pids, unique_name
 
 
 @pytest.fixture

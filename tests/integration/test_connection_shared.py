@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from microvm_localplane.testing import mux_pids
+from microvm_plane_testing import mux_pids
 
 from test_connection import inventory, mux_dir, new_session  # noqa: F401  (fixtures are re-used)
 
