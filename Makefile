@@ -10,21 +10,27 @@ COLL_LINK := $(COLLECTIONS)/ansible_collections/microvm/sandbox
 export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export PYTHONPATH := $(COLLECTIONS):$(CURDIR)/localplane
 export PATH := $(BIN):$(PATH)
-# Debian packages: bubblewrap (isolated guests of the local control plane),
+# One cache of the base template's Debian rootfs for every plane make starts (built once, minutes).
+export MICROVM_LOCALPLANE_CACHE ?= $(CURDIR)/.local/cache
+# Debian packages: runc and uidmap (guests of the local control plane: an OCI
+# runtime, each guest in its own user namespace over subordinate ids),
 # umoci and skopeo (unpacking OCI templates), buildah (template_image role),
-# docker-registry (a real local OCI registry), debootstrap (a base image with
-# no registry pull), openssh-server (the SSH peer in bench/), sudo (guests of
-# the built-in `base` template run the host's /usr and /etc read-only, so
-# sudo there is what lets the connection tests' `become_method: sudo` run
-# instead of skipping; root, the guest's user, may sudo by Debian's default),
-# podman (builds and runs the execution environment, make ee-test).
+# docker-registry (a real local OCI registry), debootstrap (the built-in
+# `base` template's own Debian rootfs, and the role's base image with no
+# registry pull), openssh-server (the SSH peer in bench/), rsync, sudo,
+# podman (builds and runs the execution environment, make ee-test; with runc,
+# since crun refuses cgroup v1 hosts).
 # bindep.txt lists the same packages by profile (hack/bindep-check.py).
-DEB_PACKAGES := bubblewrap umoci skopeo buildah docker-registry debootstrap openssh-server rsync sudo podman
+DEB_PACKAGES := runc uidmap umoci skopeo buildah docker-registry debootstrap openssh-server rsync sudo podman
+# Subordinate ids of the user running the local control plane: each guest gets its own
+# 65536 of them (localplane/microvm_localplane/idmap.py). Added when the user has none.
+SUBID_START := 1000000000
+SUBID_COUNT := 1073741824
 PYTEST_ARGS ?=
 NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py tests/unit/plugins/plugin_utils/test_option_defs.py tests/unit/plugins/plugin_utils/test_warm.py
 
 .PHONY: help venv system-deps collection proto proto-check lint sanity ansible-lint docs-lint docs \
-        unit localplane-test integration molecule galaxy-import test test-live demo local-up local-down build clean bench
+        unit localplane-test integration molecule galaxy-import ee-test test test-live demo local-up local-down build clean clean-images bench
 
 help:
 	@echo "make demo   - set up everything and run the demo end to end on the local control plane"
@@ -33,10 +39,12 @@ help:
 	@echo "make local-up / local-down - start / stop the local control plane (.local/env)"
 	@echo "make proto  - regenerate the guest agent stubs from protos/"
 	@echo "make bench  - run the benchmarks in bench/"
+	@echo "make clean  - remove .local (planes, caches, results) and this project's images (make clean-images)"
+	@echo "make ee-test - build an execution environment (ansible-builder, podman) and run a playbook in it"
 	@echo "make galaxy-import - run Galaxy's importer (offline) on the built tarball"
 	@echo "make molecule - run every Molecule scenario (extensions/molecule/) on a local control plane of its own"
 
-$(VENV)/.stamp: requirements-dev.txt requirements.txt localplane/requirements.txt
+$(VENV)/.stamp: requirements-dev.txt requirements.txt localplane/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements-dev.txt
@@ -61,10 +69,15 @@ system-deps:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null || \
 	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; }; \
 	  else echo "Missing Debian packages:$$missing"; \
-	    echo "  bubblewrap: isolated guests of the local control plane; umoci/skopeo: OCI templates;"; \
-	    echo "  buildah/docker-registry/debootstrap: template_image role; openssh-server: bench only;"; \
-	    echo "  sudo: become with sudo inside guests of the base template (they use the host's /usr and /etc)."; \
+	    echo "  runc/uidmap: isolated guests of the local control plane; umoci/skopeo: OCI templates;"; \
+	    echo "  debootstrap: the base template's rootfs and the template_image role; buildah/docker-registry:"; \
+	    echo "  template_image role; openssh-server: bench only."; \
 	    echo "  Install them as root: apt-get install -y$$missing"; exit 1; fi; fi
+	@user=$$(id -un); for f in /etc/subuid /etc/subgid; do \
+	  grep -q "^$$user:" $$f 2>/dev/null && continue; \
+	  if [ "$$(id -u)" = 0 ]; then echo "adding subordinate ids $$user:$(SUBID_START):$(SUBID_COUNT) to $$f"; \
+	    echo "$$user:$(SUBID_START):$(SUBID_COUNT)" >> $$f; \
+	  else echo "$$f has no entry for $$user: as root, add $$user:$(SUBID_START):$(SUBID_COUNT)"; exit 1; fi; done
 
 # The collection must resolve as ansible_collections/microvm/sandbox.
 collection:
@@ -129,6 +142,9 @@ local-down: venv
 demo: setup
 	bash hack/demo.sh
 
+ee-test: setup
+	bash hack/ee-test.sh
+
 galaxy-import: setup
 	bash hack/galaxy-import.sh
 
@@ -138,5 +154,18 @@ build: setup
 bench: setup
 	bash bench/run.sh
 
-clean:
+# Images this project put into the containers store (buildah's and podman's):
+# the demo's and template_image's (localhost:5000/microvm/..., localhost/microvm-base),
+# the execution environment's (localhost/microvm-...), their build
+# containers, and the dangling layers of superseded builds.
+IMAGE_PATTERN := ^localhost(:[0-9]+)?/microvm
+clean-images:
+	@command -v buildah >/dev/null || exit 0; \
+	for c in $$(buildah containers --format '{{.ContainerID}} {{.ImageName}}' | awk '$$2 ~ /$(subst /,\/,$(IMAGE_PATTERN))/ {print $$1}'); do \
+	  buildah rm "$$c" >/dev/null; done; \
+	refs=$$(buildah images --format '{{.Name}}:{{.Tag}}' | grep -E '$(IMAGE_PATTERN)' | sort -u); \
+	for r in $$refs; do buildah rmi -f "$$r" >/dev/null && echo "removed image $$r"; done; \
+	buildah rmi --prune >/dev/null 2>&1 || true
+
+clean: clean-images
 	rm -rf .local tests/output docs/build

@@ -33,8 +33,8 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils.agent_pb import (
 )
 from microvm_localplane.freezer import GuestCgroup
 from microvm_localplane.sessions import guest_state_dir
-from microvm_localplane.testing import start_local_plane, stop_local_plane
-from microvm_localplane.wsbridge import TcpOverWebSocket
+from microvm_plane_testing import start_local_plane, stop_local_plane
+from microvm_wsbridge import TcpOverWebSocket
 
 
 def pct(values, q):
@@ -49,7 +49,7 @@ class Rest:
         self.http.headers["Authorization"] = "Bearer " + handle.token
 
     def create(self, name):
-        r = self.http.post(self.base + "/sessions", data="name: %s\nagent: none\nidle_timeout: 1h\n" % name,
+        r = self.http.post(self.base + "/sessions", data="name: %s\nagent: custom\nidle_timeout: 1h\n" % name,
                            headers={"Content-Type": "application/yaml"})
         r.raise_for_status()
         return r.json()["session"]["session_id"]

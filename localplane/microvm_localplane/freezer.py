@@ -1,112 +1,56 @@
-"""Per-guest cgroups (v1): the freezer holds every process of a guest, the memory cgroup counts it.
+"""A guest's cgroup as runc manages it: read its freezer state, memory and processes (v1 or v2).
 
-One group per session under <hierarchy>/microvm/<scope>/<session_id>, where
+runc creates the cgroup at the config's cgroupsPath (/microvm/<scope>/<session>)
+and applies the limits; pause and resume go through runc (guests.py). The
 scope is derived from the manager's state dir so that two control planes on
-one machine (tests, other engineers) never share a group.
+one machine never share a group.
 """
-import errno
 import os
-import signal
-import time
 
 CGROUP_ROOT = "/sys/fs/cgroup"
-CONTROLLERS = ("freezer", "memory")
 
 
-class CgroupError(Exception):
-    pass
+def unified():
+    return os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers"))
 
 
 class GuestCgroup:
     def __init__(self, scope, session_id):
         self.rel = os.path.join("microvm", scope, session_id)
+        self.v2 = unified()
+
+    @property
+    def runc_path(self):
+        return "/" + self.rel
 
     def path(self, controller):
-        return os.path.join(CGROUP_ROOT, controller, self.rel)
-
-    def procs_files(self):
-        """cgroup.procs of every controller: a launcher writes its pid there before it forks."""
-        return [os.path.join(self.path(c), "cgroup.procs") for c in CONTROLLERS]
-
-    def create(self):
-        for c in CONTROLLERS:
-            os.makedirs(self.path(c), exist_ok=True)
+        return os.path.join(CGROUP_ROOT, self.rel) if self.v2 else os.path.join(CGROUP_ROOT, controller, self.rel)
 
     def exists(self):
-        return os.path.isdir(self.path("freezer"))
+        return os.path.isdir(self.path("pids"))
 
     def pids(self):
         try:
-            with open(os.path.join(self.path("freezer"), "cgroup.procs")) as f:
+            with open(os.path.join(self.path("pids"), "cgroup.procs")) as f:
                 return [int(line) for line in f if line.strip()]
         except FileNotFoundError:
             return []
 
     def state(self):
+        """"FROZEN" or "THAWED" (FREEZING counts as frozen)."""
         try:
+            if self.v2:
+                with open(os.path.join(self.path(""), "cgroup.freeze")) as f:
+                    return "FROZEN" if f.read().strip() == "1" else "THAWED"
             with open(os.path.join(self.path("freezer"), "freezer.state")) as f:
-                return f.read().strip()
+                return "THAWED" if f.read().strip() == "THAWED" else "FROZEN"
         except FileNotFoundError:
             return "THAWED"
 
-    def _set_state(self, value):
-        with open(os.path.join(self.path("freezer"), "freezer.state"), "w") as f:
-            f.write(value)
-
-    def freeze(self, timeout=10.0):
-        """Freeze every task; returns once the kernel reports FROZEN."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self._set_state("FROZEN")
-            if self.state() == "FROZEN":
-                return
-            if time.monotonic() > deadline:
-                raise CgroupError("the guest did not freeze within %.0f s (state %s)" % (timeout, self.state()))
-            time.sleep(0.002)
-
-    def thaw(self):
-        self._set_state("THAWED")
-
     def memory_bytes(self):
+        name = "memory.current" if self.v2 else "memory.usage_in_bytes"
         try:
-            with open(os.path.join(self.path("memory"), "memory.usage_in_bytes")) as f:
+            with open(os.path.join(self.path("memory"), name)) as f:
                 return int(f.read().strip())
         except (FileNotFoundError, ValueError):
             return 0
-
-    def kill_all(self, timeout=10.0):
-        """SIGKILL every task, frozen first so nothing can fork away in between; waits until empty."""
-        if not self.exists():
-            return
-        deadline = time.monotonic() + timeout
-        while self.pids():
-            self.freeze()
-            for pid in self.pids():
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            self.thaw()
-            t_end = time.monotonic() + 1.0
-            while self.pids() and time.monotonic() < t_end:
-                time.sleep(0.002)
-            if time.monotonic() > deadline:
-                raise CgroupError("processes survived SIGKILL: %s" % self.pids())
-
-    def remove(self):
-        for c in CONTROLLERS:
-            for attempt in range(200):
-                try:
-                    os.rmdir(self.path(c))
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError as e:
-                    # EBUSY: exiting tasks are still being detached.
-                    if e.errno != errno.EBUSY or attempt == 199:
-                        raise
-                    time.sleep(0.005)
-            try:
-                os.rmdir(os.path.dirname(self.path(c)))  # the scope, once its last guest is gone
-            except OSError:
-                pass  # other guests of this control plane, or already gone

@@ -1,7 +1,8 @@
 """PID 1 of a guest: reaps orphans, keeps the agent running, and bridges ports to the host.
 
-Runs inside the guest (bubblewrap, `--as-pid-1`) with the standard library only,
-started with `python -I -S` and few imports, so it is up in a few milliseconds.
+Runs inside the guest (runc's PID 1) with the guest's Python and the standard
+library only, started with `python -I -S` and few imports, so it is up in a few
+milliseconds.
 
 Port bridge: the host creates a listening unix socket in a host-only directory
 and passes it to this process (`--bridge-fd N`): the guest can neither see nor
@@ -20,8 +21,6 @@ import sys
 import threading
 import time
 
-RUN_DIR = "/run/localplane"
-AGENT_PID_FILE = "agent.pid"
 REQUEST_MAX = 64
 REQUEST_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 5.0
@@ -83,25 +82,14 @@ def handle_bridge(conn):
 
 
 class Supervisor:
-    """Keeps one agent running and reaps every orphan in the guest.
+    """Keeps one agent running and reaps every orphan in the guest."""
 
-    With an external agent (forked in by the host's zygote) it only watches
-    that agent's pid, and starts its own agent if none shows up in time, the
-    host gives up (agent.fallback), or the external one dies.
-    """
-
-    EXTERNAL_WAIT = 10.0
-
-    def __init__(self, run_dir, agent_argv, external=False):
-        self.run_dir = run_dir
+    def __init__(self, agent_argv):
         self.agent_argv = agent_argv
         self.agent_pid = None
         self.agent_started = 0.0
         self.backoff = RESPAWN_MIN
         self.respawn_at = None
-        self.external = external
-        self.external_pid = None
-        self.external_deadline = time.monotonic() + self.EXTERNAL_WAIT
 
     def start_agent(self):
         try:
@@ -129,50 +117,16 @@ class Supervisor:
                 log("agent (pid %d) exited with status %d; restarting" % (pid, status))
                 self.agent_pid = None
                 self.schedule_respawn()
-            elif self.external and pid == self.external_pid:
-                # The host's agent was handed to us (we are PID 1): from now on we keep our own.
-                log("agent (pid %d) exited with status %d; starting one" % (pid, status))
-                self.external = False
-                self.start_agent()
-
-    def _watch_external(self):
-        if self.external_pid is None:
-            try:
-                with open(os.path.join(self.run_dir, AGENT_PID_FILE)) as f:
-                    self.external_pid = int(f.read().strip())
-                return
-            except (OSError, ValueError):
-                pass
-            if os.path.exists(os.path.join(self.run_dir, "agent.fallback")) or time.monotonic() > self.external_deadline:
-                log("no agent from the host; starting one")
-                self.external = False
-                self.start_agent()
-        elif not pid_running(self.external_pid):
-            log("agent (pid %d) is gone; starting one" % self.external_pid)
-            self.external = False
-            self.start_agent()
 
     def tick(self):
-        if self.external:
-            self._watch_external()
         if self.respawn_at is not None and time.monotonic() >= self.respawn_at:
             self.respawn_at = None
             self.start_agent()
 
     def next_timeout(self):
-        if self.external:
-            return 0.005 if self.external_pid is None else 0.5
         if self.respawn_at is None:
             return None
         return max(0.0, self.respawn_at - time.monotonic())
-
-
-def pid_running(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 def inherited_listener(fd):
@@ -183,15 +137,11 @@ def inherited_listener(fd):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    run_dir = RUN_DIR
-    external_agent = False
     bridge_fd = None
     while argv and argv[0].startswith("--"):
         opt = argv.pop(0)
         if opt == "--run-dir":
-            run_dir = argv.pop(0)
-        elif opt == "--external-agent":
-            external_agent = True
+            argv.pop(0)  # the agent finds its run dir on its own
         elif opt == "--bridge-fd":
             bridge_fd = int(argv.pop(0))
         elif opt == "--":
@@ -209,9 +159,8 @@ def main(argv=None):
         log("--bridge-fd is required")
         sys.exit(2)
     server = inherited_listener(bridge_fd)
-    supervisor = Supervisor(run_dir, agent_argv, external=external_agent)
-    if not external_agent:
-        supervisor.start_agent()
+    supervisor = Supervisor(agent_argv)
+    supervisor.start_agent()
 
     while True:
         try:

@@ -1,48 +1,48 @@
-"""Guests of the local control plane: one isolated bubblewrap guest per session.
+"""Guests of the local control plane: one runc container per session, in its own user namespace.
 
-Each guest has its own mount, PID, UTS, IPC and network namespaces, a root
-filesystem from its template with a per-session writable upper dir, its own
-/workspace (persistent) and /tmp (tmpfs). PID 1 is guest_init, which runs the
+Each guest has its own user (ids 0..65535 -> a host range no other session
+uses, idmap.py), PID, mount, UTS, IPC, network and cgroup namespaces, the OCI
+default hardening (oci.py, seccomp.py), limits by its size (limits.py), a
+root filesystem of its own from its template (never the host's) with a
+per-session writable upper dir, its own /workspace (persistent) and /tmp
+(tmpfs). PID 1 is guest_init; it starts the
 gRPC agent on guest port 8443 and hands connected guest sockets to the host
-(see guest_init.py). Every guest process is in a per-session freezer and
-memory cgroup (freezer.py), which is how pause, memory accounting and stop
-reach all of them. Guests are started in their own session and outlive the
-control plane, so a restarted control plane can adopt them.
+(see guest_init.py); both run on the plane's Python runtime, bound read-only
+at a private path (hostpaths.py). runc runs detached with its state under
+<state_dir>/runc, so guests outlive the control plane and a restarted one
+adopts them; pause and resume are runc's (its cgroup freezer).
 
 State per session: <state_dir>/sessions/<id>/ (see rootfs.SessionLayout).
-A checkpoint is a directory with `workspace/` and `rootfs/<layer>/upper/`.
+A checkpoint is a directory with `workspace/` and `rootfs/<layer>/upper/`
+(canonical ids, see statecopy.py).
 
-Interface additions (beyond the brief's interface, nothing changed):
+Interface additions (beyond the brief's interface):
 - Guest.hostname, Guest.sandbox_id are plain attributes.
 - GuestManager.code: the host code paths bound into guests (hostpaths.CodePaths).
-- Env MICROVM_LOCALPLANE_WARM=0 turns off the warm helpers (launcher.py,
-  zygote.py): guests then start through a shell script and each guest's PID 1
-  starts its own agent (slower boot, more memory). Each helper falls back to
-  that path on its own when it fails.
+- boot()/adopt() take size= (the session's size slug; limits.py).
 """
 import asyncio
 import contextlib
+import ctypes
 import hashlib
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import threading
 import time
 from dataclasses import asdict, dataclass
 
-from . import launcher as launcher_mod
-from . import netns, portdial
+from . import baseimage, disk, idmap, netns, oci, portdial
+from . import limits as limits_mod
 from . import rootfs as rootfs_mod
 from .errors import DialError, GuestError
 from .freezer import GuestCgroup
-from .hostpaths import code_paths
+from .hostpaths import AGENT_LIB, code_paths
 from .portdial import dial_bridge, listen_bridge
 from .rootfs import RootfsError, SessionLayout
-from .statecopy import copy_state, replace_state
-from .warm import Launched, WarmProcess, exe_name, proc_start_time
+from .statecopy import copy_state, replace_state, shift_ids
 
 __all__ = ["DialError", "Guest", "GuestError", "GuestManager", "RootfsSpec"]
 
@@ -50,6 +50,24 @@ AGENT_PORT = 8443
 BOOT_TIMEOUT = 60.0        # generous: a loaded 2-core machine; a healthy boot takes well under a second
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,62})$")
+RUNC = "runc"
+BRIDGE_FD = 3              # runc --preserve-fds 1 hands fd 3 to the guest's PID 1
+LAUNCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper():
+    """`runc run --detach` leaves the guest's PID 1 an orphan: make it ours (not the host init's, which
+    may never reap it), so that a stopped guest leaves no zombie. Guests of an earlier plane belong to
+    the host's init."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _reap(pid):
+    """Collect pid's exit status if it is our child (a guest PID 1 we adopted as subreaper)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
 
 
 @dataclass
@@ -57,13 +75,28 @@ class RootfsSpec:
     kind: str
     path: str | None = None
 
+    def __post_init__(self):
+        if self.kind == "host":  # records saved before the base template had its own rootfs
+            self.kind = "base"
+
+
+def proc_start_time(pid):
+    """Start time of pid (clock ticks since boot), None if it is gone or a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError, TypeError):
+        return None
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
 
 class Guest:
-    def __init__(self, manager, layout, session_id, sandbox_id, hostname, pid, pid_start, launched=None):
+    def __init__(self, manager, layout, session_id, sandbox_id, hostname, pid, pid_start):
         self._manager = manager
         self._layout = layout
         self._cgroup = manager._cgroup(session_id)
-        self._launched = launched
         self.session_id = session_id
         self.sandbox_id = sandbox_id
         self.hostname = hostname
@@ -80,18 +113,18 @@ class Guest:
             raise
 
     def freeze(self):
-        self._cgroup.freeze()
+        self._manager._runc("pause", self.session_id)
 
     def thaw(self):
-        self._cgroup.thaw()
+        self._manager._runc("resume", self.session_id, check=False)
 
     @property
     def frozen(self):
         return self._cgroup.state() != "THAWED"
 
     def alive(self):
-        if self._launched is not None:
-            self._launched.running()  # reaps the shell launcher if it is our child
+        if self.pid > 0:
+            _reap(self.pid)
         return self.pid > 0 and proc_start_time(self.pid) == self._pid_start
 
     def memory_bytes(self):
@@ -101,34 +134,26 @@ class Guest:
         return "<Guest %s sandbox=%s pid=%d>" % (self.session_id, self.sandbox_id, self.pid)
 
 
-def _refuse_code_under_guest_tmp(code):
-    """Every guest mounts a fresh /tmp; code bound from under the host's /tmp would show there."""
-    under = [p for p in code.read_only_binds() if p == "/tmp" or p.startswith("/tmp/")]
-    if under:
-        raise GuestError(
-            "the local control plane binds its Python and code into every guest at the same paths, but %s "
-            "lies under /tmp, where each guest has its own empty /tmp (a template must leave /tmp empty). "
-            "Move the checkout and its virtualenv out of /tmp (for example to /var/tmp or your home)." % ", ".join(under))
-
-
 class GuestManager:
     def __init__(self, state_dir):
         self.state_dir = os.path.abspath(state_dir)
         os.makedirs(os.path.join(self.state_dir, "sessions"), exist_ok=True)
         os.chmod(self.state_dir, 0o700)
+        self.runc_root = os.path.join(self.state_dir, "runc")
         self.code = code_paths()
-        _refuse_code_under_guest_tmp(self.code)
         # cgroups are machine-wide: scope them by state dir so two managers never collide.
         self._scope = hashlib.sha256(self.state_dir.encode()).hexdigest()[:12]
         self._guests = {}
         self._locks = {}
-        self._zygote = self._launcher = None
-        if os.environ.get("MICROVM_LOCALPLANE_WARM", "1") != "0":
-            self._zygote = WarmProcess(self.code, "microvm_localplane.zygote", os.path.join(self.state_dir, "zygote.log"))
-            self._launcher = WarmProcess(self.code, "microvm_localplane.launcher",
-                                         os.path.join(self.state_dir, "launcher.log"))
-            # Warm them now (the zygote's imports take ~0.3 s) so that the first boot is fast too.
-            threading.Thread(target=self._warm_helpers, daemon=True).start()
+        self._hostlib = None
+        # ldd over the agent's runtime takes seconds on a busy machine: do it now, not in the first boot
+        self._hostlib_ready = threading.Thread(target=self._find_hostlib, daemon=True)
+        self._hostlib_ready.start()
+        _become_subreaper()
+
+    def _find_hostlib(self):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            self._hostlib = self.code.hostlib(self.state_dir)
 
     # ------------------------------------------------------------ helpers
 
@@ -146,141 +171,150 @@ class GuestManager:
     def get(self, session_id):
         return self._guests.get(session_id)
 
-    def _warm_helpers(self):
-        for helper in (self._launcher, self._zygote):
-            try:
-                helper.warm()
-            except Exception:
-                pass  # boot() retries, and falls back to the shell launch and the guest's own agent
+    def _runc(self, *args, check=True):
+        proc = subprocess.run([RUNC, "--root", self.runc_root, *args], capture_output=True, text=True, check=False,
+                              env={"PATH": LAUNCH_PATH})
+        if check and proc.returncode != 0:
+            raise GuestError("runc %s failed: %s" % (args[0], (proc.stderr or proc.stdout).strip()[-500:]))
+        return proc
+
+    def _state(self, session_id):
+        """runc's view of the guest: {"status", "pid", ...} or None when there is no container."""
+        proc = self._runc("state", session_id, check=False)
+        if proc.returncode != 0:
+            return None
+        try:
+            return json.loads(proc.stdout)
+        except ValueError:
+            return None
+
+    def _ids(self, layout, size=None):
+        """The session's host id range (kept across boots), with its disk mounted; re-owns its files if
+        the range had to change."""
+        recorded = None
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError), open(layout.ids_file) as f:
+            rec = json.load(f)
+            recorded = (int(rec["slot"]), idmap.IdRange(int(rec["uid"]), int(rec["gid"])))
+        try:
+            slot, ids = idmap.claim_slot(layout.root, recorded[0] if recorded else None)
+            disk.ensure(self.state_dir, layout, limits_mod.for_size(size).disk, ids)
+        except (idmap.IdmapError, disk.DiskError) as e:
+            raise GuestError("session %s: %s" % (layout.session_id, e))
+        if recorded and recorded[1] != ids:
+            shift_ids(layout.workspace, recorded[1], ids)
+            for layer in layout.layers():
+                shift_ids(layout.upper(layer), recorded[1], ids)
+            shift_ids(layout.run, recorded[1], ids)
+        if not recorded or recorded[0] != slot or recorded[1] != ids:
+            os.makedirs(layout.host, mode=0o700, exist_ok=True)
+            with open(layout.ids_file, "w") as f:
+                json.dump({"slot": slot, "uid": ids.uid, "gid": ids.gid}, f)
+        return ids
 
     # ------------------------------------------------------------ boot
 
-    async def boot(self, session_id, sandbox_id, rootfs, env, egress, hostname):
+    async def boot(self, session_id, sandbox_id, rootfs, env, egress, hostname, size=None):
         """Start the guest; returns when its agent answers on guest port 8443."""
         layout = self._layout(session_id)
         async with self._lock(session_id):
             current = self._guests.get(session_id)
             if current is not None and current.alive():
                 raise GuestError("session %s already has a running guest" % session_id)
-            return await self._boot(layout, session_id, sandbox_id, rootfs, env, egress, hostname)
+            return await self._boot(layout, session_id, sandbox_id, rootfs, env, egress, hostname, size)
 
-    async def _boot(self, layout, session_id, sandbox_id, rootfs, env, egress, hostname):
+    def _prepare(self, layout, rootfs, env, hostname, size):
+        """Everything before runc starts: ids, dirs, mounts, config. -> (limits, ids)."""
+        if not shutil.which(RUNC, path=LAUNCH_PATH):
+            raise GuestError("guests need runc: apt-get install runc uidmap (or `make system-deps`)")
+        base_dir = baseimage.ensure(self.state_dir) if rootfs.kind == "base" else None
+        os.makedirs(layout.root, mode=0o700, exist_ok=True)
+        ids = self._ids(layout, size)
+        lowers = rootfs_mod.lower_dirs(self.state_dir, rootfs, self.code, base_dir)
+        # The agent always runs on the plane's own Python runtime (bound read-only at a private path):
+        # its archive safety needs tarfile's extraction filters, which a template's Python may lack
+        # (bookworm's 3.11.2 has none), and a template may have no Python at all.
+        self._hostlib_ready.join()
+        if self._hostlib is None or not os.path.isdir(self._hostlib):
+            self._hostlib = self.code.hostlib(self.state_dir)
+        hostlib = self._hostlib
+        layout.create(["root"], ids)
+        rootfs_mod.write_identity(layout, lowers, hostname, ids, netns.guest_resolvers())
+        # The session's env reaches the agent's command baseline through the guest's own run dir; never logged.
+        rootfs_mod.write_session_env(layout, {str(k): str(v) for k, v in (env or {}).items()}, ids)
+        limits = limits_mod.for_size(size)
+        rootfs_mod.mount_root(layout, lowers, ids)
+        python = self.code.python_argv()
+        args = python + ["-I", "-S", AGENT_LIB + "/microvm_localplane/guest_init.py", "--run-dir", rootfs_mod.GUEST_RUN_DIR,
+                         "--bridge-fd", str(BRIDGE_FD), "--"] + python + ["-s", "-m", "microvm_localplane.agent"]
+        proc_env = {"PATH": LAUNCH_PATH, "LANG": "C.UTF-8", "HOME": "/root"}
+        proc_env.update(self.code.env())
+        binds = [(layout.workspace, rootfs_mod.WORKSPACE, False), (layout.run, rootfs_mod.GUEST_RUN_DIR, False)]
+        binds += [(h, g, True) for h, g in self.code.binds(hostlib)]
+        config = oci.config(rootfs=layout.merged, hostname=hostname, args=args, env=proc_env, ids=ids, binds=binds,
+                            limits=limits, cgroups_path=self._cgroup(layout.session_id).runc_path,
+                            tmp_size=limits.tmp)
+        with open(os.path.join(layout.bundle, "config.json"), "w") as f:
+            json.dump(config, f)
+        return limits, ids
+
+    async def _boot(self, layout, session_id, sandbox_id, rootfs, env, egress, hostname, size=None):
         if not isinstance(hostname, str) or not HOSTNAME_RE.match(hostname):
             raise GuestError("invalid hostname: %r" % (hostname,))
         rootfs = rootfs if isinstance(rootfs, RootfsSpec) else RootfsSpec(**rootfs)
-        missing = [p for p in self.code.read_only_binds() if not os.path.exists(p)]
-        if missing:
-            raise GuestError("cannot boot guests: missing %s (run `make collection`)" % ", ".join(missing))
         try:
             netns.parse_egress(egress)
         except netns.EgressError as e:
             raise GuestError(str(e))
-        cgroup = self._cgroup(session_id)
-        if cgroup.exists():  # a crash may have left processes or a cgroup behind
-            await asyncio.to_thread(self._clean_leftovers, layout, cgroup)
+        await asyncio.to_thread(self._kill, layout)   # a crash may have left a container or mounts behind
         try:
-            mounts = rootfs_mod.overlays(self.state_dir, layout, rootfs, self.code)
-            layers = [m[0] for m in mounts]
-            layout.create(layers)
-            rootfs_mod.write_identity(layout, mounts, hostname)
-            # The session's env reaches the agent's command baseline through the guest's own run dir; never logged.
-            rootfs_mod.write_session_env(layout, {str(k): str(v) for k, v in (env or {}).items()})
-            cgroup.create()
-            own_userland = rootfs.kind == "host"
-            python = self.code.python_argv(own_userland)
-            guest_argv = python + ["-I", "-S", os.path.join(self.code.package_dir, "guest_init.py"),
-                                   "--run-dir", rootfs_mod.GUEST_RUN_DIR]
-            if self._zygote is not None:
-                guest_argv.append("--external-agent")
-            guest_argv += ["--bridge-fd", launcher_mod.BRIDGE_FD_PLACEHOLDER]
-            guest_argv += ["--"] + python + ["-m", "microvm_localplane.agent"]
-            overlay = rootfs_mod.overlay_mounts(layout, mounts)
-            bwrap = rootfs_mod.bwrap_argv(layout, self.code, hostname, guest_argv, host_libs=not own_userland)
-        except (RootfsError, OSError) as e:
+            await asyncio.to_thread(self._prepare, layout, rootfs, env, hostname, size)
+        except (RootfsError, OSError, idmap.IdmapError, baseimage.BaseImageError, disk.DiskError) as e:
+            await asyncio.to_thread(rootfs_mod.unmount_root, layout)
             raise GuestError("cannot prepare guest %s: %s" % (session_id, e))
-        launched = await self._launch(layout, cgroup, overlay, bwrap)
         try:
-            init_pid = await self._wait_exec(layout, launched)
-            # The agent and the network are set up side by side: both only need the namespaces.
-            steps = [self._setup_network(layout, init_pid, egress)]
-            if self._zygote is not None:
-                steps.append(self._place_agent(layout, init_pid))
-            await asyncio.gather(*steps)
-            pid, pid_start = await self._wait_ready(layout, launched)
+            init_pid = await asyncio.to_thread(self._start, layout, session_id)
+            pid_start = proc_start_time(init_pid)
+            # The network is set up while the agent starts: both only need the namespaces.
+            await asyncio.gather(self._setup_network(layout, init_pid, egress), self._wait_ready(layout, init_pid))
+            if proc_start_time(init_pid) != pid_start or pid_start is None:
+                raise GuestError("guest init exited during boot: %s" % _log_tail(layout))
         except BaseException:
-            await asyncio.to_thread(self._kill, layout, cgroup, launched)
+            await asyncio.to_thread(self._kill, layout)
             raise
-        meta = {"session_id": session_id, "sandbox_id": sandbox_id, "hostname": hostname, "pid": pid,
-                "pid_start": pid_start, "rootfs": asdict(rootfs), "egress": egress, "booted_at": time.time()}
+        meta = {"session_id": session_id, "sandbox_id": sandbox_id, "hostname": hostname, "pid": init_pid,
+                "pid_start": pid_start, "rootfs": asdict(rootfs), "egress": egress, "size": size,
+                "booted_at": time.time()}
         layout.write_meta(meta)
-        guest = Guest(self, layout, session_id, sandbox_id, hostname, pid, pid_start, launched)
+        guest = Guest(self, layout, session_id, sandbox_id, hostname, init_pid, pid_start)
         self._guests[session_id] = guest
         return guest
 
-    async def _launch(self, layout, cgroup, overlay, bwrap):
-        """Start the guest: through the warm launcher (one exec), else the shell path."""
-        launch_env = {
-            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "LANG": "C.UTF-8",
-            "PYTHONPATH": self.code.pythonpath(),
-            "PYTHONDONTWRITEBYTECODE": "1",
-        }
-        if self._launcher is not None:
-            bwrap_path = shutil.which("bwrap", path=launch_env["PATH"]) or "/usr/bin/bwrap"
-            request = {"argv": [bwrap_path] + bwrap[1:], "env": launch_env, "cgroup_procs": cgroup.procs_files(),
-                       "mounts": overlay, "log": layout.log_file, "info": layout.info_file,
-                       "bridge": os.path.join(layout.host, layout.bridge_name)}
-            try:
-                answer = await asyncio.to_thread(self._launcher.request, request)
-            except Exception as e:
-                answer = {"ok": False, "error": str(e)}
-            if answer.get("ok"):
-                return Launched(pid=int(answer["pid"]))
-            _log(layout, "launcher failed (%s); starting the guest the slow way" % answer.get("error"))
+    def _start(self, layout, session_id):
+        """runc run --detach with the bridge socket as the guest's fd 3; -> host pid of its PID 1."""
         try:
             bridge = listen_bridge(layout)
         except OSError as e:
             raise GuestError("cannot prepare guest: %s" % e)
+        log = os.open(layout.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            argv = [str(bridge.fileno()) if a == launcher_mod.BRIDGE_FD_PLACEHOLDER else a for a in bwrap]
-            script = rootfs_mod.launch_script(layout, cgroup.procs_files(), overlay, argv)
-            with open(layout.log_file, "ab") as log:
-                popen = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script],
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=launch_env,
-                                         start_new_session=True, close_fds=True, pass_fds=(bridge.fileno(),))
+            argv = [shutil.which(RUNC, path=LAUNCH_PATH), "--root", self.runc_root, "run", "--detach",
+                    "--pid-file", layout.pid_file, "--bundle", layout.bundle, "--preserve-fds", "1", session_id]
+            actions = [(os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, log, 1), (os.POSIX_SPAWN_DUP2, log, 2),
+                       (os.POSIX_SPAWN_DUP2, bridge.fileno(), BRIDGE_FD)]
+            pid = os.posix_spawn(argv[0], argv, {"PATH": LAUNCH_PATH}, file_actions=actions, setsid=True)
+            _pid, status = os.waitpid(pid, 0)
         finally:
             bridge.close()  # the guest's PID 1 holds it now
-        return Launched(popen=popen)
-
-    async def _wait_exec(self, layout, launched):
-        """-> host pid of the guest's PID 1 once bwrap has built the guest."""
-        deadline = time.monotonic() + BOOT_TIMEOUT
-        init_pid = None
-        while True:
-            if not launched.running():
-                raise GuestError("guest exited during boot: %s" % _log_tail(layout))
-            if time.monotonic() > deadline:
-                raise GuestError("guest did not start within %.0f s: %s" % (BOOT_TIMEOUT, _log_tail(layout)))
-            if init_pid is None:
-                init_pid = _read_child_pid(layout)
-            # bwrap execs PID 1 only after the mounts, pivot_root and capabilities are done:
-            # once /proc/<pid>/exe is no longer bwrap, the namespaces are ready to enter.
-            if init_pid is not None and exe_name(init_pid) not in ("bwrap", None):
-                return init_pid
-            await asyncio.sleep(0.002)
-
-    async def _place_agent(self, layout, init_pid):
-        """Fork the warm agent into the guest; on failure the guest's PID 1 starts its own."""
+            os.close(log)
+            os.close(null)
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise GuestError("guest did not start: %s" % _log_tail(layout))
         try:
-            answer = await asyncio.to_thread(self._zygote.request, {"init_pid": init_pid})
-        except Exception as e:
-            answer = {"ok": False, "error": str(e)}
-        if not answer.get("ok"):
-            _log(layout, "zygote could not place the agent (%s); the guest starts its own" % answer.get("error"))
-            # the run dir is writable by the guest: never follow what may be a planted symlink
-            with contextlib.suppress(OSError):
-                os.close(os.open(os.path.join(layout.run, "agent.fallback"),
-                                 os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+            with open(layout.pid_file) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            raise GuestError("guest did not start (no pid): %s" % _log_tail(layout))
 
     async def _setup_network(self, layout, init_pid, egress):
         """eth0 and the egress policy; a guest whose network fails keeps loopback only (never more open)."""
@@ -293,30 +327,25 @@ class GuestManager:
         with open(net_file, "w") as f:
             json.dump(record, f)
 
-    async def _wait_ready(self, layout, launched):
+    async def _wait_ready(self, layout, init_pid):
         deadline = time.monotonic() + BOOT_TIMEOUT
         delay = 0.002
         while True:
-            if not launched.running():
+            if proc_start_time(init_pid) is None:
                 raise GuestError("guest exited during boot: %s" % _log_tail(layout))
             try:
                 sock = await dial_bridge(layout.host, AGENT_PORT, timeout=portdial.DIAL_TIMEOUT)
                 sock.close()
-                break
+                return
             except DialError:
                 if time.monotonic() > deadline:
                     raise GuestError("guest agent did not answer within %.0f s: %s" % (BOOT_TIMEOUT, _log_tail(layout)))
             await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 0.005)
-        pid = _read_child_pid(layout)
-        start = proc_start_time(pid) if pid else None
-        if start is None:
-            raise GuestError("guest init exited during boot: %s" % _log_tail(layout))
-        return pid, start
+            delay = min(delay * 1.5, 0.01)
 
     # ------------------------------------------------------------ adopt
 
-    async def adopt(self, session_id, sandbox_id, rootfs, env, egress, hostname):
+    async def adopt(self, session_id, sandbox_id, rootfs, env, egress, hostname, size=None):
         """Reattach to a guest that outlived the control plane, else boot again from its state."""
         layout = self._layout(session_id)
         async with self._lock(session_id):
@@ -324,7 +353,9 @@ class GuestManager:
             if current is not None and current.alive():
                 return current
             meta = layout.read_meta()
-            if meta and meta.get("pid"):
+            state = await asyncio.to_thread(self._state, session_id)
+            if meta and state and state.get("status") in ("running", "paused") and int(state.get("pid") or 0) == \
+                    int(meta.get("pid") or -1):
                 guest = Guest(self, layout, session_id, meta.get("sandbox_id", sandbox_id), meta.get("hostname", hostname),
                               int(meta["pid"]), meta.get("pid_start"))
                 if guest.alive() and (guest.frozen or await self._answers(layout)):
@@ -333,7 +364,7 @@ class GuestManager:
                         layout.write_meta(dict(meta, sandbox_id=sandbox_id))
                     self._guests[session_id] = guest
                     return guest
-            return await self._boot(layout, session_id, sandbox_id, rootfs, env, egress, hostname)
+            return await self._boot(layout, session_id, sandbox_id, rootfs, env, egress, hostname, size)
 
     async def _answers(self, layout):
         for _attempt in range(3):
@@ -350,23 +381,20 @@ class GuestManager:
         """Kill every guest process; the persistent state stays."""
         layout = self._layout(session_id)
         async with self._lock(session_id):
-            guest = self._guests.pop(session_id, None)
-            await asyncio.to_thread(self._kill, layout, self._cgroup(session_id), guest._launched if guest else None)
+            self._guests.pop(session_id, None)
+            await asyncio.to_thread(self._kill, layout)
 
-    def _kill(self, layout, cgroup, launched):
-        # The guest's PID 1 first: the kernel then kills its whole PID namespace and bwrap
-        # reaps it, so no guest process is left as a zombie of the host's init.
-        meta = layout.read_meta() or {}
-        init_pid = _read_child_pid(layout) or meta.get("pid")
-        if init_pid and proc_start_time(init_pid) is not None and (
-                launched is not None or proc_start_time(init_pid) == meta.get("pid_start")):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(init_pid, signal.SIGKILL)
-            cgroup.thaw()  # a frozen task only dies once thawed
-            deadline = time.monotonic() + 5
-            while proc_start_time(init_pid) is not None and time.monotonic() < deadline:
+    def _kill(self, layout):
+        """The container (every process: its PID namespace dies with PID 1), its network and mounts."""
+        if os.path.isdir(os.path.join(self.runc_root, layout.session_id)):
+            pids = self._cgroup(layout.session_id).pids()
+            self._runc("delete", "--force", layout.session_id, check=False)
+            # runc returns once they are killed; wait until the kernel has reaped them too
+            deadline = time.monotonic() + 10
+            while any(proc_start_time(p) is not None for p in pids) and time.monotonic() < deadline:
                 time.sleep(0.002)
-        cgroup.kill_all()
+            for p in pids:
+                _reap(p)  # ours (we are their subreaper) leave no zombie; an earlier plane's go to the host's init
         net_file = os.path.join(layout.host, "net.json")
         try:
             with open(net_file) as f:
@@ -374,28 +402,26 @@ class GuestManager:
             os.unlink(net_file)
         except (OSError, ValueError):
             pass
-        if launched is not None:
-            launched.kill()
-        cgroup.remove()
+        rootfs_mod.unmount_root(layout)
         for name in ("agent.pid", "agent.fallback"):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(layout.run, name))
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(layout.host, layout.bridge_name))
 
-    def _clean_leftovers(self, layout, cgroup):
-        """A crash may leave processes or a cgroup behind; a boot starts from a clean slate."""
-        if cgroup.exists():
-            self._kill(layout, cgroup, None)
-
     async def destroy(self, session_id):
         layout = self._layout(session_id)
         await self.stop(session_id)
         async with self._lock(session_id):
+            await asyncio.to_thread(disk.release, layout)
             await asyncio.to_thread(shutil.rmtree, layout.root, True)
         self._locks.pop(session_id, None)
 
     # ------------------------------------------------------------ checkpoints
+
+    def _running(self, session_id):
+        state = self._state(session_id)
+        return state is not None and state.get("status") in ("running", "paused", "created")
 
     async def checkpoint(self, session_id, dest_dir):
         """Consistent copy of workspace + root changes (the guest is frozen while copying); -> size_bytes."""
@@ -403,16 +429,17 @@ class GuestManager:
         if not layout.exists():
             raise GuestError("no state for session %s" % session_id)
         async with self._lock(session_id):
-            cgroup = self._cgroup(session_id)
+            ids = await asyncio.to_thread(self._ids, layout)
+            state = await asyncio.to_thread(self._state, session_id)
             froze = False
-            if cgroup.exists() and cgroup.pids() and cgroup.state() == "THAWED":
-                await asyncio.to_thread(cgroup.freeze)
+            if state is not None and state.get("status") == "running":
+                await asyncio.to_thread(self._runc, "pause", session_id)
                 froze = True
             try:
-                await copy_state(layout, dest_dir)
+                await copy_state(layout, dest_dir, ids)
             finally:
                 if froze:
-                    cgroup.thaw()
+                    await asyncio.to_thread(self._runc, "resume", session_id, check=False)
         return await asyncio.to_thread(rootfs_mod.tree_size, dest_dir)
 
     async def restore(self, session_id, src_dir):
@@ -422,27 +449,29 @@ class GuestManager:
             raise GuestError("not a checkpoint directory: %s" % src_dir)
         async with self._lock(session_id):
             guest = self._guests.get(session_id)
-            if (guest is not None and guest.alive()) or self._cgroup(session_id).pids():
+            if (guest is not None and guest.alive()) or await asyncio.to_thread(self._running, session_id):
                 raise GuestError("session %s is running; stop it before a restore" % session_id)
-            await replace_state(src_dir, layout)
+            ids = await asyncio.to_thread(self._ids, layout)
+            await replace_state(src_dir, layout, ids)
 
     async def clone_state(self, src_session_id, dst_session_id, src_dir=None):
         """Give dst the writable state of src (its current state, or the checkpoint copy src_dir)."""
         dst = self._layout(dst_session_id)
-        if self._cgroup(dst_session_id).pids():
+        if await asyncio.to_thread(self._running, dst_session_id):
             raise GuestError("session %s is running; cannot clone into it" % dst_session_id)
+        os.makedirs(dst.root, mode=0o700, exist_ok=True)
         if src_dir is None:
             staging = os.path.join(self.state_dir, "sessions", ".clone-%s" % dst_session_id)
             await asyncio.to_thread(shutil.rmtree, staging, True)
             try:
                 await self.checkpoint(src_session_id, staging)
                 async with self._lock(dst_session_id):
-                    await replace_state(staging, dst)
+                    await replace_state(staging, dst, await asyncio.to_thread(self._ids, dst))
             finally:
                 await asyncio.to_thread(shutil.rmtree, staging, True)
         else:
             async with self._lock(dst_session_id):
-                await replace_state(src_dir, dst)
+                await replace_state(src_dir, dst, await asyncio.to_thread(self._ids, dst))
 
     # ------------------------------------------------------------ shutdown
 
@@ -451,24 +480,16 @@ class GuestManager:
         if stop_guests:
             for session_id in list(self._guests):
                 await self.stop(session_id)
+            # nothing of this plane runs any more: no session's disk stays mounted (boot mounts it again)
+            for session_id in os.listdir(os.path.join(self.state_dir, "sessions")):
+                if SESSION_ID_RE.match(session_id) and not await asyncio.to_thread(self._running, session_id):
+                    await asyncio.to_thread(disk.release, self._layout(session_id))
         self._guests.clear()
-        for helper in (self._zygote, self._launcher):
-            if helper is not None:
-                await asyncio.to_thread(helper.stop)
 
 
 def _log(layout, msg):
     with contextlib.suppress(OSError), open(layout.log_file, "a") as log:
         log.write("localplane: %s\n" % msg)
-
-
-def _read_child_pid(layout):
-    """The host pid of the guest's PID 1, from bwrap's --info-fd file (None until written)."""
-    try:
-        with open(layout.info_file) as f:
-            return int(json.load(f)["child-pid"])
-    except (OSError, ValueError, KeyError):
-        return None
 
 
 def _log_tail(layout, limit=2000):

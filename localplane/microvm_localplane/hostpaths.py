@@ -1,59 +1,112 @@
-"""Where the host's Python and the repo's code live, derived from this file and sys.executable.
+"""What of the host a guest gets to run its agent: a few read-only directories at a private path.
 
-The guest runs the agent with the host's venv Python and the repo's code, bound
-read-only into the guest at the same paths (so no path is ever rewritten).
-Only these code paths are bound: never the repo root, which may hold a state dir.
+The agent (agent.py, guest_init.py) runs inside the guest's own root filesystem
+on the plane's own Python runtime, whatever the template holds (a template may
+have no Python, or one without what the agent relies on, such as tarfile's
+extraction filters, which Debian bookworm's 3.11.2 lacks). It gets, read-only
+and nothing else of the host:
+
+- AGENT_DIR/python: the plane's Python installation prefix (its stdlib),
+- AGENT_DIR/hostlib: the C libraries that runtime and the agent's extension
+  modules need (copied once into the state dir by hostlib(); the agent runs
+  through that dir's dynamic loader, so the template's own libc never matters),
+- AGENT_DIR/lib: this package (microvm_localplane, with its own generated
+  agent_pb package), grpcio and protobuf (the `grpc` and `google` packages of
+  the plane's environment, and `typing_extensions`, which grpc imports).
+  Nothing of the collection: the plane may be installed without a checkout.
+
+The guest's own programs never see these on their paths: the agent's commands
+get a fixed baseline environment (agent.py).
 """
+import hashlib
 import os
+import shutil
 import struct
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 
-# Where the host's dynamic loader and C libraries appear inside a "dir" guest, whose own
-# userland may be anything (musl, distroless): the host's Python runs through them there.
-GUEST_HOSTLIB_DIR = "/run/localplane-hostlib"
+AGENT_DIR = "/opt/localplane-agent"
+AGENT_LIB = AGENT_DIR + "/lib"
+AGENT_PYTHON_DIR = AGENT_DIR + "/python"
+AGENT_HOSTLIB_DIR = AGENT_DIR + "/hostlib"
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))          # .../localplane/microvm_localplane
-LOCALPLANE_DIR = os.path.dirname(PACKAGE_DIR)                      # .../localplane
-REPO_DIR = os.path.dirname(LOCALPLANE_DIR)                         # collection root
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))          # .../microvm_localplane (checkout or site-packages)
 
 
 @dataclass(frozen=True)
 class CodePaths:
-    python: str              # the interpreter to run in the guest (venv python)
-    venv: str                # sys.prefix
-    base_prefix: str         # the real Python installation the venv points to
     package_dir: str         # microvm_localplane
-    localplane_dir: str      # PYTHONPATH entry for microvm_localplane
-    plugins_dir: str         # the collection's plugins (agent_pb stubs)
-    collections_dir: str     # .local/collections (ansible_collections/microvm/sandbox -> repo)
-    loader: str | None = None  # the host's ELF interpreter for `python` (real path)
+    grpc_dir: str            # site-packages/grpc
+    google_dir: str          # site-packages/google (protobuf and its C extension)
+    typing_extensions: str   # site-packages/typing_extensions.py (grpc.aio imports it)
+    base_prefix: str         # the plane's Python installation (for templates without Python 3.11)
+    python_rel: str          # its interpreter, relative to base_prefix
+    loader: str | None       # the host's ELF interpreter of that interpreter
 
-    @property
-    def host_lib_dir(self):
-        return os.path.dirname(self.loader) if self.loader else None
+    def binds(self, hostlib):
+        """[(host path, guest path)] to bind read-only into a guest."""
+        out = [(self.package_dir, AGENT_LIB + "/microvm_localplane"),
+               (self.grpc_dir, AGENT_LIB + "/grpc"),
+               (self.google_dir, AGENT_LIB + "/google"),
+               (self.typing_extensions, AGENT_LIB + "/typing_extensions.py")]
+        out.append((self.base_prefix, AGENT_PYTHON_DIR))
+        out.append((hostlib, AGENT_HOSTLIB_DIR))
+        return out
 
-    def python_argv(self, own_userland):
-        """argv prefix that runs the host Python in a guest; through the host's loader unless
-        the guest's userland is the host's (kind "host")."""
-        if own_userland or not self.loader:
-            return [self.python]
-        guest_loader = os.path.join(GUEST_HOSTLIB_DIR, os.path.basename(self.loader))
-        libs = GUEST_HOSTLIB_DIR + ":" + os.path.join(self.base_prefix, "lib")
-        return [guest_loader, "--library-path", libs, self.python]
+    def mount_points(self):
+        """[(guest path, is_dir)] the binds need (made in a template's skeleton layer, never in the guest's own)."""
+        return [(g, os.path.isdir(h) or h == "x") for h, g in self.binds(hostlib="x")]
 
-    def read_only_binds(self):
-        """Host paths to bind read-only into every guest at the same path."""
-        paths = [self.base_prefix, self.venv, self.package_dir, self.plugins_dir, self.collections_dir]
-        # A venv inside the base prefix (or the reverse) needs only the outer bind.
-        unique = []
-        for p in sorted(set(paths), key=len):
-            if not any(p == u or p.startswith(u + "/") for u in unique):
-                unique.append(p)
-        return unique
+    def python_argv(self):
+        """argv prefix that runs the plane's Python in a guest."""
+        python = os.path.join(AGENT_PYTHON_DIR, self.python_rel)
+        if not self.loader:
+            return [python]
+        libs = AGENT_HOSTLIB_DIR + ":" + AGENT_PYTHON_DIR + "/lib"
+        return [os.path.join(AGENT_HOSTLIB_DIR, os.path.basename(self.loader)), "--library-path", libs, python]
 
-    def pythonpath(self):
-        return os.pathsep.join([self.collections_dir, self.localplane_dir])
+    def env(self):
+        return {"PYTHONPATH": AGENT_LIB, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHOME": AGENT_PYTHON_DIR}
+
+    def hostlib(self, state_dir):
+        """A directory with the host C libraries the plane's Python and the agent's extensions need,
+        built once per state dir and content."""
+        objects = [os.path.join(self.base_prefix, self.python_rel)]
+        stdlib = os.path.join(self.base_prefix, "lib", "python%d.%d" % sys.version_info[:2], "lib-dynload")
+        for top in (self.grpc_dir, self.google_dir, stdlib):
+            for dirpath, _dirs, files in os.walk(top):
+                objects += [os.path.join(dirpath, f) for f in files if f.endswith(".so") or ".so." in f]
+        libs = _needed_libs(objects)
+        libs = {p for p in libs if not p.startswith(self.base_prefix + "/")}
+        if self.loader:
+            libs.add(self.loader)
+        key = hashlib.sha256("\n".join(sorted(libs)).encode()).hexdigest()[:12]
+        path = os.path.join(state_dir, "hostlib", key)
+        if os.path.isdir(path):
+            return path
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=".build-")
+        os.chmod(tmp, 0o755)
+        for lib in sorted(libs):
+            shutil.copy2(os.path.realpath(lib), os.path.join(tmp, os.path.basename(lib)))
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # another manager built it first
+        return path
+
+
+def _needed_libs(paths):
+    libs = set()
+    for chunk in range(0, len(paths), 50):
+        out = subprocess.run(["ldd", *paths[chunk:chunk + 50]], capture_output=True, text=True, check=False).stdout
+        for line in out.splitlines():
+            for part in line.split():
+                if part.startswith("/") and ".so" in part and not part.endswith(":"):
+                    libs.add(part)
+    return libs
 
 
 def elf_interpreter(path):
@@ -77,15 +130,21 @@ def elf_interpreter(path):
 
 
 def code_paths():
+    import google.protobuf
+    import grpc
+    import typing_extensions
+
     base_prefix = os.path.realpath(sys.base_prefix)
-    interp = elf_interpreter(os.path.realpath(sys.executable))
+    real_python = os.path.realpath(sys.executable)
+    if not real_python.startswith(base_prefix + "/"):
+        real_python = os.path.join(base_prefix, "bin", "python%d.%d" % sys.version_info[:2])
+    interp = elf_interpreter(real_python)
     return CodePaths(
-        python=sys.executable,
-        venv=os.path.abspath(sys.prefix),
-        base_prefix=base_prefix,
         package_dir=PACKAGE_DIR,
-        localplane_dir=LOCALPLANE_DIR,
-        plugins_dir=os.path.join(REPO_DIR, "plugins"),
-        collections_dir=os.path.join(REPO_DIR, ".local", "collections"),
+        grpc_dir=os.path.dirname(os.path.realpath(grpc.__file__)),
+        google_dir=os.path.dirname(os.path.dirname(os.path.realpath(google.protobuf.__file__))),
+        typing_extensions=os.path.realpath(typing_extensions.__file__),
+        base_prefix=base_prefix,
+        python_rel=os.path.relpath(real_python, base_prefix),
         loader=os.path.realpath(interp) if interp else None,
     )

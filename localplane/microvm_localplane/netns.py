@@ -42,6 +42,7 @@ table ip %(table)s {
         type filter hook forward priority 0; policy accept;
         iifname "%(prefix)s*" oifname "%(prefix)s*" drop
         iifname "%(prefix)s*" ip saddr != %(subnet)s drop
+        iifname "%(prefix)s*" ip daddr { 127.0.0.0/8, 169.254.0.0/16 } drop
         oifname "%(prefix)s*" ct state established,related accept
         oifname "%(prefix)s*" drop
         iifname "%(prefix)s*" ip saddr @restricted ip daddr @resolvers meta l4proto { tcp, udp } th dport 53 accept
@@ -57,6 +58,17 @@ table ip %(table)s {
         type nat hook postrouting priority 100; policy accept;
         ip saddr %(subnet)s oifname != "%(prefix)s*" masquerade
     }
+}
+"""
+
+
+# IPv6: guests get no IPv6 route, and their veths none at all (disable_ipv6 on both ends);
+# this table drops whatever IPv6 a guest's interface could still send (link-local fe80::/10
+# to the host, or to another guest), whatever the guest does inside.
+GUARD6 = """
+table ip6 %(table)s {
+    chain input { type filter hook input priority 0; policy accept; iifname "%(prefix)s*" drop; }
+    chain forward { type filter hook forward priority 0; policy accept; iifname "%(prefix)s*" drop; oifname "%(prefix)s*" drop; }
 }
 """
 
@@ -83,6 +95,11 @@ def _run(argv, stdin=None, check=True):
     if check and proc.returncode != 0:
         raise EgressError("%s failed: %s" % (" ".join(argv[:3]), (proc.stderr or proc.stdout).strip()[-300:]))
     return proc
+
+
+def guest_resolvers():
+    """The host's resolvers a guest can use: not the host's loopback (a guest never reaches it)."""
+    return [r for r in resolvers() if not ipaddress.ip_address(r).is_loopback]
 
 
 def resolvers():
@@ -152,6 +169,12 @@ def ensure_host_setup():
                 w.write("1")
     if _run([TOOLS["nft"], "list", "table", "ip", TABLE], check=False).returncode != 0:
         _run([TOOLS["nft"], "-f", "-"], stdin=RULESET % {"table": TABLE, "prefix": IF_PREFIX, "subnet": SUBNET})
+    elif "169.254.0.0/16" not in _run([TOOLS["nft"], "list", "chain", "ip", TABLE, "forward"], check=False).stdout:
+        # a table from before link-local was refused: add the rule at the top of the chain
+        _run([TOOLS["nft"], "insert", "rule", "ip", TABLE, "forward", "iifname", '"%s*"' % IF_PREFIX, "ip", "daddr",
+              "{ 127.0.0.0/8, 169.254.0.0/16 }", "drop"])
+    if _run([TOOLS["nft"], "list", "table", "ip6", TABLE], check=False).returncode != 0:
+        _run([TOOLS["nft"], "-f", "-"], stdin=GUARD6 % {"table": TABLE, "prefix": IF_PREFIX})
     dns = resolvers()
     if dns:
         _run([TOOLS["nft"], "add", "element", "ip", TABLE, "resolvers", "{ %s }" % ", ".join(dns)])
@@ -213,17 +236,27 @@ def setup(pid, egress, log):
         # Stale allow entries only matter to a restricted guest (an open one is not filtered).
         stale = stale_allowed(guest_ip) if allowed is not None else []
         _run([TOOLS["nft"], "-f", "-"], stdin=_policy_batch(guest_ip, allowed, stale))
-        _run([TOOLS["ip"], "-batch", "-"], stdin=(
-            "link add %s mtu %d type veth peer name eth0 mtu %d netns %d\n"
-            "addr add %s/30 dev %s\nlink set %s up\n" % (host_if, mtu, mtu, pid, host_ip, host_if, host_if)))
+        _run([TOOLS["ip"], "link", "add", host_if, "mtu", str(mtu), "type", "veth", "peer", "name", "eth0",
+              "mtu", str(mtu), "netns", str(pid)])
+        _disable_ipv6("/proc/sys/net/ipv6/conf/%s/disable_ipv6" % host_if)
+        _run([TOOLS["ip"], "-batch", "-"], stdin="addr add %s/30 dev %s\nlink set %s up\n" % (host_ip, host_if, host_if))
     record = {"slot": slot, "host_if": host_if, "guest_ip": guest_ip, "allowed": allowed}
     try:
-        _run([TOOLS["nsenter"], "--net=/proc/%d/ns/net" % pid, TOOLS["ip"], "-batch", "-"],
+        _run([TOOLS["nsenter"], "--net=/proc/%d/ns/net" % pid, "sh", "-c",
+              "echo 1 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6 && exec %s -batch -" % TOOLS["ip"]],
              stdin="addr add %s/30 dev eth0\nlink set eth0 up\nroute add default via %s\n" % (guest_ip, host_ip))
     except Exception:
         teardown(record)
         raise
     return record
+
+
+def _disable_ipv6(path):
+    try:
+        with open(path, "w") as f:
+            f.write("1")
+    except FileNotFoundError:
+        pass  # a kernel without IPv6
 
 
 def teardown(record):

@@ -131,7 +131,7 @@ class Templates:
             known = ", ".join(sorted([contract.BUILTIN_TEMPLATE] + [r["name"] for r in self.store.templates.values()]))
             raise ApiFailure(400, "unknown template %r: no template with that name exists (known: %s)" % (name, known))
         if rec.get("builtin"):
-            return {"kind": "host", "path": None}, []
+            return {"kind": "base", "path": None}, []
         if rec["status"] == contract.TEMPLATE_FAILED:
             raise ApiFailure(400, "template %r failed to build: %s" % (name, self._last_error(rec)))
         if rec["status"] != contract.TEMPLATE_READY or not rec.get("rootfs"):

@@ -7,15 +7,26 @@ import time
 
 import grpc
 
-from microvm_localplane.bridge import ThreadedLoop
+from microvm_localplane import baseimage, idmap
 from microvm_localplane.guests import GuestManager, RootfsSpec
 from microvm_localplane.pb import pb2, pb2_grpc
+from microvm_threaded_loop import ThreadedLoop
+
+REPO_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 16 << 20), ("grpc.max_send_message_length", 16 << 20)]
 
 
+# One cache for every plane the tests start: the base template's Debian rootfs is built once.
+os.environ.setdefault(baseimage.CACHE_ENV, os.path.join(REPO_DIR, ".local", "cache"))
+
+
 def guests_supported():
-    return os.geteuid() == 0 and shutil.which("bwrap") and os.path.isdir("/sys/fs/cgroup/freezer")
+    try:
+        idmap.plane_ranges()
+    except idmap.IdmapError:
+        return False
+    return os.geteuid() == 0 and bool(shutil.which("runc"))
 
 
 class Plane:
@@ -30,9 +41,9 @@ class Plane:
     def run(self, coro, timeout=120):
         return self.loop.run(coro, timeout)
 
-    def boot(self, session_id, hostname=None, env=None, rootfs=None, egress=None):
-        return self.run(self.manager.boot(session_id, "sb-" + session_id, rootfs or RootfsSpec("host"), env or {},
-                                          egress, hostname or session_id))
+    def boot(self, session_id, hostname=None, env=None, rootfs=None, egress=None, size=None):
+        return self.run(self.manager.boot(session_id, "sb-" + session_id, rootfs or RootfsSpec("base"), env or {},
+                                          egress, hostname or session_id, size=size))
 
     def stub(self, guest):
         channel = grpc.insecure_channel("unix:" + self.loop.bridge(guest, 8443), options=CHANNEL_OPTIONS)

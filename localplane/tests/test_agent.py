@@ -14,7 +14,7 @@ from guestkit import Interactive, Plane, download, guests_supported, rpc_error, 
 
 from microvm_localplane.pb import pb2
 
-pytestmark = [pytest.mark.skipif(not guests_supported(), reason="needs root, bwrap and cgroup v1 freezer"),
+pytestmark = [pytest.mark.skipif(not guests_supported(), reason="needs root, runc and subordinate ids (make system-deps)"),
               pytest.mark.timeout(120)]
 CODE = grpc.StatusCode
 

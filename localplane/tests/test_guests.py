@@ -1,6 +1,7 @@
-"""Guests: isolation, port bridge, freeze/thaw, stop, adopt, checkpoint/restore, clone (real bwrap guests)."""
+"""Guests: isolation, port bridge, freeze/thaw, stop, adopt, checkpoint/restore, clone (real runc guests)."""
 import asyncio
 import hashlib
+import json
 import os
 import sys
 import uuid
@@ -9,9 +10,9 @@ import pytest
 from guestkit import Interactive, Plane, download, guests_supported, pid_alive, run, sh, upload, wait_until
 
 from microvm_localplane.guests import DialError, GuestError, GuestManager, RootfsSpec
-from microvm_localplane.hostpaths import REPO_DIR
+REPO_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-pytestmark = [pytest.mark.skipif(not guests_supported(), reason="needs root, bwrap and cgroup v1 freezer"),
+pytestmark = [pytest.mark.skipif(not guests_supported(), reason="needs root, runc and subordinate ids (make system-deps)"),
               pytest.mark.timeout(180)]
 
 
@@ -66,19 +67,23 @@ def test_guest_cannot_see_state_dirs_or_host_home(plane, pair):
     (_a, sa), _other = pair
     other = os.path.join(plane.state_dir, "sessions", "iso-b")
     hidden = [plane.state_dir, other, "/root/.bash_history", os.path.join(REPO_DIR, ".git"),
-              os.path.join(REPO_DIR, ".local", "plane"), os.path.join(REPO_DIR, "Makefile"), "/work/shared"]
+              os.path.join(REPO_DIR, ".local", "plane"), os.path.join(REPO_DIR, "Makefile"), os.path.join(REPO_DIR, "plugins"),
+              "/work/shared"]
     r = run(sa, ["sh", "-c", 'for p in "$@"; do test -e "$p" && echo "visible $p"; done;'
                  ' ls -A /home; ls /run/localplane', "sh"] + hidden)
     assert b"visible" not in r.stdout
     listing = r.stdout.split()
-    assert b"agent.pid" in listing  # /home is empty; /run/localplane holds only the guest's own run files
-    assert set(listing) <= {b"agent.pid", b"agent.log", b"session-env.json"}
+    # /home holds only the base template's own user; /run/localplane only the guest's own run files
+    assert b"agent.pid" in listing
+    assert set(listing) <= {b"sandbox", b"agent.pid", b"agent.log", b"session-env.json"}
 
 
 def test_host_code_is_read_only_in_guest(pair):
     (_a, sa), _other = pair
-    r = sh(sa, "touch '%s' 2>&1; echo rc=$?" % os.path.join(REPO_DIR, "plugins", "x"))
+    r = sh(sa, "touch /opt/localplane-agent/lib/microvm_localplane/x 2>&1; echo rc=$?; test -e '%s' || echo no-repo"
+           % os.path.join(REPO_DIR, "plugins"))
     assert b"rc=1" in r.stdout and b"Read-only" in r.stdout
+    assert b"no-repo" in r.stdout  # the agent's code is at a private path; the host's checkout is not there
 
 
 def test_host_never_follows_a_symlink_the_guest_planted(plane, tmp_path):
@@ -207,7 +212,7 @@ def test_stop_leaves_no_process_behind(plane):
     sh(stub, "setsid sleep 1000 >/dev/null 2>&1 & nohup sleep 1000 >/dev/null 2>&1 &")
     cgroup = g._cgroup
     pids = cgroup.pids()
-    assert len(pids) >= 4  # bwrap, init, agent, the sleeps
+    assert len(pids) >= 4  # init, agent, the sleeps
     plane.run(plane.manager.stop("stopper"))
     assert not any(os.path.exists("/proc/%d" % p) for p in pids)  # not even a zombie
     assert not g.alive()
@@ -533,10 +538,16 @@ def open_guest(plane):
     return g, plane.stub(g)
 
 
+# The guest's default gateway, from /proc (the base template has no iproute2).
+GATEWAY = ("python3 -c \"import socket, struct; print(*[socket.inet_ntoa(struct.pack('<L', int(f[2], 16))) for f in "
+           "(l.split() for l in open('/proc/net/route')) if f[1] == '00000000'])\"")
+
+
 def test_open_egress_gives_eth0_and_a_default_route(open_guest):
     _guest, stub = open_guest
-    r = sh(stub, "ip -4 -o addr show eth0; ip route show default")
-    assert b"eth0" in r.stdout and b"default via" in r.stdout
+    r = sh(stub, "grep -c eth0 /proc/net/dev; " + GATEWAY)
+    lines = r.stdout.split()
+    assert lines[0] == b"1" and lines[1].startswith(b"10.213.")
 
 
 def _name_in_guest(stub, egress_peer):
@@ -569,7 +580,7 @@ def test_guest_cannot_reach_the_host_or_another_guest(plane, open_guest):
     listener.listen()
     port = listener.getsockname()[1]
     try:
-        gateway = sh(stub, "ip route show default | cut -d' ' -f3").stdout.decode().strip()
+        gateway = sh(stub, GATEWAY).stdout.decode().strip()
         assert gateway
         assert _connect(stub, gateway, port).startswith("failed")   # the host, through the guest's gateway
         for addr in _host_addresses():
@@ -583,7 +594,8 @@ def test_guest_cannot_reach_the_host_or_another_guest(plane, open_guest):
     server = Interactive(o_stub, ["python3", "-c", "import socket,time; s=socket.socket(); s.bind(('0.0.0.0',9100));"
                                   " s.listen(); print('up', flush=True); time.sleep(60)"], timeout_seconds=60)
     assert server.next_frame().stdout == b"up\n"
-    other_ip = sh(o_stub, "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1").stdout.decode().strip()
+    with open(os.path.join(plane.state_dir, "sessions", "egress-other", "host", "net.json")) as f:
+        other_ip = json.load(f)["guest_ip"]  # the base template has no iproute2: the host's record of it
     assert _connect(stub, other_ip, 9100).startswith("failed")
     assert _connect(o_stub, "127.0.0.1", 9100) == "connected"  # the listener itself is fine
     server.call.cancel()

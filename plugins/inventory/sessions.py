@@ -17,7 +17,8 @@ description:
   - Reads configuration files whose name ends with C(.microvm_sessions.yml) or C(.microvm_sessions.yaml); a file
     that names this plugin under another name fails with a message naming the suffix.
   - Every session field becomes a host variable with the prefix O(host_var_prefix), for example C(microvm_session_id),
-    C(microvm_name), C(microvm_status) (short form, such as C(READY)), C(microvm_template), C(microvm_size_slug).
+    C(microvm_name), C(microvm_status) (short form, such as C(READY)), C(microvm_agent_kind),
+    C(microvm_parent_session_id), C(microvm_workspace_id). The platform reports no template or size.
   - Values that come from the API are marked unsafe, so they are never evaluated as templates.
   - When O(api_url) or O(route_prefix) differ from their defaults, they are passed to the connection plugin as the
     host variables C(ansible_microvm_api_url) and C(ansible_microvm_route_prefix). The API token never is; the
@@ -72,19 +73,19 @@ plugin: microvm.sandbox.sessions
 
 ---
 # file: ci.microvm_sessions.yml
-# Only the CI sessions, grouped by template and status, with a cache.
+# Only the CI sessions, grouped by adapter and status, with a cache.
 plugin: microvm.sandbox.sessions
 name_prefix: ci-
 statuses: [READY, DETACHED, PAUSED]
 keyed_groups:
-  - key: microvm_template
-    prefix: template
+  - key: microvm_agent_kind | lower
+    prefix: kind
   - key: microvm_status | lower
     prefix: status
 groups:
   paused: microvm_status == 'PAUSED'
 compose:
-  sandbox_size: microvm_size_slug
+  forked_from: microvm_parent_session_id
 cache: true
 cache_plugin: ansible.builtin.jsonfile
 cache_connection: ~/.cache/microvm-inventory

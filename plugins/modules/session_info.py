@@ -77,9 +77,10 @@ sessions:
     - session_id: 2f0c8f9e-8d1e-4a57-9d0c-0c4bbf3cb2a1
       name: ci-job-42
       status: SESSION_STATUS_READY
-      template: python-3-12
-      size_slug: small
+      agent_kind: AGENT_KIND_CUSTOM
       idle_timeout_seconds: 900
+      parent_session_id: ""
+      workspace_id: ""
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402

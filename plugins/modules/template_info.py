@@ -63,8 +63,7 @@ templates:
       name: agent-python
       status: TEMPLATE_STATUS_READY
       spec:
-        base_template: base
-        image: {registry: registry.example.com, repository: team/agent-python, tag: stable, digest: "sha256:4b7c..."}
+        base_template: sandbox
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402

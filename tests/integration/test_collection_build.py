@@ -48,8 +48,8 @@ def test_installed_collection_lists_its_plugins(installed):
         res = run([os.path.join(BIN, "ansible-doc"), "-t", kind, "-l", "microvm.sandbox", "-j"], env=env)
         assert res.returncode == 0, res.stderr
         listed.update(json.loads(res.stdout))
-    for name in ("session", "session_info", "checkpoint", "checkpoint_info", "template", "template_info",
-                 "agent", "sessions"):
+    for name in ("session", "session_info", "session_fork", "size_info", "checkpoint", "checkpoint_info", "template",
+                 "template_info", "agent", "sessions"):
         assert "microvm.sandbox." + name in listed
 
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from microvm_localplane.testing import mux_pids, stop_muxes
+from microvm_plane_testing import mux_pids, stop_muxes
 
 
 def sha1(path):
@@ -182,6 +182,56 @@ def test_battery_pipelining_on_and_off(plane, sandbox, env, tmp_path, playbook_r
     assert (work / "back" / "os-release").read_text().startswith("PRETTY_NAME") or \
         "Debian" in (work / "back" / "os-release").read_text()
     assert (work / "back" / "empty").read_bytes() == b""
+
+
+BECOME_PASSWORD = r"""
+- name: become with a password, from an unprivileged user, through the plugin's prompt path
+  hosts: sbx
+  gather_facts: false
+  tasks:
+    - name: an unprivileged user with a password, allowed to sudo (as on a real machine)
+      ansible.builtin.shell: |
+        id dev >/dev/null 2>&1 || useradd --create-home --shell /bin/bash --groups sudo dev
+        echo 'dev:{{ dev_password }}' | chpasswd
+    - name: dev sudoes to root with its password (sudo prompts; the plugin answers)
+      ansible.builtin.command: id -un
+      become: true
+      become_method: ansible.builtin.sudo
+      become_exe: sudo -u dev sudo
+      become_user: root
+      vars: {ansible_become_password: "{{ dev_password }}"}
+      register: up
+    - name: and back to dev, again with its password
+      ansible.builtin.command: id -un
+      become: true
+      become_method: ansible.builtin.sudo
+      become_exe: sudo -u dev sudo
+      become_user: dev
+      vars: {ansible_become_password: "{{ dev_password }}"}
+      register: back
+    - name: a module (not only a command) runs as root that way too, pipelined or not
+      ansible.builtin.copy: {content: "by dev via sudo\n", dest: /root/from-dev, mode: "0600"}
+      become: true
+      become_method: ansible.builtin.sudo
+      become_exe: sudo -u dev sudo
+      vars: {ansible_become_password: "{{ dev_password }}"}
+    - ansible.builtin.stat: {path: /root/from-dev}
+      register: made
+    - ansible.builtin.assert:
+        that: ["up.stdout == 'root'", "back.stdout == 'dev'", "made.stat.pw_name == 'root'"]
+"""
+
+
+def test_become_with_a_password_through_the_plugin(plane, sandbox, env, playbook_runner):
+    """sudo asks dev's password (setuid sudo works: no_new_privs is off in guests) and the plugin answers it."""
+    inv = inventory({"box": sandbox["name"]})
+    password = "pw-%s" % os.urandom(6).hex()
+    for pipelining in ("true", "false"):
+        res = playbook_runner(BECOME_PASSWORD, inv, env, extra_args=[
+            "-e", "ansible_pipelining=%s" % pipelining, "-e", "dev_password=%s" % password])
+        assert res.rc == 0, res
+        assert "failed=0" in res.stdout, res
+        assert password not in res.stdout + res.stderr
 
 
 def test_100mib_binary_both_ways(plane, sandbox, env, tmp_path, playbook_runner):

@@ -94,10 +94,10 @@ def test_duplicate_names_keep_the_live_one(tmp_path, plane):
 
 
 def test_api_values_are_unsafe(tmp_path, plane):
-    plane.add_session("web", template=trust_as_template("{{ 7 * 7 }}"))
+    plane.add_session("web", repo_hint=trust_as_template("{{ 7 * 7 }}"))
     plane.add_session("{{ bad }}")
     data = build(tmp_path, "")
-    value = hostvars(data, "web")["microvm_template"]
+    value = hostvars(data, "web")["microvm_repo_hint"]
     assert value == "{{ 7 * 7 }}"
     # Even a value that arrived marked as trusted is stripped of that trust.
     assert not is_trusted_as_template(value)

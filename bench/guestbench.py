@@ -1,4 +1,4 @@
-"""Measure guest boot time and idle memory: `python -m microvm_localplane.guestbench -n 20`.
+"""Measure guest boot time and idle memory: `python bench/guestbench.py -n 20` (bench/run.sh sets PYTHONPATH).
 
 Boots N host-rootfs guests one after another in a temporary state dir, prints
 the boot time distribution (GuestManager.boot, i.e. until the agent answers
@@ -13,7 +13,7 @@ import statistics
 import tempfile
 import time
 
-from .guests import GuestManager, RootfsSpec
+from microvm_localplane.guests import GuestManager, RootfsSpec
 
 
 def pss_kib(pid):
@@ -32,10 +32,10 @@ async def bench(count, settle):
     manager = GuestManager(state)
     guests, times = [], []
     try:
-        await asyncio.sleep(settle)  # let the zygote warm up, as a running control plane has
+        await asyncio.sleep(settle)  # a quiet moment before measuring
         for i in range(count):
             started = time.monotonic()
-            guests.append(await manager.boot("bench-%d" % i, "sb-%d" % i, RootfsSpec("host"), {}, None, "bench-%d" % i))
+            guests.append(await manager.boot("bench-%d" % i, "sb-%d" % i, RootfsSpec("base"), {}, None, "bench-%d" % i))
             times.append(time.monotonic() - started)
         await asyncio.sleep(settle)
         pss = sum(pss_kib(pid) for g in guests for pid in g._cgroup.pids()) / 1024

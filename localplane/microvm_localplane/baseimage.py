@@ -1,0 +1,101 @@
+"""The built-in `base` template: a Debian bookworm root filesystem of its own, built once and cached.
+
+`debootstrap --variant=minbase --include=python3,sudo bookworm DIR` with
+Debian's configured sources (no mirror argument), then a few settings a guest
+needs (see _finish). Built under a lock in the cache dir, so that concurrent
+planes (tests, several engineers) build it once; the result is renamed into
+place only when complete.
+
+Cache dir: $MICROVM_LOCALPLANE_CACHE, else <state dir>/cache. The repo's
+Makefile and test fixtures point it at .local/cache so one `make test` builds
+it once for every plane it starts.
+"""
+import fcntl
+import os
+import shutil
+import subprocess
+import time
+
+SUITE = "bookworm"
+PACKAGES = ("python3", "sudo")
+VERSION = "1"                     # bump when _finish or the package list changes
+CACHE_ENV = "MICROVM_LOCALPLANE_CACHE"
+BUILD_TIMEOUT = 1800
+# The unprivileged user a guest's commands can switch to, with a password: `become` with sudo and su.
+GUEST_USER = "sandbox"
+GUEST_UID = 1000
+
+
+class BaseImageError(Exception):
+    pass
+
+
+def cache_dir(state_dir):
+    return os.path.abspath(os.environ.get(CACHE_ENV) or os.path.join(state_dir, "cache"))
+
+
+def rootfs_path(state_dir):
+    return os.path.join(cache_dir(state_dir), "base-%s-v%s" % (SUITE, VERSION), "rootfs")
+
+
+def ready(state_dir):
+    return os.path.isfile(os.path.join(rootfs_path(state_dir), "usr", "bin", "python3.11"))
+
+
+def ensure(state_dir, log=lambda msg: None):
+    """-> the base rootfs dir, building it first if needed (minutes, once per cache dir)."""
+    path = rootfs_path(state_dir)
+    if ready(state_dir):
+        return path
+    top = os.path.dirname(path)
+    os.makedirs(top, exist_ok=True)
+    with open(os.path.join(top, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # another plane may be building it: wait for that one
+        if ready(state_dir):
+            return path
+        build = os.path.join(top, "build")
+        shutil.rmtree(build, ignore_errors=True)
+        if not shutil.which("debootstrap"):
+            raise BaseImageError("the `base` template needs debootstrap: apt-get install debootstrap "
+                                 "(or `make system-deps`)")
+        log("building the base template's Debian %s root filesystem (once; a few minutes)" % SUITE)
+        started = time.monotonic()
+        argv = ["debootstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES), SUITE, build]
+        with open(os.path.join(top, "build.log"), "wb") as out:
+            try:
+                proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT, check=False)
+            except subprocess.TimeoutExpired:
+                raise BaseImageError("debootstrap took more than %d s; see %s" % (BUILD_TIMEOUT, out.name))
+        if proc.returncode != 0:
+            raise BaseImageError("debootstrap failed (exit %d); see %s" % (proc.returncode,
+                                                                         os.path.join(top, "build.log")))
+        _finish(build)
+        shutil.rmtree(path, ignore_errors=True)
+        os.rename(build, path)
+        log("base template built in %.0f s" % (time.monotonic() - started))
+    return path
+
+
+def _finish(root):
+    """What a guest needs beyond minbase: an empty /tmp, no host resolver, the sandbox user, sudo for it."""
+    for d in ("tmp", "var/tmp"):
+        p = os.path.join(root, d)
+        shutil.rmtree(p, ignore_errors=True)
+        os.mkdir(p)
+        os.chmod(p, 0o1777)
+    for leftover in ("etc/resolv.conf", "etc/hostname"):
+        try:
+            os.unlink(os.path.join(root, leftover))
+        except FileNotFoundError:
+            pass
+    for d in ("var/cache/apt/archives", "var/lib/apt/lists"):
+        for entry in os.listdir(os.path.join(root, d)):
+            p = os.path.join(root, d, entry)
+            if os.path.isfile(p) and not entry.startswith("lock"):
+                os.unlink(p)
+    subprocess.run(["chroot", root, "useradd", "--create-home", "--uid", str(GUEST_UID), "--user-group",
+                    "--shell", "/bin/bash", GUEST_USER], check=True, capture_output=True)
+    # The sandbox user may sudo (with its password, which the session sets: see guest_init).
+    with open(os.path.join(root, "etc", "sudoers.d", GUEST_USER), "w") as f:
+        f.write("%s ALL=(ALL:ALL) ALL\n" % GUEST_USER)
+    os.chmod(os.path.join(root, "etc", "sudoers.d", GUEST_USER), 0o440)

@@ -1,0 +1,64 @@
+"""The guests' seccomp profile (OCI `linux.seccomp`), written here as data.
+
+Default: allow. Denied with EPERM: what reaches past a guest's namespaces or
+into the kernel's global state, the same families as the usual container
+default profiles (which allow-list instead; the effect on this list is the same):
+
+- loading code into the kernel: kexec_*, init/finit/delete_module, bpf,
+  perf_event_open, and io_uring (a large attack surface seccomp cannot see into)
+- kernel keyrings (not namespaced): keyctl, add_key, request_key
+- mounting of any kind, including the new mount API (a guest has no
+  CAP_SYS_ADMIN anyway; this also covers a nested user namespace's mounts)
+- new user namespaces: unshare/clone with CLONE_NEWUSER; clone3 answers ENOSYS
+  so that libcs fall back to clone, whose flags seccomp can check
+- host clocks and swap: clock_settime, clock_adjtime, settimeofday, adjtimex,
+  swapon, swapoff; reboot, acct, quotactl, syslog
+- file handles that bypass path checks: open_by_handle_at, name_to_handle_at
+- raw hardware and obsolete calls: iopl, ioperm, vm86, uselib, ustat, sysfs,
+  _sysctl, nfsservctl, lookup_dcookie, userfaultfd
+- personality flags that weaken memory protections (READ_IMPLIES_EXEC,
+  MMAP_PAGE_ZERO, ADDR_COMPAT_LAYOUT, ADDR_NO_RANDOMIZE)
+
+ptrace stays allowed: a guest only sees its own processes (PID namespace), and
+they all belong to its own user namespace, so nothing else can be traced.
+"""
+
+EPERM = 1
+CLONE_NEWUSER = 0x10000000
+
+DENIED = (
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "create_module",
+    "get_kernel_syms", "query_module", "bpf", "perf_event_open", "userfaultfd",
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "keyctl", "add_key", "request_key",
+    "mount", "umount", "umount2", "pivot_root", "fsopen", "fsconfig", "fsmount", "fspick", "move_mount",
+    "open_tree", "mount_setattr",
+    "clock_settime", "clock_settime64", "clock_adjtime", "clock_adjtime64", "settimeofday", "stime", "adjtimex",
+    "swapon", "swapoff", "reboot", "acct", "quotactl", "quotactl_fd", "syslog",
+    "open_by_handle_at", "name_to_handle_at",
+    "iopl", "ioperm", "vm86", "vm86old", "uselib", "ustat", "sysfs", "_sysctl", "nfsservctl", "lookup_dcookie",
+)
+
+# personality(2) flags a guest may not set.
+PERSONALITY_DENIED_FLAGS = (0x0400000, 0x0100000, 0x0200000, 0x0040000)
+
+
+def _masked(index, bits):
+    """Matches when all `bits` are set in argument `index` (OCI: value = mask, valueTwo = expected)."""
+    return {"index": index, "value": bits, "valueTwo": bits, "op": "SCMP_CMP_MASKED_EQ"}
+
+
+def profile():
+    """The `linux.seccomp` object of a guest's OCI config."""
+    syscalls = [{"names": list(DENIED), "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM}]
+    # unshare(flags) and clone(flags, ...): refuse CLONE_NEWUSER (flags & CLONE_NEWUSER == CLONE_NEWUSER)
+    for name in ("unshare", "clone"):
+        syscalls.append({"names": [name], "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM,
+                         "args": [_masked(0, CLONE_NEWUSER)]})
+    syscalls.append({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38})  # ENOSYS
+    for flag in PERSONALITY_DENIED_FLAGS:
+        syscalls.append({"names": ["personality"], "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM,
+                         "args": [_masked(0, flag)]})
+    return {"defaultAction": "SCMP_ACT_ALLOW",
+            "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+            "syscalls": syscalls}

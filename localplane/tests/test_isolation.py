@@ -1,0 +1,264 @@
+"""A guest attacked from inside, as untrusted code would: every attempt fails inside that guest only.
+
+Each test acts through the guest's own agent (real runc guests, real gRPC) and
+checks the host afterwards: its sysctls, its files, its processes' owners,
+and that another guest and the plane still answer. See
+docs/localplane-guests.md for the promises and docs/guarantees.md for the map.
+"""
+import hashlib
+import os
+import subprocess
+
+import pytest
+from guestkit import Plane, guests_supported, run, sh
+
+from microvm_localplane import idmap, limits, netns
+
+pytestmark = [pytest.mark.skipif(not guests_supported(), reason="needs root, runc and subordinate ids (make system-deps)"),
+              pytest.mark.timeout(300)]
+
+HOST_SYSCTLS = ("kernel/core_pattern", "kernel/hostname", "vm/swappiness", "kernel/panic", "net/ipv4/ip_forward")
+SMALL = limits.SIZES["small"]
+
+
+def host_sysctls():
+    out = {}
+    for name in HOST_SYSCTLS:
+        with open("/proc/sys/" + name) as f:
+            out[name] = f.read()
+    return out
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory):
+    p = Plane(str(tmp_path_factory.mktemp("isolation-state")))
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def attacker(plane):
+    g = plane.boot("attacker", hostname="attacker", size="small")
+    return g, plane.stub(g)
+
+
+@pytest.fixture(scope="module")
+def bystander(plane):
+    g = plane.boot("bystander", hostname="bystander")
+    return g, plane.stub(g)
+
+
+def still_fine(plane, bystander, attacker):
+    """After an attack: the other guest and the attacker's own agent answer, and the plane boots guests."""
+    assert sh(bystander[1], "echo ok").stdout == b"ok\n"
+    assert sh(attacker[1], "echo ok").stdout == b"ok\n"
+
+
+def py(stub, code, **kw):
+    """Run Python code with the guest's own interpreter."""
+    return run(stub, ["python3", "-c", code], **kw)
+
+
+# ------------------------------------------------------------------ the kernel's global state
+
+def test_proc_sys_is_read_only_and_host_sysctls_unchanged(attacker):
+    _g, stub = attacker
+    before = host_sysctls()
+    # Writing the current value back: the attempt itself is what must fail (and the host is never changed).
+    script = "; ".join("cat /proc/sys/%s > /tmp/v && cat /tmp/v > /proc/sys/%s 2>/dev/null; echo %s=$?" % (n, n, n)
+                       for n in HOST_SYSCTLS)
+    script += "; echo '|/bin/sh -c id' > /proc/sys/kernel/core_pattern 2>/dev/null; echo core=$?"
+    script += "; echo 1 > /proc/sysrq-trigger 2>/dev/null; echo sysrq=$?; sysctl -w vm.swappiness=1 >/dev/null 2>&1; echo sysctl=$?"
+    out = sh(stub, script).stdout.decode()
+    for line in out.split():
+        name, rc = line.split("=")
+        assert rc != "0", "%s was writable from a guest" % name
+    assert host_sysctls() == before
+
+
+def test_kernel_interfaces_are_refused(attacker):
+    """Modules, kexec, bpf, perf, keyrings, userfaultfd, io_uring, new user namespaces: all EPERM (seccomp)."""
+    _g, stub = attacker
+    code = r"""
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+calls = {"init_module": (175, 0, 0, b""), "finit_module": (313, 0, b"", 0), "delete_module": (176, b"x", 0),
+         "kexec_load": (246, 0, 0, 0, 0), "bpf": (321, 0, 0, 0), "perf_event_open": (298, 0, 0, -1, -1, 0),
+         "keyctl": (250, 0, 0, 0, 0, 0), "add_key": (248, b"user", b"k", b"v", 1, -2),
+         "userfaultfd": (323, 0), "io_uring_setup": (425, 1, 0), "unshare_user": (272, 0x10000000),
+         "mount": (165, b"none", b"/mnt", b"tmpfs", 0, 0), "swapoff": (168, b"/x"), "reboot": (169, 0, 0, 0, 0),
+         "settimeofday": (164, 0, 0), "acct": (163, 0), "open_by_handle_at": (304, 0, 0, 0),
+         "iopl": (172, 3), "ioperm": (173, 0, 1, 1)}
+for name, (nr, *args) in calls.items():
+    rc = libc.syscall(nr, *args)
+    print(name, "allowed" if rc >= 0 else errno.errorcode.get(ctypes.get_errno(), "?"))
+"""
+    out = dict(line.split() for line in py(stub, code).stdout.decode().splitlines())
+    assert len(out) == 19
+    allowed = sorted(n for n, result in out.items() if result == "allowed")
+    assert not allowed
+    # refused by the guest's filter or capabilities, never by a lucky argument
+    assert all(result in ("EPERM", "EACCES") for result in out.values()), out
+
+
+def test_no_mount_even_in_a_new_user_namespace(attacker):
+    _g, stub = attacker
+    r = sh(stub, "unshare -Urm mount -t tmpfs none /mnt 2>&1; echo rc=$?; mount -t tmpfs none /mnt 2>&1; echo rc=$?")
+    assert r.stdout.count(b"rc=0") == 0, r.stdout
+
+
+def test_no_raw_sockets(attacker):
+    _g, stub = attacker
+    code = ("import socket\nfor family in (socket.AF_INET, socket.AF_PACKET):\n    try:\n"
+            "        socket.socket(family, socket.SOCK_RAW, 1)\n"
+            "        print('opened')\n    except PermissionError:\n        print('refused')\n")
+    assert py(stub, code).stdout == b"refused\nrefused\n"
+
+
+# ------------------------------------------------------------------ users and processes
+
+def test_guest_root_is_an_unprivileged_host_user(plane, attacker):
+    g, stub = attacker
+    start, _gid, _slots = idmap.plane_ranges()
+    uid_map = sh(stub, "cat /proc/self/uid_map").stdout.split()
+    assert uid_map[0] == b"0" and int(uid_map[1]) >= start
+    for pid in g._cgroup.pids():  # every guest process, seen from the host
+        with open("/proc/%d/status" % pid) as f:
+            uids = next(line for line in f if line.startswith("Uid:")).split()[1:]
+        assert all(int(u) >= start for u in uids), (pid, uids)
+
+
+def test_guests_never_share_host_ids(attacker, bystander):
+    maps = [sh(s, "cat /proc/self/uid_map").stdout.split()[1] for _g, s in (attacker, bystander)]
+    assert maps[0] != maps[1]
+
+
+def test_cannot_ptrace_or_signal_the_host(attacker):
+    """The guest sees only its own processes; host pids (the plane's) do not exist for it."""
+    _g, stub = attacker
+    code = ("import ctypes, errno, os, signal\nlibc = ctypes.CDLL(None, use_errno=True)\npid = %d\n"
+            "rc = libc.ptrace(16, pid, 0, 0)\nprint('ptrace', errno.errorcode.get(ctypes.get_errno()) if rc else 'ok')\n"
+            "try:\n    os.kill(pid, 0)\n    print('kill ok')\nexcept ProcessLookupError:\n    print('kill ESRCH')\n"
+            % os.getpid())
+    out = py(stub, code).stdout.decode()
+    assert "ptrace ESRCH" in out and "kill ESRCH" in out, out
+
+
+# ------------------------------------------------------------------ the host's files
+
+def _sha(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def test_host_files_are_not_there(attacker):
+    _g, stub = attacker
+    secrets = [p for p in ("/etc/ssh/ssh_host_ed25519_key", "/etc/ssh/ssh_host_rsa_key", "/root/.bash_history",
+                           "/root/.ssh", "/work") if os.path.exists(p)]
+    r = run(stub, ["sh", "-c", 'for p in "$@"; do test -e "$p" && echo "visible $p"; done;'
+                               ' sha256sum /etc/shadow /etc/passwd', "sh"] + secrets)
+    assert b"visible" not in r.stdout
+    sums = dict(reversed(line.split()) for line in r.stdout.decode().splitlines())
+    assert sums["/etc/shadow"] != _sha("/etc/shadow")  # the guest's own, not the host's
+    assert sums["/etc/passwd"] != _sha("/etc/passwd")
+
+
+def test_host_usr_and_etc_are_not_the_guests(attacker):
+    _g, stub = attacker
+    r = sh(stub, "cat /etc/debian_version; ls /usr/bin | wc -l; cat /proc/1/mountinfo | grep -c ' /usr ' || true")
+    lines = r.stdout.decode().split()
+    host_bins = len(os.listdir("/usr/bin"))
+    assert int(lines[1]) != host_bins  # a minimal Debian of its own, not the host's /usr
+
+
+# ------------------------------------------------------------------ resources
+
+def test_pids_are_bounded_inside_the_guest_only(plane, attacker, bystander):
+    _g, stub = attacker
+    code = r"""
+import os, signal, time
+kids = []
+err = None
+try:
+    for _ in range(%d):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        kids.append(pid)
+except OSError as e:
+    err = e.errno
+for pid in kids:
+    os.kill(pid, signal.SIGKILL)
+for pid in kids:
+    os.waitpid(pid, 0)
+print(len(kids), err)
+""" % (SMALL.pids + 200)
+    made, err = py(stub, code).stdout.split()
+    assert int(made) < SMALL.pids and err == b"11"  # EAGAIN at the guest's limit
+    still_fine(plane, bystander, attacker)
+
+
+def test_memory_is_bounded_inside_the_guest_only(plane, attacker, bystander):
+    _g, stub = attacker
+    r = py(stub, "b = b'x' * %d\nprint('allocated', len(b))" % (SMALL.memory + (256 << 20)))
+    assert b"allocated" not in r.stdout
+    assert r.code != 0
+    still_fine(plane, bystander, attacker)
+
+
+def test_disk_is_bounded_inside_the_guest_only(plane, attacker, bystander):
+    _g, stub = attacker
+    free_before = os.statvfs(plane.state_dir)
+    r = sh(stub, "fallocate -l %d /workspace/fill 2>&1; echo rc=$?; fallocate -l %d /var/fill 2>&1; echo rc=$?;"
+                 " rm -f /workspace/fill /var/fill" % (SMALL.disk + (1 << 30), SMALL.disk + (1 << 30)))
+    assert r.stdout.count(b"No space left on device") == 2, r.stdout
+    assert b"rc=0" not in r.stdout
+    free_after = os.statvfs(plane.state_dir)
+    assert free_after.f_bavail * free_after.f_frsize > free_before.f_bavail * free_before.f_frsize - (512 << 20)
+    still_fine(plane, bystander, attacker)
+
+
+def test_tmp_is_bounded(attacker):
+    _g, stub = attacker
+    r = sh(stub, "head -c %d /dev/zero 2>&1 > /tmp/fill; echo rc=$?; rm -f /tmp/fill" % (SMALL.tmp + (16 << 20)))
+    assert b"No space left" in r.stdout and b"rc=0" not in r.stdout
+
+
+# ------------------------------------------------------------------ network
+
+def test_guest_has_no_ipv6_on_its_link(plane):
+    g = plane.boot("v6", egress="unrestricted")
+    stub = plane.stub(g)
+    try:
+        r = sh(stub, "cat /proc/net/if_inet6; grep -c eth0 /proc/net/dev")
+        assert b"eth0" not in r.stdout.split(b"\n", 1)[0] and b" eth0" not in r.stdout.rsplit(b"\n", 2)[0]
+        assert r.stdout.strip().endswith(b"1")  # it has an eth0, without an IPv6 (link-local) address
+    finally:
+        plane.run(plane.manager.stop("v6"))
+
+
+def test_link_local_and_loopback_destinations_are_dropped():
+    netns.ensure_host_setup()
+    forward = subprocess.run([netns.TOOLS["nft"], "list", "chain", "ip", netns.TABLE, "forward"],
+                             capture_output=True, text=True, check=True).stdout
+    assert "169.254.0.0/16" in forward and "127.0.0.0/8" in forward
+    guard = subprocess.run([netns.TOOLS["nft"], "list", "table", "ip6", netns.TABLE],
+                           capture_output=True, text=True, check=True).stdout
+    assert "drop" in guard
+
+
+def test_plane_port_is_not_reachable(attacker):
+    """The plane listens on the host's loopback; a guest's 127.0.0.1 is its own."""
+    import socket
+    _g, stub = attacker
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        code = ("import socket\ntry:\n    socket.create_connection(('127.0.0.1', %d), timeout=3).close()\n"
+                "    print('connected')\nexcept OSError as e:\n    print('failed', e)\n" % port)
+        assert py(stub, code).stdout.startswith(b"failed")
+    finally:
+        listener.close()
