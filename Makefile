@@ -18,7 +18,8 @@ export MICROVM_LOCALPLANE_CACHE ?= $(CURDIR)/.local/cache
 # docker-registry (a real local OCI registry), debootstrap (the built-in
 # `base` template's own Debian rootfs, and the role's base image with no
 # registry pull), openssh-server (the SSH peer in bench/), rsync, sudo,
-# podman (builds and runs the execution environment, make ee-test).
+# podman (builds and runs the execution environment, make ee-test; with runc,
+# since crun refuses cgroup v1 hosts).
 # bindep.txt lists the same packages by profile (hack/bindep-check.py).
 DEB_PACKAGES := runc uidmap umoci skopeo buildah docker-registry debootstrap openssh-server rsync sudo podman
 # Subordinate ids of the user running the local control plane: each guest gets its own
@@ -29,7 +30,7 @@ PYTEST_ARGS ?=
 NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py tests/unit/plugins/plugin_utils/test_option_defs.py tests/unit/plugins/plugin_utils/test_warm.py
 
 .PHONY: help venv system-deps collection base-rootfs proto proto-check lint sanity ansible-lint docs-lint docs \
-        unit localplane-test integration molecule galaxy-import test test-live demo local-up local-down build clean bench
+        unit localplane-test integration molecule galaxy-import ee-test test test-live demo local-up local-down build clean clean-images bench
 
 help:
 	@echo "make demo   - set up everything and run the demo end to end on the local control plane"
@@ -38,10 +39,12 @@ help:
 	@echo "make local-up / local-down - start / stop the local control plane (.local/env)"
 	@echo "make proto  - regenerate the guest agent stubs from protos/"
 	@echo "make bench  - run the benchmarks in bench/"
+	@echo "make clean  - remove .local (planes, caches, results) and this project's images (make clean-images)"
+	@echo "make ee-test - build an execution environment (ansible-builder, podman) and run a playbook in it"
 	@echo "make galaxy-import - run Galaxy's importer (offline) on the built tarball"
 	@echo "make molecule - run every Molecule scenario (extensions/molecule/) on a local control plane of its own"
 
-$(VENV)/.stamp: requirements-dev.txt requirements.txt localplane/requirements.txt
+$(VENV)/.stamp: requirements-dev.txt requirements.txt localplane/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements-dev.txt
@@ -143,6 +146,9 @@ local-down: venv
 demo: setup
 	bash hack/demo.sh
 
+ee-test: setup
+	bash hack/ee-test.sh
+
 galaxy-import: setup
 	bash hack/galaxy-import.sh
 
@@ -152,5 +158,18 @@ build: setup
 bench: setup
 	bash bench/run.sh
 
-clean:
+# Images this project put into the containers store (buildah's and podman's):
+# the demo's and template_image's (localhost:5000/microvm/..., localhost/microvm-base),
+# the execution environment's (localhost/microvm-...), their build
+# containers, and the dangling layers of superseded builds.
+IMAGE_PATTERN := ^localhost(:[0-9]+)?/microvm
+clean-images:
+	@command -v buildah >/dev/null || exit 0; \
+	for c in $$(buildah containers --format '{{.ContainerID}} {{.ImageName}}' | awk '$$2 ~ /$(subst /,\/,$(IMAGE_PATTERN))/ {print $$1}'); do \
+	  buildah rm "$$c" >/dev/null; done; \
+	refs=$$(buildah images --format '{{.Name}}:{{.Tag}}' | grep -E '$(IMAGE_PATTERN)' | sort -u); \
+	for r in $$refs; do buildah rmi -f "$$r" >/dev/null && echo "removed image $$r"; done; \
+	buildah rmi --prune >/dev/null 2>&1 || true
+
+clean: clean-images
 	rm -rf .local tests/output docs/build

@@ -4,7 +4,9 @@ import sys
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 COLLECTIONS = os.path.join(ROOT, ".local", "collections")
-for p in (COLLECTIONS, os.path.join(ROOT, "localplane")):
+# tests/support: the test helpers (plane fixture, WebSocket bridge, threaded loop),
+# kept out of the local plane's package.
+for p in (COLLECTIONS, os.path.join(ROOT, "localplane"), os.path.join(ROOT, "tests", "support")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
@@ -14,4 +16,4 @@ from ansible.plugins.loader import init_plugin_loader  # noqa: E402
 
 init_plugin_loader([COLLECTIONS])
 
-pytest_plugins = ["microvm_localplane.testing"]
+pytest_plugins = ["microvm_plane_testing"]

@@ -19,7 +19,7 @@ import time
 import benchlib  # first: it puts the collection and localplane on sys.path
 from benchlib import BIN, ROOT, ansible_env, playbook_argv, timed_run
 
-from microvm_localplane.testing import mux_pids, start_local_plane, stop_local_plane, stop_muxes
+from microvm_plane_testing import mux_pids, start_local_plane, stop_local_plane, stop_muxes
 
 TASKS = 30
 

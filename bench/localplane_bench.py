@@ -33,8 +33,8 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils.agent_pb import (
 )
 from microvm_localplane.freezer import GuestCgroup
 from microvm_localplane.sessions import guest_state_dir
-from microvm_localplane.testing import start_local_plane, stop_local_plane
-from microvm_localplane.wsbridge import TcpOverWebSocket
+from microvm_plane_testing import start_local_plane, stop_local_plane
+from microvm_wsbridge import TcpOverWebSocket
 
 
 def pct(values, q):

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 REPEAT="${BENCH_REPEAT:-3}"
 MITOGEN_VENV=.local/bench/mitogen-venv
-export PYTHONPATH=".local/collections:localplane${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH=".local/collections:localplane:tests/support${PYTHONPATH:+:$PYTHONPATH}"
 
 if [ ! -x "$MITOGEN_VENV/bin/ansible-playbook" ] || ! cmp -s bench/requirements-mitogen.txt "$MITOGEN_VENV/.requirements"; then
     echo "== the Mitogen peer's venv ($MITOGEN_VENV)"

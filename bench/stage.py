@@ -9,7 +9,7 @@ import time
 
 from benchlib import COLLECTIONS, ansible_env, write
 
-from microvm_localplane.testing import start_local_plane, stop_local_plane, stop_muxes
+from microvm_plane_testing import start_local_plane, stop_local_plane, stop_muxes
 
 PYTHON = "ansible_python_interpreter=/usr/bin/python3"
 

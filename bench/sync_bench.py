@@ -32,7 +32,7 @@ from benchlib import ROOT, playbook_argv, timed_run, write
 
 from stage import Stage
 
-from microvm_localplane.testing import mux_pids
+from microvm_plane_testing import mux_pids
 
 SYNC_PLAY = """
 - hosts: target

@@ -90,6 +90,6 @@ fi
 
 start=$(date +%s)
 rc=0
-ansible-playbook microvm.sandbox.demo "$@" || rc=$?
+ansible-playbook -i "$root/hack/demo-inventory.ini" microvm.sandbox.demo "$@" || rc=$?
 echo "demo: ansible-playbook exited $rc after $(( $(date +%s) - start )) s"
 exit "$rc"

@@ -11,7 +11,8 @@
 #  3. A local control plane of its own, and tests/ee/project/session.yml run
 #     by ansible-runner inside the image (podman, host network): it starts a
 #     session, runs tasks over the agent connection and deletes it. Nothing
-#     may be left on the plane.
+#     may be left on the plane. The container runs as root: ansible-runner
+#     writes its artifacts into the mounted private data dir as this user.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -26,6 +27,20 @@ report=.local/results/ee-test.txt
 start=$SECONDS
 fail() { echo "ee-test: $*" | tee "$report" >&2; exit 1; }
 command -v podman >/dev/null || fail "podman is missing (make system-deps installs it)"
+# podman's settings for this machine, for the build and for ansible-runner's
+# podman run: runc (crun refuses hybrid cgroup v1 hosts), cgroupfs without
+# systemd, and rlimits no higher than this shell's (podman's defaults raise
+# them, which needs CAP_SYS_RESOURCE).
+nproc=$(ulimit -Hu); [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ] && nproc=32768
+cat > "$work/containers.conf" <<CONF
+[containers]
+default_ulimits = ["nofile=$(ulimit -Hn):$(ulimit -Hn)", "nproc=$nproc:$nproc"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+CONF
+export CONTAINERS_CONF="$work/containers.conf"
 
 # 1. The base image.
 if ! podman image exists "$base_image"; then
@@ -48,14 +63,28 @@ def="$work/definition"
 rm -rf "$def" "$work/context"; mkdir -p "$def/collections"
 cp hack/ee/execution-environment.yml hack/ee/requirements.yml "$def/"
 "$bin/ansible-galaxy" collection build --force --output-path "$work/dist" . >/dev/null || fail "collection build failed"
-cp "$(ls -t "$work"/dist/microvm-sandbox-*.tar.gz | head -n 1)" "$def/collections/microvm-sandbox.tar.gz"
+# The same content keeps the same file, so podman's layer cache holds
+# (ansible-galaxy writes a new gzip timestamp on every build).
+tarball=$(ls -t "$work"/dist/microvm-sandbox-*.tar.gz | head -n 1)
+if [ -s "$work/collection.tar.gz" ] && \
+   [ "$(gzip -dc "$tarball" | sha256sum)" = "$(gzip -dc "$work/collection.tar.gz" | sha256sum)" ]; then :
+else cp "$tarball" "$work/collection.tar.gz"; fi
+cp -p "$work/collection.tar.gz" "$def/collections/microvm-sandbox.tar.gz"
 "$bin/python" hack/ee/pip_config.py "$def/pip" || fail "could not write the pip configuration"
 "$bin/ansible-builder" create -f "$def/execution-environment.yml" -c "$work/context" >/dev/null || fail "ansible-builder create failed"
 t0=$SECONDS
 podman build --network host --layers -f "$work/context/Containerfile" -t "$ee_image" "$work/context" >"$work/build.log" 2>&1 \
   || { tail -n 30 "$work/build.log"; fail "podman build failed, see $work/build.log"; }
 echo "ee-test: built $ee_image in $((SECONDS - t0)) s"
-podman image prune -f >/dev/null 2>&1 || true  # the superseded untagged builds
+# Superseded builds stay in podman's store as cache: `make clean-images` removes them.
+
+# The image holds what the collection's plugins need, and not the local plane's.
+podman run --rm --network host "$ee_image" python3 -c '
+import importlib.util as u
+missing = [m for m in ("grpc", "google.protobuf", "websockets", "boto3", "yaml") if u.find_spec(m) is None]
+extra = [m for m in ("aiohttp",) if u.find_spec(m) is not None]
+assert not missing and not extra, "missing %s, not wanted %s" % (missing, extra)' \
+  || fail "the image's Python packages are not what requirements.txt says"
 
 # 3. A plane, and the playbook inside the image.
 state="$work/plane"
@@ -73,7 +102,7 @@ cp -r tests/ee/project tests/ee/inventory "$pdd/"
     "$DO_AGENTS_API_URL" "$DO_AGENTS_API_TOKEN" > "$pdd/env/envvars" )
 t0=$SECONDS
 "$bin/ansible-runner" run "$pdd" -p session.yml --process-isolation --process-isolation-executable podman \
-  --container-image "$ee_image" --container-option=--network=host >"$work/run.log" 2>&1
+  --container-image "$ee_image" --container-option=--network=host --container-option=--user=root >"$work/run.log" 2>&1
 rc=$?
 cat "$work/run.log"
 recap=$(grep -E '^localhost|^ee-sandbox' "$work/run.log" | tr -s ' ' | tr '\n' ';')

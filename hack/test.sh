@@ -32,6 +32,7 @@ for s in "${suites[@]}"; do
   step "${s%%:*}" bash hack/pytest-count.sh "${s%%:*}" "${s#*:}"
 done
 step molecule bash hack/molecule.sh
+step ee-test bash hack/ee-test.sh
 if [ "${SKIP_NEWEST:-0}" != 1 ]; then
   step newest-core make --no-print-directory test-newest
 fi

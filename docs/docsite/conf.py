@@ -14,7 +14,11 @@ copyright = 'Ansible contributors'
 title = 'Ansible Collections Documentation'
 html_short_title = 'Ansible Collections Documentation'
 
-extensions = ['sphinx.ext.autodoc', 'sphinx.ext.intersphinx', 'sphinx_antsibull_ext']
+extensions = ['sphinx.ext.autodoc', 'sphinx.ext.intersphinx', 'sphinx_antsibull_ext', 'myst_parser']
+
+# The guides (docs/*.md) are Markdown; hack/docs.sh copies them into guides/.
+source_suffix = {'.rst': 'restructuredtext', '.md': 'markdown'}
+myst_heading_anchors = 3
 
 pygments_style = 'ansible'
 

@@ -1,4 +1,4 @@
-"""Entry point: python -m microvm_localplane serve|up|down."""
+"""Entry point: python -m microvm_localplane serve|up|down (the console script is microvm-localplane)."""
 import sys
 
 from .cli import main

@@ -47,6 +47,15 @@ def load_limits(run_dir):
     return limits
 
 
+def write_limits(run_dir, limits):
+    """The plane's bounds into a guest's run dir (replaced atomically; the agent reads them at every archive)."""
+    tmp = os.path.join(run_dir, LIMITS_FILE + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(limits, f)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, os.path.join(run_dir, LIMITS_FILE))
+
+
 def safe_mode(mode):
     """tarfile's data filter: no set-id/sticky bits, no group/other write; the owner can read and write."""
     mode &= 0o755

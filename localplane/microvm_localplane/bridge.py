@@ -6,15 +6,14 @@ A refused dial closes the accepted connection at once.
     async with guest_port_socket(guest, 8443) as path:
         channel = grpc.aio.insecure_channel("unix:" + path)
 
-For synchronous code (tests, tools) `ThreadedLoop` runs an event loop in a
-thread and `ThreadedLoop.bridge(guest, port)` returns such a path.
+(The tests' ThreadedLoop, tests/support/microvm_threaded_loop.py, wraps this
+for synchronous code.)
 """
 import asyncio
 import contextlib
 import os
 import shutil
 import tempfile
-import threading
 import uuid
 
 PIPE_CHUNK = 256 * 1024
@@ -86,42 +85,3 @@ async def guest_port_socket(guest, port, path=None):
         yield bridge.path
     finally:
         await bridge.close()
-
-
-class ThreadedLoop:
-    """An asyncio loop in a daemon thread: run coroutines from synchronous code."""
-
-    def __init__(self):
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="guest-loop")
-        self._thread.start()
-        self._bridges = []
-
-    def run(self, coro, timeout=None):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def bridge(self, guest, port):
-        """-> path of a unix socket bridged to the guest port (closed by close())."""
-        bridge = PortBridge(guest, port)
-        self.run(bridge.start())
-        self._bridges.append(bridge)
-        return bridge.path
-
-    def close(self):
-        if self.loop.is_closed():
-            return
-        for bridge in self._bridges:
-            with contextlib.suppress(Exception):
-                self.run(bridge.close(), timeout=10)
-
-        async def cancel_rest():
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            self.run(cancel_rest(), timeout=10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        if not self._thread.is_alive():
-            self.loop.close()

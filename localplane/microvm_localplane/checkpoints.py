@@ -98,6 +98,7 @@ class Checkpoints:
                 await self.guests.restore(sid, self.store.checkpoint_data(sid, cp["checkpoint_id"]))
                 await self.guests.boot(sid, sandbox_id, self.sessions.rootfs_spec(session), guest_env(session),
                                        session["egress"], hostname_for(session["name"]))
+                self.sessions.apply_agent_limits(sid)
             except Exception as e:
                 log.warning("rollback of %s failed: %s", sid, e)
                 self.sessions.set_status(session, contract.FAILED, error_message="rollback failed: %s" % e)

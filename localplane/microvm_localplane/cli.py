@@ -12,7 +12,6 @@ import ipaddress
 import json
 import logging
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -45,7 +44,7 @@ def load_or_make_token(state_dir, given=None):
         with open(path) as f:
             token = f.read().strip()
     else:
-        token = secrets.token_urlsafe(32)
+        token = contract.new_token()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
@@ -118,7 +117,7 @@ async def serve_forever(args):
         raise SystemExit("another local control plane is already serving %s (see %s)" % (state_dir, info_path(state_dir)))
     host, port = parse_listen(args.listen)
     token = load_or_make_token(state_dir, args.token)
-    plane = Plane(state_dir, token)
+    plane = Plane(state_dir, token, archive_limits=archive_limits(args))
     app = make_app(plane)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)
     await runner.setup()
@@ -211,7 +210,7 @@ def cmd_up(args):
         with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
             child = subprocess.Popen(
                 [sys.executable, "-m", "microvm_localplane", "serve", "--listen", listen, "--state-dir", state_dir,
-                 "--no-print-token"],
+                 "--no-print-token"] + archive_limit_argv(args),
                 stdin=devnull, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, close_fds=True)
         deadline = time.time() + START_TIMEOUT
         url = None
@@ -300,8 +299,46 @@ def cmd_down(args):
     return 0
 
 
+# The bounds of one archive upload, handed to every guest's agent (agentarchive.DEFAULT_LIMITS when unset).
+ARCHIVE_LIMITS = (("archive_max_members", "--archive-max-members", "MICROVM_LOCALPLANE_ARCHIVE_MAX_MEMBERS",
+                   "most members one uploaded archive may have"),
+                  ("archive_max_bytes", "--archive-max-bytes", "MICROVM_LOCALPLANE_ARCHIVE_MAX_BYTES",
+                   "most bytes the regular files of one uploaded archive may expand to"))
+
+
+def positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be a whole number above 0, got %r" % text)
+    return value
+
+
+def add_archive_limit_options(p):
+    from .agentarchive import DEFAULT_LIMITS
+    for key, flag, env, what in ARCHIVE_LIMITS:
+        p.add_argument(flag, dest=key, type=positive_int, default=os.environ.get(env),
+                       help="%s (default %d, or env %s); more is refused whole, nothing written"
+                            % (what, DEFAULT_LIMITS[key], env))
+
+
+def archive_limits(args):
+    return {key: positive_int(str(getattr(args, key))) for key, _f, _e, _w in ARCHIVE_LIMITS
+            if getattr(args, key, None) is not None}
+
+
+def archive_limit_argv(args):
+    argv = []
+    for key, flag, _env, _what in ARCHIVE_LIMITS:
+        if getattr(args, key, None) is not None:
+            argv += [flag, str(getattr(args, key))]
+    return argv
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m microvm_localplane",
+    parser = argparse.ArgumentParser(prog="microvm-localplane",
                                      description="The local control plane of the microvm.sandbox collection.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve", help="run in the foreground")
@@ -311,6 +348,7 @@ def main(argv=None):
                    help="bearer token (default: the one in STATE_DIR/token, else a new random one)")
     p.add_argument("--no-print-token", dest="print_token", action="store_false",
                    help="do not print the token (used by `up`, whose output goes to a log)")
+    add_archive_limit_options(p)
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("up", help="start in the background (or reuse the running one) and write an env file")
     p.add_argument("--listen", default=None,
@@ -319,6 +357,7 @@ def main(argv=None):
     p.add_argument("--state-dir", required=True)
     p.add_argument("--env-file")
     p.add_argument("--token", default=None)
+    add_archive_limit_options(p)
     p.set_defaults(func=cmd_up)
     p = sub.add_parser("down", help="stop the background plane and every guest")
     p.add_argument("--state-dir", required=True)

@@ -5,10 +5,20 @@ are our choices where the public record is silent; change them here when the
 platform publishes more.
 """
 import re
+import secrets
 
 PREFIXES = ("/v2/agents", "/v2/harness-runtime")
 API_URL_ENV = "DO_AGENTS_API_URL"
 API_TOKEN_ENV = "DO_AGENTS_API_TOKEN"
+# Tokens this plane makes start with this, so the collection's clients can
+# refuse to send one anywhere but a loopback URL (the collection's
+# profile.LOCAL_TOKEN_PREFIX is the same string).
+LOCAL_TOKEN_PREFIX = "mvlp-"
+
+
+def new_token():
+    return LOCAL_TOKEN_PREFIX + secrets.token_urlsafe(32)
+
 
 # -- sessions ---------------------------------------------------------------
 STATUS_PREFIX = "SESSION_STATUS_"

@@ -10,10 +10,10 @@ and nothing else of the host:
 - AGENT_DIR/hostlib: the C libraries that runtime and the agent's extension
   modules need (copied once into the state dir by hostlib(); the agent runs
   through that dir's dynamic loader, so the template's own libc never matters),
-- AGENT_DIR/lib: this package (microvm_localplane), grpcio and protobuf (the
-  `grpc` and `google` packages of the plane's venv, and `typing_extensions`,
-  which grpc imports), and the generated stubs (the collection's
-  plugins/plugin_utils/agent_pb).
+- AGENT_DIR/lib: this package (microvm_localplane, with its own generated
+  agent_pb package), grpcio and protobuf (the `grpc` and `google` packages of
+  the plane's environment, and `typing_extensions`, which grpc imports).
+  Nothing of the collection: the plane may be installed without a checkout.
 
 The guest's own programs never see these on their paths: the agent's commands
 get a fixed baseline environment (agent.py).
@@ -31,11 +31,8 @@ AGENT_DIR = "/opt/localplane-agent"
 AGENT_LIB = AGENT_DIR + "/lib"
 AGENT_PYTHON_DIR = AGENT_DIR + "/python"
 AGENT_HOSTLIB_DIR = AGENT_DIR + "/hostlib"
-STUBS_REL = "ansible_collections/microvm/sandbox/plugins/plugin_utils/agent_pb"
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))          # .../localplane/microvm_localplane
-LOCALPLANE_DIR = os.path.dirname(PACKAGE_DIR)                      # .../localplane
-REPO_DIR = os.path.dirname(LOCALPLANE_DIR)                         # collection root
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))          # .../microvm_localplane (checkout or site-packages)
 
 
 @dataclass(frozen=True)
@@ -44,7 +41,6 @@ class CodePaths:
     grpc_dir: str            # site-packages/grpc
     google_dir: str          # site-packages/google (protobuf and its C extension)
     typing_extensions: str   # site-packages/typing_extensions.py (grpc.aio imports it)
-    stubs_dir: str           # plugins/plugin_utils/agent_pb
     base_prefix: str         # the plane's Python installation (for templates without Python 3.11)
     python_rel: str          # its interpreter, relative to base_prefix
     loader: str | None       # the host's ELF interpreter of that interpreter
@@ -54,8 +50,7 @@ class CodePaths:
         out = [(self.package_dir, AGENT_LIB + "/microvm_localplane"),
                (self.grpc_dir, AGENT_LIB + "/grpc"),
                (self.google_dir, AGENT_LIB + "/google"),
-               (self.typing_extensions, AGENT_LIB + "/typing_extensions.py"),
-               (self.stubs_dir, AGENT_LIB + "/" + STUBS_REL)]
+               (self.typing_extensions, AGENT_LIB + "/typing_extensions.py")]
         out.append((self.base_prefix, AGENT_PYTHON_DIR))
         out.append((hostlib, AGENT_HOSTLIB_DIR))
         return out
@@ -149,7 +144,6 @@ def code_paths():
         grpc_dir=os.path.dirname(os.path.realpath(grpc.__file__)),
         google_dir=os.path.dirname(os.path.dirname(os.path.realpath(google.protobuf.__file__))),
         typing_extensions=os.path.realpath(typing_extensions.__file__),
-        stubs_dir=os.path.join(REPO_DIR, "plugins", "plugin_utils", "agent_pb"),
         base_prefix=base_prefix,
         python_rel=os.path.relpath(real_python, base_prefix),
         loader=os.path.realpath(interp) if interp else None,

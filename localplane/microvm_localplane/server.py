@@ -21,7 +21,7 @@ log = logging.getLogger("microvm_localplane.server")
 class Plane:
     """Everything one state dir holds: sessions, checkpoints, templates and their guests."""
 
-    def __init__(self, state_dir, token, guests=None):
+    def __init__(self, state_dir, token, guests=None, archive_limits=None):
         self.state_dir = os.path.abspath(state_dir)
         self.token = token
         self.store = Store(self.state_dir)
@@ -30,6 +30,7 @@ class Plane:
             guests = GuestManager(guest_state_dir(self.state_dir))
         self.templates = Templates(self.store, self._live_sessions_using)
         self.sessions = Sessions(self.store, guests, self.templates)
+        self.sessions.archive_limits = dict(archive_limits or {})
         self.checkpoints = Checkpoints(self.store, self.sessions)
         self.idle_task = None
 

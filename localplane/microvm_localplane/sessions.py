@@ -9,7 +9,7 @@ import os
 import time
 import uuid
 
-from . import contract
+from . import agentarchive, contract
 from .httputil import ApiFailure, now_rfc3339
 
 log = logging.getLogger("microvm_localplane.sessions")
@@ -96,6 +96,7 @@ class Sessions:
         self.boots = {}       # session_id -> task booting/adopting its guest
         self.in_flight = {}   # session_id -> REST exec calls running (a "command turn")
         self.tasks = set()
+        self.archive_limits = {}  # the plane's bounds for archive uploads (up/serve --archive-max-*); {} = defaults
 
     # -- helpers ----------------------------------------------------------
     def lock(self, session_id):
@@ -180,6 +181,7 @@ class Sessions:
             starter = self.guests.adopt if adopt else self.guests.boot
             await starter(sid, sandbox_id, self.rootfs_spec(rec), guest_env(rec), rec["egress"],
                           hostname_for(rec["name"]), size=rec.get("size_slug"))
+            self.apply_agent_limits(sid)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -203,6 +205,15 @@ class Sessions:
             return True
         self.set_status(rec, contract.READY, sandbox_id=sandbox_id, error_message="")
         return True
+
+    def apply_agent_limits(self, session_id):
+        """Hand the plane's archive bounds to the guest's agent, through the guest's own run dir."""
+        if not self.archive_limits:
+            return
+        try:
+            agentarchive.write_limits(self.guests._layout(session_id).run, self.archive_limits)
+        except OSError as e:
+            log.warning("session %s: cannot hand the archive bounds to its agent: %s", session_id, e)
 
     async def wait_booted(self, session_id):
         """Wait for an adoption (after a restart) or a reboot still under way.

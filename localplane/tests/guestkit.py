@@ -7,11 +7,12 @@ import time
 
 import grpc
 
-from microvm_localplane.bridge import ThreadedLoop
 from microvm_localplane import baseimage, idmap
 from microvm_localplane.guests import GuestManager, RootfsSpec
-from microvm_localplane.hostpaths import REPO_DIR
 from microvm_localplane.pb import pb2, pb2_grpc
+from microvm_threaded_loop import ThreadedLoop
+
+REPO_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 16 << 20), ("grpc.max_send_message_length", 16 << 20)]
 

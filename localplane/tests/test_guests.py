@@ -10,7 +10,7 @@ import pytest
 from guestkit import Interactive, Plane, download, guests_supported, pid_alive, run, sh, upload, wait_until
 
 from microvm_localplane.guests import DialError, GuestError, GuestManager, RootfsSpec
-from microvm_localplane.hostpaths import REPO_DIR
+REPO_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 pytestmark = [pytest.mark.skipif(not guests_supported(), reason="needs root, runc and subordinate ids (make system-deps)"),
               pytest.mark.timeout(180)]
@@ -67,7 +67,8 @@ def test_guest_cannot_see_state_dirs_or_host_home(plane, pair):
     (_a, sa), _other = pair
     other = os.path.join(plane.state_dir, "sessions", "iso-b")
     hidden = [plane.state_dir, other, "/root/.bash_history", os.path.join(REPO_DIR, ".git"),
-              os.path.join(REPO_DIR, ".local", "plane"), os.path.join(REPO_DIR, "Makefile"), "/work/shared"]
+              os.path.join(REPO_DIR, ".local", "plane"), os.path.join(REPO_DIR, "Makefile"), os.path.join(REPO_DIR, "plugins"),
+              "/work/shared"]
     r = run(sa, ["sh", "-c", 'for p in "$@"; do test -e "$p" && echo "visible $p"; done;'
                  ' ls -A /home; ls /run/localplane', "sh"] + hidden)
     assert b"visible" not in r.stdout

@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from microvm_localplane.sessions import guest_state_dir
-from microvm_localplane.testing import start_local_plane, stop_local_plane
+from microvm_plane_testing import start_local_plane, stop_local_plane
 
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -247,3 +247,35 @@ def test_stopping_the_plane_closes_port_forwards_with_4001(tmp_path):
     finally:
         stop_local_plane(handle)
     assert processes_mentioning(state) == []
+
+
+def test_the_planes_archive_bounds_reach_the_agent(tmp_path):
+    import io
+    import tarfile
+    state = str(tmp_path / "plane")
+    os.makedirs(state)
+    handle = start_local_plane(state, extra_env={"MICROVM_LOCALPLANE_ARCHIVE_MAX_MEMBERS": "2"})
+    try:
+        rest = Rest(handle.url, handle.token)
+        sid = rest.create("bounded")
+        rest.wait(sid, "READY")
+
+        def tar(names):
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as t:
+                for name in names:
+                    info = tarfile.TarInfo(name)
+                    info.size = 1
+                    t.addfile(info, io.BytesIO(b"x"))
+            return buf.getvalue()
+
+        def upload(data):
+            return requests.post(rest.url + "/sessions/%s/workspace/upload" % sid, data=data, headers=rest.h,
+                                 params={"path": "/workspace/bounded", "is_archive": "true"}, timeout=60)
+
+        over = upload(tar(["a", "b", "c"]))
+        assert over.status_code == 400 and "archive_max_members" in over.text, over.text
+        assert rest.exec(sid, ["sh", "-c", "test -e /workspace/bounded || echo nothing"])["stdout"] == "nothing\n"
+        assert upload(tar(["a", "b"])).status_code == 200
+    finally:
+        stop_local_plane(handle)

@@ -458,6 +458,9 @@ class Connection(ConnectionBase):
             raise AnsibleConnectionFailure("microvm.sandbox.agent: no API token for session %s: set option api_token "
                                            "(ansible_microvm_api_token) or env %s" % (session, profile.API_TOKEN_ENV))
         api_url = self.get_option("api_url") or profile.DEFAULT_API_URL
+        problem = profile.token_destination_problem(api_url, token)
+        if problem:
+            raise AnsibleConnectionFailure("microvm.sandbox.agent: session %s: %s" % (session, problem))
         prefix = self.get_option("route_prefix") or profile.DEFAULT_PREFIX
         port = int(self.get_option("agent_port") or profile.AGENT_PORT)
         key = mp.mux_key(api_url, prefix, session, port)

@@ -117,6 +117,8 @@ def describe_error(error, client=None):
     if isinstance(error, NotFound):
         where = " (session names are matched among live sessions only)" if "session" in (error.what or "") else ""
         msg = "%s. Check the id or name%s; it may have been deleted." % (_capitalize(error.server_message), where)
+    elif status == 0 and error.what == "token destination":
+        msg = _capitalize(error.server_message) + "."
     elif status == 0 and error.path == "-":
         msg = "No API token: set the option api_token or the environment variable %s." % profile.API_TOKEN_ENV
     elif status == 0:

@@ -29,6 +29,7 @@ from collections import deque
 
 CHUNK = 1024 * 1024
 MAX_LINKS = 40  # symbolic links followed in one resolution, as Linux does
+NAME_MAX, PATH_MAX = 255, 4096  # bytes; the guest agent refuses longer names and paths
 
 
 class ArchiveRefused(Exception):
@@ -101,6 +102,16 @@ def resolve_link(link_dir, link, symlinks, root):
             return stack
 
 
+def _too_long(target, rel):
+    longest = max(len(part.encode("utf-8", "surrogateescape")) for part in rel.split("/"))
+    if longest > NAME_MAX:
+        return "a name of %d bytes, longer than the file system allows (NAME_MAX %d)" % (longest, NAME_MAX)
+    size = len((target.rstrip("/") + "/" + rel).encode("utf-8", "surrogateescape"))
+    if size >= PATH_MAX:
+        return "a path of %d bytes once extracted, longer than the file system allows (PATH_MAX %d)" % (size, PATH_MAX)
+    return None
+
+
 def link_problem(rel, link, symlinks, target):
     """Why the symbolic link rel -> link leaves the target (None when it stays inside)."""
     if not link:
@@ -123,6 +134,9 @@ def member_problem(member, target, links, symlinks=None):
     rel = posixpath.normpath(name)
     if not _inside(rel):
         return "path leaves the target (..)"
+    too_long = _too_long(target, rel)
+    if too_long:
+        return too_long
     parts = rel.split("/")
     for i in range(1, len(parts)):
         if "/".join(parts[:i]) in links:

@@ -14,6 +14,11 @@ __metaclass__ = type
 import posixpath
 import re
 
+try:
+    from urllib.parse import urlsplit
+except ImportError:  # pragma: no cover - Python 2 module sanity only
+    from urlparse import urlsplit  # type: ignore
+
 TRANSFER_ROOT = "/workspace"
 SCRATCH_DIR = "/workspace/.scratch"
 HOME_DIR = "/workspace/home"
@@ -32,11 +37,34 @@ ADAPTERS = ("codex", "claude-code", "opencode", "hermes", "langgraph", "codex-ag
 # the `sandbox` base template "carries no agent" (doctl harness-runtime template create).
 DEFAULT_AGENT = "custom"
 CREDENTIALS_SWEEP_MINUTES = 120
+# Tokens the local control plane issues start with this; such a token is only
+# ever sent to a loopback URL (token_destination_problem).
+LOCAL_TOKEN_PREFIX = "mvlp-"
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 STATUS_PREFIX = "SESSION_STATUS_"
 USABLE = frozenset(["READY", "DETACHED"])
 GONE = frozenset(["DESTROYING", "DESTROYED", "FAILED"])
 KNOWN_STATUSES = frozenset(["PROVISIONING", "READY", "DETACHED", "PAUSED", "DESTROYING", "DESTROYED", "FAILED"])
+
+
+def token_destination_problem(api_url, token):
+    """Why this token must not go to this URL, or None.
+
+    A local control plane's token is refused for any URL that is not loopback:
+    with DO_AGENTS_API_URL unset (the platform's URL is the default) and the local
+    plane's token in DO_AGENTS_API_TOKEN, nothing is sent anywhere.
+    """
+    if not (token or "").startswith(LOCAL_TOKEN_PREFIX):
+        return None
+    host = (urlsplit(api_url or DEFAULT_API_URL).hostname or "").lower()
+    if host in LOOPBACK_HOSTS or host.startswith("127."):
+        return None
+    return ("the API token is a local control plane's (it starts with %r) but the API URL is %s%s: refusing to send "
+            "it there. Point %s at the local plane (source the env file that `up` wrote, which sets both), or use "
+            "your platform token." % (LOCAL_TOKEN_PREFIX, api_url or DEFAULT_API_URL,
+                                      "" if api_url and api_url != DEFAULT_API_URL else
+                                      " (the default: %s is not set)" % API_URL_ENV, API_URL_ENV))
 
 
 class TransferPathError(ValueError):

@@ -156,6 +156,9 @@ class ApiClient(object):
             raise ApiError("-", "-", 0, "no API token",
                            "Set option api_token or env %s" % profile.API_TOKEN_ENV)
         self.api_url = (api_url or profile.DEFAULT_API_URL).rstrip("/")
+        problem = profile.token_destination_problem(self.api_url, api_token)
+        if problem:
+            raise ApiError("-", "-", 0, problem, what="token destination")
         self._token = api_token
         prefix = "/" + (prefix or profile.DEFAULT_PREFIX).strip("/")
         self.prefix = prefix
@@ -425,7 +428,7 @@ class ApiClient(object):
             if status in profile.GONE and not gone_ok:
                 # The session object carries no error text: the status is all the platform reports.
                 raise WaitTimeout("session %s became %s while waiting for %s" % (session_id, status, wanted), last,
-                    status=status, wanted=wanted, timeout=timeout, what="session")
+                                  status=status, wanted=wanted, timeout=timeout, what="session")
             if time.time() >= deadline:
                 raise WaitTimeout("timed out after %ss waiting for session %s to be %s; it is %s" % (
                     timeout, session_id, wanted, status), last,

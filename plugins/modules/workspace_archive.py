@@ -46,6 +46,9 @@ options:
     description:
       - Empty O(dest) before extracting (after every check passed), so that it holds exactly the archive's contents.
       - Top-level entries of O(dest) that hold a path of O(keep) are left alone.
+      - The sandbox resolves O(dest) (every symbolic link followed) before anything is removed, and removes only
+        below that real directory. When it lies outside C(/workspace) (a O(dest) through a link such as
+        C(/workspace/up -> /)), nothing is removed or extracted and the task fails naming the real path.
     type: bool
     default: false
   keep:
@@ -74,8 +77,13 @@ attributes:
     support: N/A
     platforms: posix
 notes:
-  - The check is lexical, on the member names. A symbolic link that already exists in the sandbox and points
-    outside O(dest) is caught by the agent, which refuses the whole archive.
+  - The check is on the member names, resolving symbolic links through the archive's own links (a chain such as
+    C(d -> .) then C(e -> d/d/d/../..) is refused). A symbolic link that already exists in the sandbox and points
+    outside O(dest) is caught by the agent, which checks the whole archive against the sandbox's tree and refuses
+    it before writing anything.
+  - Names longer than 255 bytes, or paths longer than 4096 bytes once extracted, are refused on the controller.
+  - What only the agent can refuse comes after O(clean) - an archive over the platform's bounds, or one that writes
+    through a link kept by O(keep). Then O(dest) stays emptied and the task fails with C(cleaned=true).
 seealso:
   - module: microvm.sandbox.workspace_object
 """
@@ -137,7 +145,7 @@ offending:
   elements: str
   sample: ["../evil (path leaves the target (..))"]
 cleaned:
-  description: Whether O(dest) was emptied first.
+  description: Whether O(dest) was emptied first (false in check mode and when nothing was removed).
   returned: when the archive passed the checks
   type: bool
 bytes:

@@ -32,7 +32,7 @@ def run_playbook():
 @pytest.fixture
 def mux_dir(tmp_path):
     """A private MICROVM_MUX_DIR; the multiplexers started in it are stopped after the test."""
-    from microvm_localplane.testing import stop_muxes
+    from microvm_plane_testing import stop_muxes
     d = str(tmp_path / "mux")
     yield d
     stop_muxes(d)

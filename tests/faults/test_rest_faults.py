@@ -2,7 +2,7 @@
 import pytest
 
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError
-from microvm_localplane.testing import unique_name
+from microvm_plane_testing import unique_name
 
 
 def client(proxy, plane):

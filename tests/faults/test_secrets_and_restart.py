@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from microvm_localplane.testing import start_local_plane, stop_local_plane, stop_muxes, unique_name
+from microvm_plane_testing import start_local_plane, stop_local_plane, stop_muxes, unique_name
 
 from faultproxy import FaultProxy
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from microvm_localplane.testing import mux_pids, stop_muxes
+from microvm_plane_testing import mux_pids, stop_muxes
 
 
 def sha1(path):

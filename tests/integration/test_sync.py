@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from ansible_runner_util import run_playbook  # noqa: E402
-from microvm_localplane.testing import stop_muxes, unique_name  # noqa: E402
+from microvm_plane_testing import stop_muxes, unique_name  # noqa: E402
 
 # The state of a tree as {relative path: [kind, mode, mtime, sha256 or link target]}, the same on both sides.
 STATE_SCRIPT = r"""

@@ -75,7 +75,7 @@ def ws_connect(plane, sid, port, token=True, **kwargs):
 
 def port_bridge(plane, sid, port):
     """A loopback TCP port whose connections each ride their own port-forward WebSocket to `port` (.local_port)."""
-    from microvm_localplane.wsbridge import TcpOverWebSocket
+    from microvm_wsbridge import TcpOverWebSocket
     return TcpOverWebSocket(plane.ws_url(sid, port), {"Authorization": "Bearer " + plane.token}, ping_interval=30)
 
 

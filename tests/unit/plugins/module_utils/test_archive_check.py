@@ -133,3 +133,12 @@ def test_symbolic_links_are_resolved_through_the_archives_own_links(tmp_path, me
     with pytest.raises(ArchiveRefused) as err:
         check_archive(path, "/workspace")
     assert offender in [o.split(" (")[0] for o in err.value.offending], err.value.offending
+
+
+def test_names_longer_than_the_file_system_allows_are_refused(tmp_path):
+    path = make_tar(tmp_path / "long.tar", [("ok.txt", "file", b"x"), ("d/" + "n" * 256, "file", b"x"),
+                                            ("/".join(["p" * 200] * 21), "file", b"x")], mode="w")
+    with pytest.raises(ArchiveRefused) as err:
+        check_archive(path, "/workspace")
+    assert [o.split(" (")[1].split(",")[0] for o in err.value.offending] == ["a name of 256 bytes",
+                                                                             "a path of 4231 bytes once extracted"]

@@ -150,8 +150,8 @@ def test_ratelimit_reset_epoch_is_honoured_when_there_is_no_retry_after(transpor
     c = client()
     c._now = lambda: 1700000000.0
     slept = sleeps_of(c)
-    answers.extend([http_error(429, {"message": "slow"}, headers={"ratelimit-limit": "250", "ratelimit-remaining": "0",
-                                                                   "ratelimit-reset": "1700000004"}),
+    limits = {"ratelimit-limit": "250", "ratelimit-remaining": "0", "ratelimit-reset": "1700000004"}
+    answers.extend([http_error(429, {"message": "slow"}, headers=limits),
                     Resp(201, {"session": {"session_id": "s"}})])
     c.create_session({"name": "x"})  # a POST is retried on 429: nothing was done
     assert len(slept) == 1 and 4.0 <= slept[0] <= 5.0

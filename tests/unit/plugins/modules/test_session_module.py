@@ -253,6 +253,23 @@ def test_absent_without_wait_returns_at_once(run_module, fake_plane):
     assert run.result["session"]["status"] in ("SESSION_STATUS_DESTROYING", "SESSION_STATUS_DESTROYED")
 
 
+def test_local_plane_token_never_leaves_loopback(run_module, fake_plane):
+    fake_plane.add_session("web-1")
+    token = "mvlp-local-secret"
+    # DO_AGENTS_API_URL unset: the default URL is the platform's; nothing may be sent there.
+    run = run_module(session_info.main, {"name": "web-1"}, token=token)
+    assert run.failed
+    assert "local control plane" in run.result["msg"] and "DO_AGENTS_API_URL" in run.result["msg"]
+    assert "is not set" in run.result["msg"]
+    assert token not in run.stdout
+    assert fake_plane.calls == []
+    run = run_module(MAIN, {"name": "web-2", "api_url": "https://agents.example.com"}, token=token)
+    assert run.failed and "https://agents.example.com" in run.result["msg"] and fake_plane.calls == []
+    for url in ("http://127.0.0.1:8787", "http://localhost:9", "http://[::1]:8787"):
+        run = run_module(session_info.main, {"name": "web-1", "api_url": url}, token=token)
+        assert not run.failed and len(run.result["sessions"]) == 1, url
+
+
 @pytest.mark.parametrize("option,value", [("request_timeout", -1), ("request_timeout", 0), ("request_timeout", 1e308),
                                           ("request_timeout", float("nan")), ("blocking_timeout", -1),
                                           ("wait_timeout", -1), ("wait_timeout", 1e308)])

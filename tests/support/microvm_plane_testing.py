@@ -19,7 +19,8 @@ import uuid
 
 import pytest
 
-from . import contract
+import microvm_localplane
+from microvm_localplane import contract
 
 START_TIMEOUT = 60
 
@@ -57,10 +58,10 @@ def live_requested():
 
 def start_local_plane(state_dir, token=None, extra_env=None):
     """Start `serve` on a free port; returns a PlaneHandle once it answers."""
-    from .cli import answers, read_info
+    from microvm_localplane.cli import answers, read_info
 
-    token = token or uuid.uuid4().hex + uuid.uuid4().hex
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    token = token or contract.new_token()
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(microvm_localplane.__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in sys.path if p and os.path.isdir(p)])
     env["MICROVM_LOCALPLANE_TOKEN"] = token  # via env, so the token is not in the process list

@@ -1,4 +1,4 @@
-"""Measure guest boot time and idle memory: `python -m microvm_localplane.guestbench -n 20`.
+"""Measure guest boot time and idle memory: `python bench/guestbench.py -n 20` (bench/run.sh sets PYTHONPATH).
 
 Boots N host-rootfs guests one after another in a temporary state dir, prints
 the boot time distribution (GuestManager.boot, i.e. until the agent answers
@@ -13,7 +13,7 @@ import statistics
 import tempfile
 import time
 
-from .guests import GuestManager, RootfsSpec
+from microvm_localplane.guests import GuestManager, RootfsSpec
 
 
 def pss_kib(pid):

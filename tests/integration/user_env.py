@@ -1,0 +1,47 @@
+"""A user's machine, as far as tests can make one: a home directory of its own
+under .local/ (never /tmp: guests mount their own), the built tarball installed
+there with a plain `ansible-galaxy collection install`, and an environment with
+nothing of this checkout in it (no ANSIBLE_COLLECTIONS_PATH, no PYTHONPATH)."""
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.dirname(sys.executable)
+# What a developer's shell or the Makefile may have set that a user would not have.
+CHECKOUT_VARS = ("ANSIBLE_COLLECTIONS_PATH", "ANSIBLE_COLLECTIONS_PATHS", "ANSIBLE_ROLES_PATH", "ANSIBLE_CONFIG",
+                 "ANSIBLE_INVENTORY", "PYTHONPATH", "DO_AGENTS_API_URL", "DO_AGENTS_API_TOKEN")
+
+
+def run(args, env, cwd=None, timeout=1200):
+    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, check=False, text=True, timeout=timeout)
+
+
+class UserHome:
+    """A user with the collection installed from the tarball into ~/.ansible/collections."""
+
+    def __init__(self, label):
+        self.root = os.path.join(ROOT, ".local", "user-homes", "%s-%s" % (label, uuid.uuid4().hex[:8]))
+        self.home = os.path.join(self.root, "home")
+        os.makedirs(self.home)
+        self.env = dict((k, v) for k, v in os.environ.items() if k not in CHECKOUT_VARS and not k.startswith("MOLECULE_"))
+        self.env.update(HOME=self.home, PATH=BIN + os.pathsep + os.environ.get("PATH", ""),
+                        ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", NO_COLOR="1")
+        dist = os.path.join(self.root, "dist")
+        built = run([os.path.join(BIN, "ansible-galaxy"), "collection", "build", "--output-path", dist, ROOT],
+                    env=self.env)
+        assert built.returncode == 0, built.stdout + built.stderr
+        self.tarball = os.path.join(dist, next(n for n in os.listdir(dist) if n.endswith(".tar.gz")))
+        inst = run([os.path.join(BIN, "ansible-galaxy"), "collection", "install", self.tarball], env=self.env)
+        assert inst.returncode == 0, inst.stdout + inst.stderr
+        self.collection = os.path.join(self.home, ".ansible", "collections", "ansible_collections", "microvm",
+                                       "sandbox")
+        assert os.path.isfile(os.path.join(self.collection, "MANIFEST.json")), inst.stdout
+
+    def with_plane(self, plane):
+        return dict(self.env, **plane.env)
+
+    def remove(self):
+        shutil.rmtree(self.root, ignore_errors=True)
