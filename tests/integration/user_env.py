@@ -23,7 +23,9 @@ class UserHome:
     """A user with the collection installed from the tarball into ~/.ansible/collections."""
 
     def __init__(self, label):
-        self.root = os.path.join(ROOT, ".local", "user-homes", "%s-%s" % (label, uuid.uuid4().hex[:8]))
+        # Short: unix socket paths under ~/.ansible (the connection's multiplexer) must stay under 108 bytes.
+        self.label = label
+        self.root = os.path.join(ROOT, ".local", "u", uuid.uuid4().hex[:8])
         self.home = os.path.join(self.root, "home")
         os.makedirs(self.home)
         self.env = dict((k, v) for k, v in os.environ.items() if k not in CHECKOUT_VARS and not k.startswith("MOLECULE_"))
