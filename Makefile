@@ -29,7 +29,7 @@ SUBID_COUNT := 1073741824
 PYTEST_ARGS ?=
 NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py tests/unit/plugins/plugin_utils/test_option_defs.py tests/unit/plugins/plugin_utils/test_warm.py
 
-.PHONY: help venv system-deps collection proto proto-check lint sanity ansible-lint docs-lint docs \
+.PHONY: help venv system-deps collection base-rootfs proto proto-check lint sanity ansible-lint docs-lint docs \
         unit localplane-test integration molecule galaxy-import ee-test test test-live demo local-up local-down build clean clean-images bench
 
 help:
@@ -84,7 +84,11 @@ collection:
 	@mkdir -p $(dir $(COLL_LINK))
 	@[ -L $(COLL_LINK) ] || ln -sfn $(CURDIR) $(COLL_LINK)
 
-setup: venv system-deps collection
+setup: venv system-deps collection base-rootfs
+
+# The built-in `base` template's own Debian rootfs (debootstrap, once: about 2 minutes; then instant).
+base-rootfs: venv system-deps
+	$(PY) -m microvm_localplane.baseimage --state-dir $(CURDIR)/.local/plane
 
 proto: venv
 	$(PY) hack/gen_proto.py

@@ -15,7 +15,7 @@ With --big, a 50,000-file tree plus --big-gib GiB in large files is pushed and p
 (VmHWM) of the processes involved is reported: the session's mux and the ansible-playbook process tree.
 
 Prints a table with ratios to rsync and writes bench/results/sync.json.
-Usage: PYTHONPATH=.local/collections:localplane .venv/bin/python bench/sync_bench.py [--repeat 3] [--big]
+Usage: PYTHONPATH=.local/collections:localplane:tests/support .venv/bin/python bench/sync_bench.py [--repeat 3] [--big]
 """
 import argparse
 import json

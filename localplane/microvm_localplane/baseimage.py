@@ -99,3 +99,21 @@ def _finish(root):
     with open(os.path.join(root, "etc", "sudoers.d", GUEST_USER), "w") as f:
         f.write("%s ALL=(ALL:ALL) ALL\n" % GUEST_USER)
     os.chmod(os.path.join(root, "etc", "sudoers.d", GUEST_USER), 0o440)
+
+
+def main(argv=None):
+    """`python -m microvm_localplane.baseimage [--state-dir DIR]`: build the base rootfs now (setup does)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="build the base template's Debian rootfs once")
+    parser.add_argument("--state-dir", default=os.path.join(os.getcwd(), ".local", "plane"),
+                        help="used for the cache dir when MICROVM_LOCALPLANE_CACHE is not set")
+    args = parser.parse_args(argv)
+    try:
+        print(ensure(args.state_dir, log=print))
+    except BaseImageError as e:
+        raise SystemExit("base template: %s" % e)
+
+
+if __name__ == "__main__":
+    main()

@@ -113,7 +113,7 @@ class Guest:
             raise
 
     def freeze(self):
-        self._manager._runc("pause", self.session_id)
+        self._manager._pause(self.session_id)
 
     def thaw(self):
         self._manager._runc("resume", self.session_id, check=False)
@@ -177,6 +177,19 @@ class GuestManager:
         if check and proc.returncode != 0:
             raise GuestError("runc %s failed: %s" % (args[0], (proc.stderr or proc.stdout).strip()[-500:]))
         return proc
+
+    def _pause(self, session_id, attempts=10):
+        """runc pause; retried: the v1 freezer gives up while a task is busy in the kernel (FREEZING)."""
+        for attempt in range(attempts):
+            proc = self._runc("pause", session_id, check=False)
+            if proc.returncode == 0:
+                return
+            state = self._state(session_id)
+            if state is not None and state.get("status") == "paused":
+                return
+            if attempt == attempts - 1 or state is None or state.get("status") != "running":
+                raise GuestError("cannot pause guest %s: %s" % (session_id, (proc.stderr or proc.stdout).strip()[-300:]))
+            time.sleep(0.05 * (attempt + 1))
 
     def _state(self, session_id):
         """runc's view of the guest: {"status", "pid", ...} or None when there is no container."""
@@ -433,7 +446,7 @@ class GuestManager:
             state = await asyncio.to_thread(self._state, session_id)
             froze = False
             if state is not None and state.get("status") == "running":
-                await asyncio.to_thread(self._runc, "pause", session_id)
+                await asyncio.to_thread(self._pause, session_id)
                 froze = True
             try:
                 await copy_state(layout, dest_dir, ids)

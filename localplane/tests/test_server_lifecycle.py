@@ -1,5 +1,6 @@
 """The plane as a process: `up`/`down`, restarts that adopt guests, and nothing left behind."""
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -11,14 +12,30 @@ import time
 import pytest
 import requests
 
+from microvm_localplane.sessions import guest_state_dir
 from microvm_plane_testing import start_local_plane, stop_local_plane
 
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def guest_pids(state_dir):
+    """Pids of every guest of the plane at state_dir (its guests' cgroups), whatever their command lines."""
+    import glob
+    import hashlib
+
+    scope = hashlib.sha256(os.path.abspath(guest_state_dir(state_dir)).encode()).hexdigest()[:12]
+    pids = []
+    for procs in glob.glob("/sys/fs/cgroup/pids/microvm/%s/*/cgroup.procs" % scope) + \
+            glob.glob("/sys/fs/cgroup/microvm/%s/*/cgroup.procs" % scope):
+        with contextlib.suppress(OSError), open(procs) as f:
+            pids += [int(line) for line in f if line.strip()]
+    return pids
+
+
 def processes_mentioning(text):
-    """Pids whose command line mentions `text` (a state dir): guests, launchers, the plane."""
-    found = []
+    """Pids whose command line mentions `text` (a state dir): the plane, tools it runs; guests, when text is a
+    state dir (their processes are found by their cgroups)."""
+    found = [(pid, "guest process") for pid in (guest_pids(text) if os.path.isdir(text) else [])]
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
@@ -182,7 +199,8 @@ def test_a_guest_that_dies_is_booted_again_with_its_workspace(tmp_path):
         sid = rest.create("crashy")
         rest.wait(sid, "READY")
         assert rest.exec(sid, ["sh", "-c", "echo survived > /workspace/s.txt"])["exit_code"] == 0
-        victims = processes_mentioning(sid)
+        with open(os.path.join(guest_state_dir(state), "sessions", sid, "host", "meta.json")) as f:
+            victims = [(json.load(f)["pid"], "the guest's PID 1")]  # its PID namespace dies with it
         assert victims
         for pid, _cmd in victims:
             with contextlib.suppress(ProcessLookupError):

@@ -317,11 +317,13 @@ class ActionModule(ActionBase):
                 except st.SyncError:
                     raise self._guest_failed(stream, reader, "could not read %s in the sandbox" % src)
             outcome = self._outcome(planner, args, src, dest)
+            self._timing("compared")
             if self._task.check_mode or not planner.changed or not counter["wanted"]:
                 stream.close_stdin()
                 reader.finish()
                 if not self._task.check_mode and planner.changed:
                     self._apply_local(root_fd, None, ops_path, local_excludes, dest)
+                self._timing("done")
                 return outcome
             with open(wanted_path, "rb") as wanted:
                 for chunk in iter(lambda: wanted.read(COPY_CHUNK), b""):
@@ -337,8 +339,10 @@ class ActionModule(ActionBase):
                 raise SyncFailed("could not download the changes of %s: %s" % (src, e))
             stream.close_stdin()
             reader.finish()
+            self._timing("archive of %s members downloaded" % made.get("members"))
             check_archive(local_tar, dest)
             self._apply_local(root_fd, local_tar, ops_path, local_excludes, dest)
+            self._timing("applied")
             return outcome
         finally:
             stream.close()

@@ -13,7 +13,7 @@ short_description: List the sandbox sizes a microVM sandbox session can have
 version_added: 0.2.0
 description:
   - Returns the platform's size catalog (C(GET /v2/agents/sessions/sandbox/sizes)), smallest first. Every slug it
-    lists is accepted as O(microvm.sandbox.session#module:session:size)
+    lists is accepted as O(microvm.sandbox.session#module:size)
     (U(https://docs.digitalocean.com/reference/pydo/reference/harness/list_session_sandbox_sizes/)).
 author:
   - microvm.sandbox maintainers (@microvm)

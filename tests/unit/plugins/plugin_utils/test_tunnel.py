@@ -201,7 +201,7 @@ def test_wrong_token_is_fatal(server):
 def test_stop_with_open_connections_logs_no_traceback(server, caplog):
     t = tn.Tunnel("http://127.0.0.1:%d" % server.port, "/v2/agents", "sess-1", "s3cr3t", connect_timeout=5)
     t.start()
-    socks = [dial(t) for _ in range(2)]
+    socks = [dial(t), dial(t)]
     for s in socks:
         s.sendall(b"hello")
         assert read_all(s, 5) == b"olleh"
