@@ -141,7 +141,7 @@ def main():
     try:
         client = plane.client()
         t = time.monotonic()
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:  # the local plane starts a few guests at a time
             ids = list(pool.map(lambda i: client.create_session({"name": "fleet-%03d" % i, "agent": "custom"})["session_id"],
                                 range(args.sessions)))
             list(pool.map(lambda sid: client.wait_session(sid, timeout=600), ids))
