@@ -93,7 +93,7 @@ def main():
     result = {"sessions": args.sessions, "tasks": TASKS, "forks": args.forks}
     try:
         t = time.monotonic()
-        ids = [client.create_session({"name": "load-%02d-%s" % (i, os.urandom(3).hex()), "agent": "none"})["session_id"]
+        ids = [client.create_session({"name": "load-%02d-%s" % (i, os.urandom(3).hex()), "agent": "custom"})["session_id"]
                for i in range(args.sessions)]
         for sid in ids:
             client.wait_session(sid, timeout=300)

@@ -1,5 +1,4 @@
 """Session create, get, list, delete, pause and resume through the REST API."""
-import time
 import uuid
 
 import pytest
@@ -32,19 +31,6 @@ def test_create_returns_provisioning_then_ready(plane, api):
         assert ready["created_at"].endswith("Z") and "T" in ready["created_at"]
     finally:
         client.delete_session(created["session_id"])
-
-
-@local_only
-def test_create_to_ready_is_fast(plane, api):
-    client = plane.client()
-    times = []
-    for _attempt in range(3):
-        start = time.monotonic()
-        s = client.create_session({"name": unique()})
-        client.wait_session(s["session_id"], timeout=60)
-        times.append(time.monotonic() - start)
-        client.delete_session(s["session_id"])
-    assert sorted(times)[1] < 2.0, times
 
 
 def test_get_unknown_session_is_404(api):
