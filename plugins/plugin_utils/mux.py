@@ -83,7 +83,7 @@ class MuxServer:
     def __init__(self, cfg: ProcessConfig):
         self.cfg = cfg
         self.dir = cfg.dir
-        self.socket_path = os.path.join(self.dir, mp.SOCKET_NAME)
+        self.socket_path = mp.socket_path(self.dir)
         self.links: dict[str, SessionLink] = {}
         self.generations: dict[str, int] = {}
         self.lock = threading.Lock()

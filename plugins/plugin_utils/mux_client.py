@@ -70,7 +70,7 @@ class MuxClient:
         self.base_dir = base_dir
         self.slot = mp.pool_slot(self.key, pool_size)
         self.dir = mp.process_dir(base_dir, self.slot)
-        self.socket_path = os.path.join(self.dir, mp.SOCKET_NAME)
+        self.socket_path = mp.socket_path(self.dir)
         self.connect_timeout = float(session.connect_timeout)
         self._log = log or (lambda msg: None)
         self.sock = None
@@ -146,9 +146,9 @@ class MuxClient:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        for name in (mp.SOCKET_NAME, mp.PID_NAME):
+        for path in (self.socket_path, os.path.join(self.dir, mp.PID_NAME)):
             try:
-                os.unlink(os.path.join(self.dir, name))
+                os.unlink(path)
             except FileNotFoundError:
                 pass
 
@@ -157,7 +157,7 @@ class MuxClient:
         now = time.time()
         for name in os.listdir(self.base_dir):
             path = os.path.join(self.base_dir, name)
-            if path == self.dir or os.path.exists(os.path.join(path, mp.SOCKET_NAME)):
+            if path == self.dir or os.path.exists(mp.socket_path(path)):
                 continue
             try:
                 if now - os.stat(path).st_mtime > OLD_MUX_DIR_SECONDS:

@@ -163,6 +163,23 @@ def process_dir(base_dir, slot, uid=None):
     return os.path.join(base_dir, "mux-%d-%d" % (os.getuid() if uid is None else uid, slot))
 
 
+# sun_path holds 108 bytes: a mux dir under a long HOME cannot hold its socket, which then lives in a
+# private per-user dir with a short name derived from the mux dir.
+SUN_PATH_MAX = 100
+
+
+def socket_path(proc_dir):
+    """Where the mux of `proc_dir` listens: <proc_dir>/mux.sock, or a short private path when that is too long."""
+    path = os.path.join(proc_dir, SOCKET_NAME)
+    if len(os.fsencode(path)) <= SUN_PATH_MAX:
+        return path
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or ""
+    base = runtime if runtime and os.path.isdir(runtime) and os.stat(runtime).st_uid == os.getuid() else "/tmp"
+    short_dir = private_dir(os.path.join(base, "microvm-mux-%d" % os.getuid()))
+    digest = hashlib.sha256(os.fsencode(os.path.realpath(proc_dir))).hexdigest()[:24]
+    return os.path.join(short_dir, digest + ".sock")
+
+
 def process_start_time(pid):
     """The start time (clock ticks since boot) of a local process, or None when it is gone.
 

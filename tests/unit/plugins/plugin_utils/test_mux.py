@@ -193,3 +193,22 @@ def test_collections_root_contains_the_collection():
 def test_token_is_not_in_reprs():
     client = mc.MuxClient("/tmp/x", CFG)
     assert "s3cr3t" not in repr(client) and "s3cr3t" not in repr(CFG) and "s3cr3t" not in client.key
+
+
+def test_a_mux_dir_too_long_for_a_unix_socket_gets_a_short_private_path(tmp_path, monkeypatch):
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    short = mp.process_dir(str(tmp_path), 0)
+    assert mp.socket_path(short) == os.path.join(short, mp.SOCKET_NAME)
+    long_dir = mp.process_dir(str(tmp_path / ("h" * 90) / ".ansible" / "microvm"), 0)
+    path = mp.socket_path(long_dir)
+    assert len(path.encode()) <= mp.SUN_PATH_MAX
+    assert mp.socket_path(long_dir) == path  # server and client agree
+    assert mp.socket_path(mp.process_dir(str(tmp_path / ("h" * 90) / ".ansible" / "microvm"), 1)) != path
+    st = os.stat(os.path.dirname(path))
+    assert st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)  # would raise "AF_UNIX path too long" at the long dir itself
+    finally:
+        listener.close()
+        os.unlink(path)
