@@ -99,6 +99,7 @@ class Sampler:
         procs = processes()
         muxes = mux_pids(self.mux_dir)
         ssh = [pid for pid, (_ppid, comm, cmd) in procs.items() if comm == "ssh" and self.ssh_dir in cmd]
+
         def is_run(pid):
             return "ansible-playbook" in procs.get(pid, (0, "", ""))[2] and "fleet.yml" in procs[pid][2]
 
@@ -219,8 +220,8 @@ def main():
 
     rows = [("sessions / hosts, tasks, forks", "%d, %d, %d" % (args.sessions, TASKS, args.forks)),
             ("create + READY, all sessions", "%.1f s" % result["create_all_s"]),
-            ("plane + %d guests (PSS / RSS)" % args.sessions, "%s / %s" % (mib(result["plane_after"]["pss_kib"]),
-                                                                      mib(result["plane_after"]["rss_kib"])))]
+            ("plane + %d guests (PSS / RSS)" % args.sessions,
+             "%s / %s" % (mib(result["plane_after"]["pss_kib"]), mib(result["plane_after"]["rss_kib"])))]
     for name, run in runs.items():
         rows.append(("%s: wall, ok" % name, "%.1f s, %s (load before %.1f)" % (run["seconds"], run["ok"], run["load_before"][0])))
     for phase in phases:

@@ -100,8 +100,8 @@ def main():
     benchlib.print_rows([
         ("one session, %d MiB in / out" % args.size_mib, "%.0f / %.0f MiB/s" % (one["in"], one["out"])),
         ("%d sessions at once, in / out" % args.sessions, "%.0f / %.0f MiB/s aggregate" % (together["in"], together["out"])),
-        ("aggregate over one, in / out", "%.2fx / %.2fx" % (result["concurrent_over_one"]["in"],
-                                                          result["concurrent_over_one"]["out"])),
+        ("aggregate over one, in / out",
+         "%.2fx / %.2fx" % (result["concurrent_over_one"]["in"], result["concurrent_over_one"]["out"])),
         ("mux processes (pool %d), RSS" % args.pool, "%d, %.0f MiB" % (result["muxes"], result["muxes_rss_kib"] / 1024)),
         ("load average at start / end", "%.1f / %.1f" % (result["load_at_start"][0], result["load_at_end"][0])),
     ])

@@ -67,8 +67,8 @@ def ensure(state_dir, log=lambda msg: None):
             except subprocess.TimeoutExpired:
                 raise BaseImageError("debootstrap took more than %d s; see %s" % (BUILD_TIMEOUT, out.name))
         if proc.returncode != 0:
-            raise BaseImageError("debootstrap failed (exit %d); see %s" % (proc.returncode,
-                                                                         os.path.join(top, "build.log")))
+            raise BaseImageError("debootstrap failed (exit %d); see %s"
+                                 % (proc.returncode, os.path.join(top, "build.log")))
         _finish(build)
         shutil.rmtree(path, ignore_errors=True)
         os.rename(build, path)

@@ -148,8 +148,8 @@ def session_key(api_url, prefix, session, agent_port, token):
     The token's digest is part of the key, so a run with another token never rides on a channel
     opened with this one (and the token itself is never shown: the key is a digest).
     """
-    text = "\0".join([api_url.rstrip("/"), prefix, session, str(agent_port),
-                       hashlib.sha256((token or "").encode("utf-8")).hexdigest()])
+    token_digest = hashlib.sha256((token or "").encode("utf-8")).hexdigest()
+    text = "\0".join([api_url.rstrip("/"), prefix, session, str(agent_port), token_digest])
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
 
 

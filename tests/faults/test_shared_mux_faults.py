@@ -18,7 +18,8 @@ def sessions(plane):
     made = []
 
     def make(n):
-        ids = [client.create_session({"name": unique_name("shared"), "agent": "custom"})["session_id"] for _ in range(n)]
+        ids = [client.create_session({"name": unique_name("shared"), "agent": "custom"})["session_id"]
+               for _count in range(n)]
         made.extend(ids)
         return [client.wait_session(sid, timeout=120) for sid in ids]
 
