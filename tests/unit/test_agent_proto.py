@@ -64,6 +64,7 @@ def test_committed_stubs_match_the_proto():
     spec.loader.exec_module(gen)
     fresh = gen.generate()
     assert sorted(fresh) == ["sandbox_agent_pb2.py", "sandbox_agent_pb2_grpc.py"]
-    for name, text in fresh.items():
-        with open(os.path.join(gen.OUT, name)) as f:
-            assert f.read() == text, "%s drifted from protos/: run `make proto`" % name
+    for out in gen.OUTS:  # the collection's stubs and the local plane's own copy
+        for name, text in fresh.items():
+            with open(os.path.join(out, name)) as f:
+                assert f.read() == text, "%s in %s drifted from protos/: run `make proto`" % (name, out)
