@@ -86,6 +86,21 @@ def test_host_code_is_read_only_in_guest(pair):
     assert b"no-repo" in r.stdout  # the agent's code is at a private path; the host's checkout is not there
 
 
+
+def test_agent_starts_from_byte_code_without_site(pair):
+    """The agent's boot imports byte code the host compiled (the guest can write none) and skips site."""
+    (_a, sa), _other = pair
+    lib = "/opt/localplane-agent/lib"
+    r = sh(sa, "tr '\\0' ' ' < /proc/$(cat /run/localplane/agent.pid)/cmdline; echo;"
+               " ls %s/__pycache__ %s/microvm_localplane/__pycache__;"
+               " touch %s/__pycache__/typing_extensions.*.pyc 2>&1; echo rc=$?" % (lib, lib, lib))
+    cmdline = r.stdout.decode().splitlines()[0].split()
+    assert "-S" in cmdline and "-s" not in cmdline
+    listing = r.stdout.decode()
+    assert "typing_extensions.cpython-%d%d.pyc" % sys.version_info[:2] in listing
+    assert "agent.cpython-%d%d.pyc" % sys.version_info[:2] in listing
+    assert "rc=1" in listing  # neither writable nor replaceable: a read-only bind of a host file
+
 def test_host_never_follows_a_symlink_the_guest_planted(plane, tmp_path):
     canary = tmp_path / "host-canary"
     canary.write_text("host data\n")
