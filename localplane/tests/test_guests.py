@@ -86,7 +86,6 @@ def test_host_code_is_read_only_in_guest(pair):
     assert b"no-repo" in r.stdout  # the agent's code is at a private path; the host's checkout is not there
 
 
-
 def test_agent_starts_from_byte_code_without_site(pair):
     """The agent's boot imports byte code the host compiled (the guest can write none) and skips site."""
     (_a, sa), _other = pair
@@ -100,6 +99,7 @@ def test_agent_starts_from_byte_code_without_site(pair):
     assert "typing_extensions.cpython-%d%d.pyc" % sys.version_info[:2] in listing
     assert "agent.cpython-%d%d.pyc" % sys.version_info[:2] in listing
     assert "rc=1" in listing  # neither writable nor replaceable: a read-only bind of a host file
+
 
 def test_host_never_follows_a_symlink_the_guest_planted(plane, tmp_path):
     canary = tmp_path / "host-canary"
