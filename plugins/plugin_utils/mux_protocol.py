@@ -168,15 +168,15 @@ def process_dir(base_dir, slot, uid=None):
 SUN_PATH_MAX = 100
 
 
-def socket_path(proc_dir):
-    """Where the mux of `proc_dir` listens: <proc_dir>/mux.sock, or a short private path when that is too long."""
-    path = os.path.join(proc_dir, SOCKET_NAME)
+def socket_path(proc_dir, name=SOCKET_NAME):
+    """Where a socket of `proc_dir` lives: <proc_dir>/<name>, or a short private path when that is too long."""
+    path = os.path.join(proc_dir, name)
     if len(os.fsencode(path)) <= SUN_PATH_MAX:
         return path
     runtime = os.environ.get("XDG_RUNTIME_DIR") or ""
     base = runtime if runtime and os.path.isdir(runtime) and os.stat(runtime).st_uid == os.getuid() else "/tmp"
     short_dir = private_dir(os.path.join(base, "microvm-mux-%d" % os.getuid()))
-    digest = hashlib.sha256(os.fsencode(os.path.realpath(proc_dir))).hexdigest()[:24]
+    digest = hashlib.sha256(os.fsencode(os.path.join(os.path.realpath(proc_dir), name))).hexdigest()[:24]
     return os.path.join(short_dir, digest + ".sock")
 
 

@@ -25,6 +25,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import hint_for
+from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_protocol import socket_path as short_socket_path
 
 try:
     from websockets.asyncio.client import connect as ws_connect
@@ -122,7 +123,7 @@ class Tunnel:
         self._own_dir = socket_dir is None
         self._dir = socket_dir or tempfile.mkdtemp(prefix="microvm-tunnel-")
         os.chmod(self._dir, 0o700)
-        self.socket_path = os.path.join(self._dir, "tunnel.sock")
+        self.socket_path = short_socket_path(self._dir, "tunnel.sock")  # a long mux dir must not break the bind
         self._loop = None
         self._server = None
         self._thread = None
@@ -180,10 +181,10 @@ class Tunnel:
                 pass
             loop.call_soon_threadsafe(loop.stop)
             self._thread.join(5)
+        if os.path.exists(self.socket_path):  # it may live outside the dir (a short path for a long dir)
+            os.unlink(self.socket_path)
         if self._own_dir:
             shutil.rmtree(self._dir, ignore_errors=True)
-        elif os.path.exists(self.socket_path):
-            os.unlink(self.socket_path)
 
     # -- errors --------------------------------------------------------------
     def _record(self, error):

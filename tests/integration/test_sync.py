@@ -417,7 +417,7 @@ def test_cut_connection_leaves_each_file_old_or_new(plane, box, tmp_path, proxy,
                env={"DO_AGENTS_API_URL": proxy.url, "MICROVM_MUX_DIR": mux, "MICROVM_CONNECT_TIMEOUT": "20"})
     stop_muxes(mux)
     assert run.rc != 0, run
-    assert proxy.cuts == ["cut-up"], proxy.cuts
+    assert proxy.cuts == ["cut-up"], (proxy.cuts, run.result("sync"))
     after = files_only(guest_state(plane, sid, dest))
     assert set(after) <= set(old) | set(new), "stray names after the cut: %s" % (set(after) - set(old) - set(new))
     for path, sha in after.items():

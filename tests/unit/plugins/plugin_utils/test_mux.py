@@ -204,6 +204,7 @@ def test_a_mux_dir_too_long_for_a_unix_socket_gets_a_short_private_path(tmp_path
     assert len(path.encode()) <= mp.SUN_PATH_MAX
     assert mp.socket_path(long_dir) == path  # server and client agree
     assert mp.socket_path(mp.process_dir(str(tmp_path / ("h" * 90) / ".ansible" / "microvm"), 1)) != path
+    assert mp.socket_path(long_dir, "tunnel.sock") != path  # each socket of the dir its own name
     st = os.stat(os.path.dirname(path))
     assert st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
