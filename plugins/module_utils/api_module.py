@@ -18,8 +18,8 @@ import re
 from ansible.module_utils.basic import env_fallback
 from ansible.module_utils.six.moves.urllib.parse import unquote
 
-from ansible_collections.microvm.sandbox.plugins.module_utils import profile
-from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, NotFound, WaitTimeout
+from ansible_collections.microvm.sandbox.plugins.module_utils import advice, profile
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, NotFound, OutcomeUnknown, WaitTimeout
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
 DEFAULT_BLOCKING_TIMEOUT = 900.0
@@ -112,39 +112,34 @@ def describe_error(error, client=None):
     if error.path != "-":
         details["api_call"] = call
     said = (": %s" % error.server_message) if error.server_message else ""
-    what = error.what or "object"
     status = error.status
     if isinstance(error, NotFound):
         where = " (session names are matched among live sessions only)" if "session" in (error.what or "") else ""
-        msg = "%s. Check the id or name%s; it may have been deleted." % (_capitalize(error.server_message), where)
+        msg = "%s. %s%s." % (advice.capitalize(error.server_message), advice.reading(404)[1], where)
+    elif isinstance(error, OutcomeUnknown):
+        msg = "%s: the outcome is unknown: %s. %s." % (call, error.server_message, error.hint)
     elif status == 0 and error.what == "token destination":
-        msg = _capitalize(error.server_message) + "."
+        msg = advice.capitalize(error.server_message) + "."
     elif status == 0 and error.path == "-":
         msg = "No API token: set the option api_token or the environment variable %s." % profile.API_TOKEN_ENV
     elif status == 0:
         msg = "%s failed: %s (after %d attempt%s). Check the option api_url or the environment variable %s." % (
             call, error.server_message, error.attempts, "" if error.attempts == 1 else "s", profile.API_URL_ENV)
-    elif status == 401:
-        msg = ("The platform refused the API token (HTTP 401 on %s%s). Check the option api_token or the "
-               "environment variable %s: it may be wrong, expired or revoked." % (call, said, profile.API_TOKEN_ENV))
-    elif status == 403:
-        msg = ("The API token is not allowed to do %s (HTTP 403%s). Use a token with access to Managed Agents "
-               "sessions, checkpoints and templates." % (call, said))
-    elif status in (404, 410):
-        ident = (" %r" % error.ident) if error.ident else ""
-        msg = "No %s%s (HTTP %d on %s%s). Check the id or name; it may have been deleted." % (what, ident, status, call, said)
-    elif status == 409:
-        state = _current_state(error, client)
-        msg = "%s was refused with HTTP 409 (conflict)%s.%s" % (call, said, state)
-    elif status == 429:
-        msg = ("The platform rate-limited %s (HTTP 429%s) and still did after %d attempts with backoff. "
-               "Retry later, or run fewer tasks against the API in parallel." % (call, said, error.attempts))
-    elif status >= 500:
-        msg = ("The platform failed %s with HTTP %d%s%s. This is a platform-side error; retry later." % (
-            call, status, said, (" (after %d attempts with backoff)" % error.attempts) if error.attempts > 1 else ""))
     else:
-        msg = "%s was rejected with HTTP %d%s.%s" % (call, status, said, (" " + error.hint + ".") if error.hint else "")
+        msg = _from_table(error, call, said, client)
     return msg, details
+
+
+def _from_table(error, call, said, client):
+    """The message of an HTTP error: what happened and what to do come from the one table (advice.py)."""
+    status = error.status
+    happened, todo = advice.reading(status, error.what or "object", error.ident, error.attempts)
+    if happened is None:
+        return "%s was rejected with HTTP %d%s.%s" % (call, status, said, (" " + error.hint + ".") if error.hint else "")
+    msg = "%s (HTTP %d on %s%s). %s." % (advice.capitalize(happened), status, call, said, todo)
+    if status == 409:
+        msg += _current_state(error, client)
+    return msg
 
 
 def _describe_wait(error):
@@ -177,10 +172,6 @@ def _current_state(error, client):
         "PAUSED": " Resume it first (state: running).",
     }.get(status, "")
     return " The session %r was in state %s.%s" % (session.get("name") or session.get("session_id"), status, hint)
-
-
-def _capitalize(text):
-    return text[:1].upper() + text[1:] if text else text
 
 
 def parse_duration(value):

@@ -31,6 +31,7 @@ from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
 from ansible.module_utils.urls import open_url
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.module_utils.advice import hint_for
 
 try:
     from http.client import HTTPException
@@ -124,26 +125,6 @@ def error_message(body):
     if isinstance(body, (bytes, bytearray)):
         body = body.decode("utf-8", "replace")
     return str(body or "").strip()[:500]
-
-
-def hint_for(status, what, ident=None, attempts=1):
-    """What to do about a failed call, in one sentence."""
-    retried = (" (gave up after %d attempts)" % attempts) if attempts > 1 else ""
-    if status == 401:
-        return "Check the API token (option api_token or env %s)" % profile.API_TOKEN_ENV
-    if status == 403:
-        return "The token is not entitled to this call; check its scopes"
-    if status in (404, 410):
-        if what and ident:
-            return "No %s %r: check the id or name; it may have been deleted" % (what, ident)
-        return "No such %s: check the id or name" % what if what else "Not found"
-    if status == 409:
-        return "The %s is in a state that does not allow this call" % (what or "object")
-    if status == 429:
-        return "Rate limited by the platform%s; retry later or run fewer tasks in parallel" % retried
-    if status >= 500:
-        return "The platform had an error%s; retry later" % retried
-    return None
 
 
 class ApiClient(object):

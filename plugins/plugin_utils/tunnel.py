@@ -23,8 +23,7 @@ import threading
 import time
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from ansible_collections.microvm.sandbox.plugins.module_utils import profile
-from ansible_collections.microvm.sandbox.plugins.module_utils.rest import hint_for
+from ansible_collections.microvm.sandbox.plugins.module_utils import advice, profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_protocol import socket_path as short_socket_path
 
 try:
@@ -63,27 +62,19 @@ def ws_url(api_url, prefix, session_id, port):
     return urlunsplit((scheme, parts.netloc, path, "", ""))
 
 
-def status_error(status, label, port):
+def status_error(status: int, label: str, port: int) -> "TunnelError":
     """The pre-upgrade HTTP status of a port-forward dial, as a clear error.
 
-    The advice is the modules' own (rest.hint_for), so the same status reads the same everywhere.
+    What happened and what to do come from the one table (module_utils/advice.py), so the same
+    status reads the same here as in the modules.
     """
-    advice = hint_for(status, "session", label)
-    advice = (". " + advice) if advice else ""
-    if status == 404:
-        return TunnelError("session %s was not found by the port-forward endpoint (HTTP 404): "
-                           "it was deleted or never existed" % label, status=status, fatal=True)
-    if status == 401:
-        return TunnelError("the API token was refused when opening the port-forward to session %s (HTTP 401)%s"
-                           % (label, advice), status=status, fatal=True)
-    if status == 403:
-        return TunnelError("the API token is not entitled to port-forward to session %s (HTTP 403)%s" % (label, advice),
-                           status=status, fatal=True)
-    if status == 502:
-        return TunnelError("the platform could not reach guest port %d of session %s (HTTP 502): "
-                           "the guest agent is not listening (yet)" % (port, label), status=status)
-    return TunnelError("the port-forward to session %s was refused with HTTP %d%s" % (label, status, advice),
-                       status=status, fatal=400 <= status < 500 and status not in (408, 429))
+    happened, todo = advice.reading(status, "session", label, context="port-forward", port=port)
+    if happened is None:
+        happened, todo = "the platform refused the port-forward", "Check the session and the API options"
+    text = "%s (HTTP %d, opening the port-forward to session %s). %s" % (advice.capitalize(happened), status, label, todo)
+    # 404, 401, 403 and other client errors do not go away by trying again; 502 (guest not listening yet), 5xx,
+    # 408 and 429 may.
+    return TunnelError(text, status=status, fatal=400 <= status < 500 and status not in (408, 429))
 
 
 def close_error(code, reason, label, port):

@@ -29,12 +29,22 @@ def test_ws_url_refuses_other_schemes():
 
 
 @pytest.mark.parametrize("status, words, fatal", [
-    (404, "was not found", True), (403, "not entitled", True), (401, "token was refused", True),
-    (502, "could not reach guest port 8443", False), (500, "HTTP 500", False)])
+    (404, "No session", True), (403, "not allowed", True), (401, "refused the API token", True),
+    (502, "could not reach guest port 8443", False), (500, "HTTP 500", False), (409, "HTTP 409", True)])
 def test_status_errors_name_the_session(status, words, fatal):
     e = tn.status_error(status, "my-box (id-1)", 8443)
     assert words in str(e) and "my-box (id-1)" in str(e)
     assert e.fatal is fatal and e.status == status
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 429, 503])
+def test_a_status_reads_the_same_in_the_tunnel_and_the_modules(status):
+    """One table (module_utils/advice.py): the advice of a dial error is the modules' advice, word for word."""
+    from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import describe_error
+    from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError
+    todo = describe_error(ApiError("GET", "/sessions/s", status, "no", what="session", ident="s"))[0].rsplit(". ", 1)
+    tunnel_text = str(tn.status_error(status, "s", 8443))
+    assert todo[-1].rstrip(".") in tunnel_text
 
 
 @pytest.mark.parametrize("code, words", [(4001, "became unavailable"), (4002, "could not dial guest port 8443"),
@@ -159,7 +169,7 @@ def test_one_websocket_per_local_connection(server, tunnel):
         s.close()
 
 
-@pytest.mark.parametrize("status, words", [(404, "not found"), (403, "not entitled"), (502, "could not reach guest port")])
+@pytest.mark.parametrize("status, words", [(404, "No session"), (403, "not allowed"), (502, "could not reach guest port")])
 def test_pre_upgrade_status_becomes_a_clear_error(server, tunnel, status, words):
     server.reject = status
     since = time.monotonic()
@@ -183,7 +193,7 @@ def test_close_code_4001_is_recorded(server, tunnel):
 
 
 def test_wrong_token_is_fatal(server):
-    t = tn.Tunnel("http://127.0.0.1:%d" % server.port, "/v2/agents", "sess-1", "wrong", connect_timeout=5)
+    t = tn.Tunnel("http://127.0.0.1:%d" % server.port, "/v2/agents", "sess-1", "not-the-t0ken", connect_timeout=5)
     t.start()
     try:
         since = time.monotonic()
@@ -192,7 +202,7 @@ def test_wrong_token_is_fatal(server):
         s.close()
         assert wait_for(lambda: t.errors_since(since))
         e = t.errors_since(since)[-1]
-        assert e.fatal and e.status == 401 and "wrong" not in str(e)
+        assert e.fatal and e.status == 401 and "not-the-t0ken" not in str(e)
     finally:
         t.stop()
     assert not os.path.exists(t.socket_path)
