@@ -6,12 +6,14 @@
 One retry policy lives here: idempotent calls (GET, PUT, DELETE) are retried on
 connection errors, 429 and 5xx; calls that start work (POST) are retried only
 on 429, which the platform answers before doing anything. Every retry waits
-what the server asked for (Retry-After, else ratelimit-reset), or an
-exponential backoff, with jitter, and the number of retries is bounded.
+what the server asked for (Retry-After; ratelimit-reset only when the quota is
+spent: a 429 or ratelimit-remaining 0), or else an exponential backoff, with
+jitter, and the number of retries is bounded.
 
 Blocking calls (checkpoint create, rollback, resume, fork) answer only once
 the work is done, which can take minutes: they get their own, longer request
-timeout, and when no answer comes at all they are never sent again. The
+timeout, and when no answer comes (or only a gateway's 502 or 504, which says
+nothing of the outcome) they are never sent again. The
 client looks up whether the work happened instead (`reconcile_*`), and
 reports success when it did. The token never appears in a message, a repr or
 an exception.
@@ -42,6 +44,8 @@ USER_AGENT = "microvm.sandbox-ansible/0.1"
 IDEMPOTENT = frozenset(["GET", "PUT", "DELETE", "HEAD"])
 # A blocking call (checkpoint, rollback, resume, fork) may take this long by default.
 DEFAULT_BLOCKING_TIMEOUT = 900.0
+# Statuses a gateway in front of the service answers when it gives up on a call that may go on.
+EDGE_STATUSES = frozenset([502, 504])
 # ratelimit-reset is a Unix time on the DigitalOcean API; smaller values are read as seconds from now.
 _EPOCH_THRESHOLD = 1000000000
 
@@ -77,13 +81,27 @@ class ApiError(Exception):
         """No HTTP answer came (timeout, cut connection): a POST may or may not have been carried out."""
         return self.status == 0 and self.path != "-"
 
+    @property
+    def may_have_happened(self):
+        """The call may have been carried out (or still be running): no answer came, or an edge gave up on it.
+
+        A 502 or 504 comes from a gateway in front of the service (an edge timeout, a dropped upstream), not
+        from the service's refusal, so for a blocking call it says as little as no answer at all.
+        """
+        return self.no_response or self.status in EDGE_STATUSES
+
 
 class OutcomeUnknown(ApiError):
     """A blocking call got no answer and the lookup afterwards could not tell whether it happened."""
 
     def __init__(self, method, path, what, ident, looked_for, cause):
-        message = ("no answer (%s), and %s did not show up within the wait; the call was not sent again, "
-                   "since it may still complete" % (cause.server_message, looked_for))
+        if cause.status:
+            got = "HTTP %d from a gateway, which says nothing of the outcome (%s)" % (
+                cause.status, cause.server_message or "no message")
+        else:
+            got = "no answer (%s)" % cause.server_message
+        message = ("%s, and %s did not show up within the wait; the call was not sent again, "
+                   "since it may still complete" % (got, looked_for))
         hint = ("Look at the %s with the matching _info module before running the task again, or raise "
                 "blocking_timeout / wait_timeout" % (what or "object"))
         super(OutcomeUnknown, self).__init__(method, path, 0, message, hint, what=what, ident=ident,
@@ -167,10 +185,14 @@ class ApiClient(object):
                 u += "?" + urlencode(q)
         return u
 
-    def server_wait(self, headers):
-        """Seconds the server asked us to wait (Retry-After, else ratelimit-reset), or None."""
-        headers = headers or {}
-        retry_after = headers.get("Retry-After")
+    def server_wait(self, headers, status=None):
+        """Seconds the server asked us to wait, or None (then the caller backs off on its own).
+
+        Retry-After (seconds or an HTTP date) is always an explicit wish. ratelimit-reset only says when the
+        quota refills, so it drives the wait only when the quota is spent: a 429, or ratelimit-remaining 0.
+        A 5xx that carries the rate-limit headers with quota left is an ordinary error, backed off as usual.
+        """
+        retry_after = _header(headers, "Retry-After")
         if retry_after:
             text = str(retry_after).strip()
             try:
@@ -179,18 +201,18 @@ class ApiClient(object):
                 when = email.utils.parsedate_tz(text)  # the HTTP-date form
                 if when is not None:
                     return max(0.0, email.utils.mktime_tz(when) - self._now())
-        reset = headers.get("ratelimit-reset") or headers.get("RateLimit-Reset")
-        if reset:
-            try:
-                value = float(str(reset).strip())
-            except ValueError:
-                return None
-            return max(0.0, value - self._now()) if value >= _EPOCH_THRESHOLD else max(0.0, value)
-        return None
+        reset = _header(headers, "ratelimit-reset")
+        if not reset or not (status == 429 or _quota_spent(_header(headers, "ratelimit-remaining"))):
+            return None
+        try:
+            value = float(str(reset).strip())
+        except ValueError:
+            return None
+        return max(0.0, value - self._now()) if value >= _EPOCH_THRESHOLD else max(0.0, value)
 
-    def _delay(self, attempt, headers=None):
+    def _delay(self, attempt, headers=None, status=None):
         """How long to sleep before retry `attempt`: the server's wish or a backoff, capped, with jitter."""
-        asked = self.server_wait(headers)
+        asked = self.server_wait(headers, status)
         if asked is not None:
             # A little jitter on top, so parallel tasks told the same time do not come back in step.
             base = min(asked, self.max_backoff)
@@ -246,7 +268,7 @@ class ApiClient(object):
                     raise ApiError(method, path, status, "the response is not JSON: %r" % payload[:200])
             retryable = status == 429 or (retry and status >= 500)
             if retryable and attempt < self.retries:
-                self._sleep(self._delay(attempt, answer_headers))
+                self._sleep(self._delay(attempt, answer_headers, status))
                 attempt += 1
                 continue
             try:
@@ -287,7 +309,7 @@ class ApiClient(object):
             return self.request("POST", path, body={}, what="session", ident=session_id,
                                 timeout=self.blocking_timeout)
         except ApiError as e:
-            if not e.no_response:
+            if not e.may_have_happened:
                 raise
             return self._reconcile(e, "POST", path, "session", session_id, "the session becoming usable",
                                    lambda: self._usable_or_none(session_id))
@@ -303,7 +325,7 @@ class ApiClient(object):
             return self.request("POST", path, body=body, what="session", ident=session_id,
                                 timeout=self.blocking_timeout)["sessions"]
         except ApiError as e:
-            if not e.no_response:
+            if not e.may_have_happened:
                 raise
 
             def new_children():
@@ -337,7 +359,7 @@ class ApiClient(object):
         return session
 
     def _reconcile(self, error, method, path, what, ident, looked_for, probe):
-        """After a blocking call got no answer: poll `probe` (None = not yet) until it shows the call's effect.
+        """After a blocking call got no answer (or a 502/504): poll `probe` (None = not yet) until it shows the effect.
 
         The call itself is never sent again: it may have been carried out, or still be running.
         """
@@ -347,9 +369,9 @@ class ApiClient(object):
             try:
                 found = probe()
             except ApiError as e:
-                if not e.no_response:
+                if not e.may_have_happened:
                     raise
-                found = None  # the platform may still be unreachable: keep looking until the deadline
+                found = None  # the platform or its edge may still be failing: keep looking until the deadline
             if found is not None:
                 return found
             if self._now() >= deadline:
@@ -427,7 +449,7 @@ class ApiClient(object):
             return self.request("POST", path, body=body, what="session", ident=session_id,
                                 timeout=self.blocking_timeout)["checkpoint"]
         except ApiError as e:
-            if not e.no_response:
+            if not e.may_have_happened:
                 raise
 
             def new_checkpoint():
@@ -462,7 +484,7 @@ class ApiClient(object):
             return self.request("POST", path, body={}, what="checkpoint", ident=checkpoint_id,
                                 timeout=self.blocking_timeout)["session"]
         except ApiError as e:
-            if not e.no_response:
+            if not e.may_have_happened:
                 raise
             return self._reconcile(e, "POST", path, "session", session_id,
                                    "the session on a new sandbox (rolled back)",
@@ -579,6 +601,27 @@ class ApiClient(object):
             token = page.get("next_page_token")
             if not token:
                 return items
+
+
+def _header(headers, name):
+    """A response header by name, case-insensitively (HTTPMessage is; a plain dict is not)."""
+    if not headers:
+        return None
+    value = headers.get(name)
+    if value is None:
+        low = name.lower()
+        for key in headers.keys():
+            if str(key).lower() == low:
+                return headers[key]
+    return value
+
+
+def _quota_spent(remaining):
+    """ratelimit-remaining says no request is left (a missing or unreadable value says nothing)."""
+    try:
+        return remaining is not None and int(str(remaining).strip()) <= 0
+    except ValueError:
+        return False
 
 
 def _path(*parts):

@@ -5,6 +5,7 @@
     proxy.fail_next(429, count=2, retry_after=0)
     proxy.fail_next(429, headers={"ratelimit-reset": "1700000000"})   # extra answer headers
     proxy.slow_answers(5, methods=("POST",), path=r"/checkpoints$")  # forward, then hold the answer 5 s
+    proxy.lose_answers(504, methods=("POST",), path=r"/fork$")  # forward, then answer 504 (an edge timeout)
     proxy.cut_ws(up=200_000)                   # abort the first WebSocket to pass 200 kB client->plane
     proxy.cut_ws(down=64_000)                  # ... or 64 kB plane->client (one cut per call)
     proxy.stall_ws(); proxy.release_ws()       # hold all WebSocket traffic, then let it flow again
@@ -68,6 +69,17 @@ class FaultProxy:
         with self._lock:
             self._rules.append({"delay": float(seconds), "count": count,
                                 "methods": set(methods) if methods else None, "path": re.compile(path) if path else None})
+
+    def lose_answers(self, status, count=1, methods=None, path=None, body=None):
+        """Forward the next `count` matching requests, let the plane do the work, then answer `status` instead.
+
+        What a gateway does when it gives up on a slow upstream (a 504) or loses it (a 502): the work happened,
+        the client only hears the gateway.
+        """
+        with self._lock:
+            self._rules.append({"lose": status, "count": count, "methods": set(methods) if methods else None,
+                                "path": re.compile(path) if path else None,
+                                "body": body or '{"id": "gateway_timeout", "message": "upstream request timeout"}'})
 
     def cut_ws(self, up=None, down=None):
         """Abort the first WebSocket that passes `up` bytes to the plane or `down` bytes back (once).
@@ -167,6 +179,8 @@ class FaultProxy:
         rule = self._match(request)
         if rule is not None and "delay" in rule:
             return await self._forward(request, delay=rule["delay"])
+        if rule is not None and "lose" in rule:
+            return await self._forward(request, lose=rule)
         if rule is not None:
             headers = {"Content-Type": "application/json"}
             if rule["retry_after"] is not None:
@@ -183,7 +197,7 @@ class FaultProxy:
     def _headers(self, request):
         return {k: v for k, v in request.headers.items() if k.lower() not in HOP}
 
-    async def _forward(self, request, delay=0.0):
+    async def _forward(self, request, delay=0.0, lose=None):
         body = await request.read()
         with self._lock:
             target = self.upstream + request.path_qs
@@ -199,6 +213,11 @@ class FaultProxy:
                 self.log.append((request.method, request.path, 502, True))
             return web.Response(status=502, text='{"id": "bad_gateway", "message": "proxy: %s"}' % type(e).__name__,
                                 content_type="application/json")
+        if lose is not None:
+            # The plane did the work; the client hears only the gateway (logged once, as faulted).
+            with self._lock:
+                self.log.append((request.method, request.path, lose["lose"], True))
+            return web.Response(status=lose["lose"], text=lose["body"], content_type="application/json")
         with self._lock:
             self.log.append((request.method, request.path, status, False))
         if delay:

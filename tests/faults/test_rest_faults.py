@@ -65,3 +65,26 @@ def test_create_on_429_is_retried_and_creates_exactly_one(plane, proxy):
         assert [s["session_id"] for s in _named(direct, name)] == [made["session_id"]]
     finally:
         direct.delete_session(made["session_id"])
+
+
+@pytest.mark.parametrize("status, headers, server_decides", [
+    (503, {"ratelimit-limit": "250", "ratelimit-remaining": "249", "ratelimit-reset": "+3600"}, False),
+    (503, {"ratelimit-limit": "250", "ratelimit-remaining": "0", "ratelimit-reset": "+3"}, True),
+    (429, {"ratelimit-limit": "250", "ratelimit-remaining": "0", "ratelimit-reset": "+3"}, True),
+])
+def test_ratelimit_reset_drives_the_wait_only_when_the_quota_is_spent(plane, proxy, status, headers, server_decides):
+    """Real HTTP through the proxy; only the sleep is recorded instead of slept, so nothing here is timed."""
+    import time
+    now = time.time()
+    headers = dict(headers, **{"ratelimit-reset": str(int(now + float(headers["ratelimit-reset"])))})
+    proxy.fail_next(status, count=1, methods=("GET",), path="/sessions$", headers=headers)
+    c = plane.client().__class__(proxy.url, plane.token, backoff=0.01)
+    slept = []
+    c._sleep = slept.append
+    c.list_sessions()
+    assert [entry[2] for entry in proxy.requests("GET", "/sessions$")][:2] == [status, 200]
+    assert len(slept) == 1
+    if server_decides:
+        assert 1.0 <= slept[0] <= 5.0, slept   # the reset, about 3 s away (whole seconds on the wire)
+    else:
+        assert slept[0] <= 0.01, slept          # the ordinary first backoff, not the reset an hour away

@@ -349,3 +349,44 @@ def test_a_slow_blocking_call_is_reconciled_not_resent(plane, tmp_path, cleanup)
         assert [c["label"] for c in plane.client().list_checkpoints(sid)] == ["slow-one"]
     finally:
         proxy.stop()
+
+
+@pytest.mark.parametrize("status", [504, 502])
+def test_an_edge_timeout_on_blocking_calls_is_reconciled_not_resent(plane, tmp_path, cleanup, status):
+    """A gateway answers 504 (or 502) while the plane did the work: the tasks succeed, each call sent once."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "faults"))
+    from faultproxy import FaultProxy
+    name = unique("edge")
+    cleanup.append(name)
+    proxy = FaultProxy(plane.url).start()
+    try:
+        proxy.lose_answers(status, methods=("POST",), path=r"/checkpoints$")
+        proxy.lose_answers(status, methods=("POST",), path=r"/fork$")
+        run = run_playbook(plane, tmp_path, """
+            - hosts: localhost
+              gather_facts: false
+              module_defaults:
+                group/microvm.sandbox.api: {api_url: %(url)s}
+              tasks:
+                - name: create
+                  microvm.sandbox.session: {name: %(n)s}
+                - name: checkpoint
+                  microvm.sandbox.checkpoint: {session: %(n)s, label: edge-one}
+                - name: fork
+                  microvm.sandbox.session_fork: {source: %(n)s, checkpoint: edge-one, count: 2}
+        """ % {"url": proxy.url, "n": name})
+        assert run.rc == 0, run
+        cp = run.result("checkpoint")
+        assert cp["changed"] and cp["checkpoint"]["label"] == "edge-one" and cp["checkpoint"]["status"] == "READY"
+        forked = run.result("fork")
+        cleanup.extend(forked["names"])
+        assert forked["changed"] and len(forked["sessions"]) == 2
+        assert all(s["status"] == "SESSION_STATUS_READY" for s in forked["sessions"])
+        # Each blocking call reached the plane once and was answered only by the gateway.
+        assert [e[2] for e in proxy.requests("POST", r"/checkpoints$")] == [status]
+        assert [e[2] for e in proxy.requests("POST", r"/fork$")] == [status]
+        sid = run.result("create")["session"]["session_id"]
+        assert [c["label"] for c in plane.client().list_checkpoints(sid)] == ["edge-one"]
+        assert len(plane.client().forks_of(sid)) == 2
+    finally:
+        proxy.stop()

@@ -23,7 +23,9 @@ class FakePlane(object):
         self.calls = []
         self.page_size = page_size  # small, so pagination is exercised
         self.fail_next = []  # (method, path-prefix, status, message) answered once
-        self.unanswered = []  # (method, path-suffix): the work is done, but the answer is lost once
+        # (method, path-suffix[, status]): the work is done, but the answer is lost once (status 0), or replaced
+        # by a gateway's error (a 502 or 504 from the edge).
+        self.unanswered = []
         self.sizes = [{"slug": "mars-2vcpu-4gb", "vcpus": 2, "memory_mb": 4096}]
         self.build_outcome = ("SUCCEEDED", "")
         self.clock = itertools.count(1)
@@ -57,10 +59,12 @@ class FakePlane(object):
             return {"sizes": list(self.sizes)}
         route = getattr(self, "_" + "_".join([method.lower()] + [p if i % 2 == 0 else "x" for i, p in enumerate(parts)]))
         answer = route(parts, body or {}, query or {})
-        for i, (m, suffix) in enumerate(self.unanswered):
+        for i, entry in enumerate(self.unanswered):
+            m, suffix, status = (tuple(entry) + (0,))[:3]
             if m == method and path.endswith(suffix):
                 del self.unanswered[i]
-                raise rest.ApiError(method, path, 0, "cannot reach the plane: timed out")
+                raise rest.ApiError(method, path, status, "upstream request timeout" if status else
+                                    "cannot reach the plane: timed out")
         return answer
 
     def _err(self, method, status, message, path="-"):

@@ -170,6 +170,58 @@ def test_server_waits_are_capped_and_retries_bounded(transport):
     assert len(slept) == c.retries and all(c.max_backoff <= s <= c.max_backoff + 1.0 for s in slept)
 
 
+NOW = 1700000000.0
+
+
+def one_retry_sleep(transport, status, headers):
+    """The one sleep before the retry of a GET answered `status` with `headers`, then 200."""
+    answers, calls = transport
+    c = client()
+    c._now = lambda: NOW
+    slept = sleeps_of(c)
+    answers.extend([http_error(status, {"message": "x"}, headers=headers), Resp(200, {"sessions": []})])
+    c.list_sessions()
+    assert len(calls) == 2 and len(slept) == 1
+    return c, slept[0]
+
+
+def backoff_range(c, attempt=0):
+    base = min(c.backoff * (2 ** attempt), c.max_backoff)
+    return base / 2, base
+
+
+@pytest.mark.parametrize("status, headers, wait", [
+    # A 429 is a spent quota whatever ratelimit-remaining says: ratelimit-reset is when to come back.
+    (429, {"ratelimit-reset": str(int(NOW) + 6)}, 6.0),
+    (429, {"ratelimit-remaining": "3", "ratelimit-reset": str(int(NOW) + 6)}, 6.0),
+    # A 5xx with the quota spent (remaining 0) also waits for the reset.
+    (503, {"ratelimit-limit": "250", "ratelimit-remaining": "0", "ratelimit-reset": str(int(NOW) + 9)}, 9.0),
+    (500, {"RateLimit-Remaining": "0", "RateLimit-Reset": "4"}, 4.0),  # any case; a small value is seconds
+    # Retry-After is an explicit wish on any status, quota left or not.
+    (503, {"Retry-After": "5", "ratelimit-remaining": "100", "ratelimit-reset": str(int(NOW) + 3600)}, 5.0),
+])
+def test_the_server_decides_the_wait_when_it_asks_or_the_quota_is_spent(transport, status, headers, wait):
+    c, slept = one_retry_sleep(transport, status, headers)
+    assert wait <= slept <= wait + 1.0
+
+
+@pytest.mark.parametrize("status, headers", [
+    # Quota left: the 5xx is an ordinary error; the reset an hour away must not make the client sleep 30 s.
+    (503, {"ratelimit-limit": "250", "ratelimit-remaining": "249", "ratelimit-reset": str(int(NOW) + 3600)}),
+    (502, {"ratelimit-remaining": "1", "ratelimit-reset": "20"}),
+    # No ratelimit-remaining at all says nothing about the quota.
+    (503, {"ratelimit-reset": str(int(NOW) + 3600)}),
+    # Unreadable values are ignored, not guessed at.
+    (503, {"ratelimit-remaining": "zero", "ratelimit-reset": str(int(NOW) + 3600)}),
+    (429, {"ratelimit-reset": "soon"}),
+    (503, {}),
+])
+def test_otherwise_it_backs_off_exponentially_with_jitter(transport, status, headers):
+    c, slept = one_retry_sleep(transport, status, headers)
+    low, high = backoff_range(c)
+    assert low <= slept <= high
+
+
 def test_backoff_without_server_wishes_has_jitter(transport):
     c = client()
     delays = set(round(c._delay(3), 6) for _i in range(20))
@@ -298,6 +350,47 @@ def test_an_unanswered_fork_returns_the_children_by_lineage(fake):
     children = c.fork_session(s["session_id"], count=3)
     assert sorted(ch["name"] for ch in children) == ["web-fork-1", "web-fork-2", "web-fork-3"]
     assert [p for m, p in plane.mutating_calls() if p.endswith("/fork")] == ["/sessions/%s/fork" % s["session_id"]]
+
+
+@pytest.mark.parametrize("status", [502, 504])
+def test_an_edge_timeout_on_a_blocking_call_is_reconciled_like_no_answer(fake, status):
+    """The gateway gave up, the work went on: look it up, never re-send, never report a failure that did not happen."""
+    plane, c = fake
+    s = plane.add_session("web")
+    plane.unanswered.append(("POST", "/checkpoints", status))
+    cp = c.create_checkpoint(s["session_id"], "edge")
+    assert cp["label"] == "edge" and [m for m, p in plane.mutating_calls()] == ["POST"]
+    plane.unanswered.append(("POST", "/fork", status))
+    children = c.fork_session(s["session_id"], count=2)
+    assert len(children) == 2 and [p for m, p in plane.mutating_calls()].count("/sessions/%s/fork" % s["session_id"]) == 1
+    before = plane.sessions[s["session_id"]]["sandbox_id"]
+    plane.unanswered.append(("POST", "/rollback", status))
+    assert c.rollback(s["session_id"], cp["checkpoint_id"])["sandbox_id"] != before
+    paused = plane.add_session("sleepy", status="PAUSED")
+    plane.unanswered.append(("POST", "/resume", status))
+    assert c.resume_session(paused["session_id"])["status"] == "SESSION_STATUS_READY"
+
+
+def test_an_edge_timeout_whose_effect_never_shows_is_unknown_not_failed(fake):
+    plane, c = fake
+    s = plane.add_session("web", status="PAUSED")
+    c.reconcile_timeout = 0
+    plane.fail_next.append(("POST", "/sessions/%s/resume" % s["session_id"], 504, "upstream request timeout"))
+    with pytest.raises(rest.OutcomeUnknown) as e:
+        c.resume_session(s["session_id"])
+    assert "HTTP 504" in str(e.value) and "not sent again" in str(e.value)
+    assert [p for m, p in plane.mutating_calls()].count("/sessions/%s/resume" % s["session_id"]) == 1
+
+
+def test_a_refusal_of_a_blocking_call_is_reported_at_once(fake):
+    """A 409 or a 503 is the service's own answer (nothing was done): no lookup, the error itself."""
+    plane, c = fake
+    s = plane.add_session("web", status="PAUSED")
+    for status in (409, 503):
+        plane.fail_next.append(("POST", "/sessions/%s/resume" % s["session_id"], status, "no"))
+        with pytest.raises(rest.ApiError) as e:
+            c.resume_session(s["session_id"])
+        assert e.value.status == status and not isinstance(e.value, rest.OutcomeUnknown)
 
 
 def test_sizes_are_listed(fake):
