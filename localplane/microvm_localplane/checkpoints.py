@@ -101,10 +101,10 @@ class Checkpoints:
                 self.sessions.apply_agent_limits(sid)
             except Exception as e:
                 log.warning("rollback of %s failed: %s", sid, e)
-                self.sessions.set_status(session, contract.FAILED, error_message="rollback failed: %s" % e)
+                self.sessions.fail(session, "rollback failed: %s" % e)
                 raise ApiFailure(500, "rollback of session %s to checkpoint %s failed: %s" % (sid, cp["checkpoint_id"], e))
             self.sessions.activity.touch(sid)
-            self.sessions.set_status(session, contract.READY, sandbox_id=sandbox_id, error_message="")
+            self.sessions.set_status(session, contract.READY, sandbox_id=sandbox_id)
             return session
 
     async def fork(self, session, doc):
@@ -143,7 +143,8 @@ class Checkpoints:
                     "size_slug": session["size_slug"], "idle_timeout_seconds": session["idle_timeout_seconds"],
                     "env": dict(session["env"]), "secrets": dict(session.get("secrets") or {}),
                     "egress": session["egress"], "config_id": session.get("config_id")}
-            rec, _warnings = self.sessions.new_record(spec, parent_session_id=sid, fork_id=fork_id,
+            # resume_on_topoff is never inherited by a fork (doctl config start-session).
+            rec = self.sessions.new_record(spec, parent_session_id=sid, fork_id=fork_id,
                                                       fork_from_checkpoint_id=cp["checkpoint_id"])
             rec["rootfs"] = dict(session["rootfs"])
             children.append(rec)
@@ -154,7 +155,7 @@ class Checkpoints:
         if all(r is True for r in results):
             return children
         # All or nothing: undo every child.
-        reasons = [rec.get("error_message") or str(r) for rec, r in zip(children, results) if r is not True]
+        reasons = [(rec.get("warnings") or [str(r)])[-1] for rec, r in zip(children, results) if r is not True]
         for rec in children:
             await self.sessions._quiet_destroy(rec["session_id"])
             self.store.forget_session(rec["session_id"])

@@ -37,18 +37,32 @@ PAUSE_MANUAL = "manual"
 PAUSE_IDLE = "idle"
 
 # The flat environment spec (Environment Spec Reference): decoded strictly, an unknown key is a 400 naming it.
+# `repos` is in the Refactor a Repository example (a list of GitHub owner/repo).
 CREATE_KEYS = frozenset(["name", "agent", "template", "size", "idle_timeout", "persistent_workspace", "env",
-                         "secrets", "egress"])
+                         "secrets", "egress", "repos"])
 # Documented spec keys that configure an agent adapter's tools, skills and permission policy: the local plane
 # runs no agent, so it refuses them (a 400 naming the key) rather than ignoring them.
 DOCUMENTED_UNSUPPORTED_KEYS = frozenset(["tools", "skills", "permissions"])
-CREATE_CONTENT_TYPES = frozenset(["application/yaml", "application/x-yaml", "text/yaml", "application/json"])
+# harness-create-session: two mutually exclusive forms, chosen by Content-Type. YAML is the environment spec;
+# JSON is {name, config_id} (a session from a saved Environment Config). Every other call takes JSON.
+CREATE_YAML_TYPES = frozenset(["application/x-yaml", "application/yaml", "text/yaml", "text/x-yaml"])
+JSON_TYPE = "application/json"
+CREATE_CONFIG_KEYS = frozenset(["name", "config_id"])
+# A top-level apiVersion selects the deprecated agents.digitalocean.com/v1alpha1 envelope (harness-create-session).
+LEGACY_ENVELOPE_KEY = "apiVersion"
+# update_session: the one patchable session setting today.
+PATCH_SESSION_KEYS = frozenset(["resume_on_topoff"])
+# Decision: a query-string boolean is read like the platform's gateway reads one (Go's strconv.ParseBool).
+QUERY_TRUE = frozenset(["1", "t", "T", "TRUE", "true", "True"])
+QUERY_FALSE = frozenset(["0", "f", "F", "FALSE", "false", "False"])
 MAX_BODY_BYTES = 1024 * 1024
 # Agent Adapters page: the values of `agent`.
 ADAPTERS = ("codex", "claude-code", "opencode", "hermes", "langgraph", "codex-agentapi", "custom")
 # The one adapter the local plane can run: `custom` ("a container image you supply"), a bare sandbox.
 LOCAL_ADAPTERS = frozenset(["custom"])
 EGRESS_UNRESTRICTED = "unrestricted"
+# A `repos` entry, GitHub's owner/repo (Refactor a Repository; doctl create --gh-repo owner/repo).
+REPO_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/(?!\.{1,2}$)[A-Za-z0-9._-]{1,100}$")
 
 
 def agent_kind(adapter):

@@ -92,5 +92,40 @@ def parse_create(doc):
     else:
         raise ApiFailure(400, "egress must be omitted, \"unrestricted\" or a list of hosts, got %r" % (egress,))
 
+    check_repos(doc.get("repos"))
+
     return {"name": name, "agent": agent, "template": template, "size_slug": size, "idle_timeout_seconds": idle,
             "persistent_workspace": persistent, "env": env, "secrets": secrets, "egress": egress}
+
+
+def check_repos(repos):
+    """`repos`: a list of GitHub owner/repo (Refactor a Repository), cloned by the platform at session start.
+
+    The local plane checks the documented shape, then refuses any repository by name: it has no network to
+    clone from, and pretending to would leave a sandbox without the code the spec asked for.
+    """
+    if repos is None or repos == []:
+        return
+    if not isinstance(repos, list):
+        raise ApiFailure(400, "repos must be a list of GitHub repositories (owner/repo), got %s" % type(repos).__name__)
+    for repo in repos:
+        if not isinstance(repo, str) or not contract.REPO_RE.match(repo):
+            raise ApiFailure(400, "repos entry %r is not a GitHub repository: use owner/repo, for example "
+                                  "your-org/your-service" % (repo,))
+    raise ApiFailure(400, "repos (%s): the local control plane has no network to clone GitHub repositories from, "
+                          "so it refuses them rather than start a sandbox without the code; remove repos and put the "
+                          "code into the sandbox yourself (microvm.sandbox.sync, or a workspace archive)"
+                     % ", ".join(repos))
+
+
+def parse_config_form(doc):
+    """The JSON create form {name, config_id} -> (name, config_id); both are required (doctl config start-session)."""
+    name = doc.get("name")
+    problem = contract.name_problem(name)
+    if problem:
+        raise ApiFailure(400, problem)
+    config_id = doc.get("config_id")
+    if not isinstance(config_id, str) or not config_id:
+        raise ApiFailure(400, "config_id is required in the JSON create form {name, config_id}: the id of an "
+                              "Environment Config (a session created from a YAML spec reports one)")
+    return name, config_id

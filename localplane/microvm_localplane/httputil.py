@@ -47,42 +47,101 @@ async def read_limited(request, limit=contract.MAX_BODY_BYTES):
     return b"".join(chunks)
 
 
-async def read_document(request, allowed_keys, what, required_type=True):
-    """A strict YAML/JSON mapping body: unknown keys, malformed text and wrong types are refused.
+def _refuse_constant(name):
+    raise ValueError("%s is not JSON" % name)
 
-    JSON is YAML, so both are parsed with yaml.safe_load. An empty body is an
-    empty mapping (the platform's `{}` calls).
-    """
-    ctype = media_type(request)
-    raw = await read_limited(request)
-    if ctype and ctype not in contract.CREATE_CONTENT_TYPES:
-        raise ApiFailure(415, "unsupported content type %r for %s: use application/yaml or application/json"
-                         % (ctype, what))
-    if not ctype and raw.strip() and required_type:
-        raise ApiFailure(415, "missing content type for %s: use application/yaml or application/json" % what)
+
+def parse_body(raw, ctype, what):
+    """The mapping in a body: YAML for the YAML media types, strict JSON for application/json."""
     if not raw.strip():
         return {}
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ApiFailure(400, "%s body is not UTF-8 text" % what)
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = " at line %d column %d" % (mark.line + 1, mark.column + 1) if mark else ""
-        raise ApiFailure(400, "malformed %s body%s: %s" % (what, where, getattr(e, "problem", None) or e))
-    except (RecursionError, ValueError, OverflowError) as e:
-        raise ApiFailure(400, "malformed %s body: %s" % (what, type(e).__name__))
+    if ctype == contract.JSON_TYPE:
+        try:
+            doc = json.loads(text, parse_constant=_refuse_constant)
+        except RecursionError:
+            raise ApiFailure(400, "malformed %s body: nested too deeply" % what)
+        except ValueError as e:
+            raise ApiFailure(400, "malformed %s body (JSON): %s" % (what, e))
+    else:
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = " at line %d column %d" % (mark.line + 1, mark.column + 1) if mark else ""
+            raise ApiFailure(400, "malformed %s body%s: %s" % (what, where, getattr(e, "problem", None) or e))
+        except (RecursionError, ValueError, OverflowError) as e:
+            raise ApiFailure(400, "malformed %s body: %s" % (what, type(e).__name__))
     if doc is None:
         return {}
     if not isinstance(doc, dict):
         raise ApiFailure(400, "%s body must be a mapping, not %s" % (what, type(doc).__name__))
+    return doc
+
+
+def refuse_unknown(doc, allowed_keys, what, advice=""):
     unknown = sorted(str(k) for k in doc if k not in allowed_keys)
     if unknown:
-        raise ApiFailure(400, "unknown field%s in %s body: %s (allowed: %s)" % (
-            "s" if len(unknown) > 1 else "", what, ", ".join(unknown), ", ".join(sorted(allowed_keys))))
+        raise ApiFailure(400, "unknown field%s in %s body: %s (allowed: %s)%s" % (
+            "s" if len(unknown) > 1 else "", what, ", ".join(unknown), ", ".join(sorted(allowed_keys)), advice))
+
+
+async def read_document(request, allowed_keys, what, required_type=True):
+    """A strict JSON mapping body (every call but the session create): unknown keys and wrong types are refused.
+
+    An empty body is an empty mapping (the platform's `{}` calls).
+    """
+    ctype = media_type(request)
+    raw = await read_limited(request)
+    if ctype and ctype != contract.JSON_TYPE:
+        raise ApiFailure(415, "unsupported content type %r for %s: send the body as application/json" % (ctype, what))
+    if not ctype and raw.strip() and required_type:
+        raise ApiFailure(415, "missing content type for %s: send the body as application/json" % what)
+    doc = parse_body(raw, contract.JSON_TYPE, what)
+    refuse_unknown(doc, allowed_keys, what)
     return doc
+
+
+async def read_create(request, spec_keys):
+    """The session create body -> ("spec", doc) for the YAML environment spec, ("config", doc) for JSON.
+
+    The two forms are mutually exclusive and chosen by Content-Type (harness-create-session): a flat spec sent
+    as JSON is refused naming its first spec key, as the JSON form's strict decoding would.
+    """
+    ctype = media_type(request)
+    if ctype not in contract.CREATE_YAML_TYPES and ctype != contract.JSON_TYPE:
+        raise ApiFailure(415, "unsupported content type %r: send the environment spec as YAML (%s), or "
+                              "{name, config_id} as application/json" % (
+                                  ctype, ", ".join(sorted(contract.CREATE_YAML_TYPES))))
+    raw = await read_limited(request)
+    if ctype == contract.JSON_TYPE:
+        doc = parse_body(raw, ctype, "session create (JSON form)")
+        refuse_unknown(doc, contract.CREATE_CONFIG_KEYS, "session create (JSON form)",
+                       ". The JSON form is {name, config_id}; send the environment spec as YAML "
+                       "(Content-Type: application/yaml)")
+        return "config", doc
+    doc = parse_body(raw, ctype, "session create")
+    if contract.LEGACY_ENVELOPE_KEY in doc:
+        raise ApiFailure(400, "a top-level %s selects the legacy agents.digitalocean.com/v1alpha1 envelope, which is "
+                              "deprecated and which the local control plane does not take: send the flat spec "
+                              "(name, agent, size, ...)" % contract.LEGACY_ENVELOPE_KEY)
+    refuse_unknown(doc, spec_keys, "session create")
+    return "spec", doc
+
+
+def query_bool(request, name):
+    """A boolean query parameter (absent = False); anything but a boolean is a 400 naming it."""
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return False
+    if raw in contract.QUERY_TRUE:
+        return True
+    if raw in contract.QUERY_FALSE:
+        return False
+    raise ApiFailure(400, "query parameter %s must be true or false, got %r" % (name, raw[:40]))
 
 
 # -- paging -------------------------------------------------------------------

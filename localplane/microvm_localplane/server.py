@@ -9,8 +9,8 @@ from aiohttp import web
 from . import agentrpc, contract, portforward
 from .checkpoints import Checkpoints
 from .checkpoints import public_view as checkpoint_view
-from .createspec import parse_create
-from .httputil import ApiFailure, check_id, error_response, paginate, read_document
+from .createspec import parse_config_form, parse_create
+from .httputil import ApiFailure, check_id, error_response, paginate, query_bool, read_create, read_document
 from .sessions import Sessions, guest_state_dir, public_view
 from .store import Store
 from .templates import Templates
@@ -111,15 +111,21 @@ class Routes:
 
     # sessions
     async def create_session(self, request):
-        ctype = (request.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
-        if ctype not in contract.CREATE_CONTENT_TYPES:
-            raise ApiFailure(415, "unsupported content type %r: send the create body as application/yaml "
-                                  "(or application/json)" % ctype)
+        # Two exclusive forms chosen by Content-Type (harness-create-session): the YAML spec, or JSON {name, config_id}.
         # Documented keys the local plane cannot honour pass the strict decoding and are refused by name in parse_create.
-        doc = await read_document(request, contract.CREATE_KEYS | contract.DOCUMENTED_UNSUPPORTED_KEYS,
-                                  "session create")
-        rec, warnings = self.sessions.create(parse_create(doc))
-        return web.json_response({"session": public_view(rec, warnings)}, status=201)
+        form, doc = await read_create(request, contract.CREATE_KEYS | contract.DOCUMENTED_UNSUPPORTED_KEYS)
+        # resume_on_topoff is a query parameter of both forms, per session.
+        resume_on_topoff = query_bool(request, "resume_on_topoff")
+        if form == "config":
+            rec = self.sessions.create_from_config(*parse_config_form(doc), resume_on_topoff=resume_on_topoff)
+        else:
+            rec = self.sessions.create(parse_create(doc), resume_on_topoff=resume_on_topoff)
+        return web.json_response({"session": public_view(rec)}, status=201)
+
+    async def update_session(self, request):
+        rec = self.session(request)
+        doc = await read_document(request, contract.PATCH_SESSION_KEYS, "session update")
+        return web.json_response({"session": public_view(self.sessions.update(rec, doc))})
 
     async def list_sessions(self, request):
         status = request.query.get("status", "")
@@ -286,6 +292,7 @@ def add_routes(app, routes):
         ("GET", "/sessions", routes.list_sessions),
         ("GET", "/sessions/sandbox/sizes", routes.list_sizes),
         ("GET", s, routes.get_session),
+        ("PATCH", s, routes.update_session),
         ("DELETE", s, routes.delete_session),
         ("POST", s + "/pause", routes.pause),
         ("POST", s + "/resume", routes.resume),

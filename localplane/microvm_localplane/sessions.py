@@ -14,13 +14,14 @@ from .httputil import ApiFailure, now_rfc3339
 
 log = logging.getLogger("microvm_localplane.sessions")
 
-# The session object's documented fields (pydo get_session): no template, size or error text, and never env or
-# secrets. Fields about features the local plane lacks are reported empty.
+# The session object's documented fields (pydo get_session), every one always present: no template, size or
+# error text, and never env or secrets. Fields about features the local plane lacks are reported empty.
 PUBLIC_FIELDS = ("session_id", "name", "parent_session_id", "fork_id", "fork_from_checkpoint_id", "agent_kind",
                  "status", "sandbox_id", "created_at", "last_event_at", "keep_warm", "resume_on_topoff",
-                 "pause_reason", "idle_timeout_seconds", "repo_hint", "config_id", "openai_session_id",
+                 "pause_reason", "idle_timeout_seconds", "repo_hint", "warnings", "config_id", "openai_session_id",
                  "openai_environment_id", "region", "workspace_id")
 _BOOL_FIELDS = frozenset(["keep_warm", "resume_on_topoff"])
+_LIST_FIELDS = frozenset(["warnings"])
 
 
 def guest_env(rec):
@@ -35,26 +36,24 @@ def hostname_for(name):
     return (h or "sandbox")[:63]
 
 
-def public_view(rec, warnings=None):
-    """The session object exactly as the platform lists its fields."""
+def public_view(rec):
+    """The session object exactly as the platform lists its fields (empty values where there is nothing)."""
     out = {}
     for key in PUBLIC_FIELDS:
         value = rec.get(key)
         if key == "status":
             value = contract.status_string(value)
         elif key == "pause_reason" and rec.get("status") != contract.PAUSED:
-            continue
+            value = ""
         elif key == "agent_kind":
             value = contract.agent_kind(rec.get("agent") or "custom")
         elif key == "region":
             value = contract.REGION
-        if value is None and key in ("sandbox_id", "pause_reason"):
-            continue
+        elif key in _LIST_FIELDS:
+            value = list(value or [])
         if value is None:
             value = False if key in _BOOL_FIELDS else (0 if key == "idle_timeout_seconds" else "")
         out[key] = value
-    if warnings is not None:
-        out["warnings"] = list(warnings)
     return out
 
 
@@ -142,7 +141,7 @@ class Sessions:
         return RootfsSpec(kind=fs["kind"], path=fs.get("path"))
 
     # -- create and boot --------------------------------------------------
-    def new_record(self, spec, parent_session_id="", fork_id="", fork_from_checkpoint_id=""):
+    def new_record(self, spec, parent_session_id="", fork_id="", fork_from_checkpoint_id="", resume_on_topoff=False):
         rootfs, warnings = self.templates.rootfs_for_session(spec["template"])
         if self.live_with_name(spec["name"]):
             raise ApiFailure(409, "a live session named %r already exists (names are unique, case-insensitively, "
@@ -156,21 +155,59 @@ class Sessions:
             # A YAML create persists an Environment Config first (harness-create-session): its id.
             "config_id": spec.get("config_id") or str(uuid.uuid4()),
             "workspace_id": str(uuid.uuid4()) if spec.get("persistent_workspace") else "",
-            "template": spec["template"], "size_slug": spec["size_slug"], "error_message": "",
+            "resume_on_topoff": bool(resume_on_topoff),
+            "template": spec["template"], "size_slug": spec["size_slug"],
             "env": spec["env"], "secrets": spec.get("secrets") or {}, "egress": spec["egress"], "rootfs": rootfs,
+            # The session object's documented `warnings`: kept, so every GET shows them, and where a FAILED
+            # session says why (the object has no error text).
+            "warnings": list(warnings),
         }
-        return rec, warnings
+        return rec
 
-    def create(self, spec):
-        rec, warnings = self.new_record(spec)
+    def create(self, spec, resume_on_topoff=False):
+        """A session from a flat spec; a YAML create persists an Environment Config first (harness-create-session)."""
+        rec = self.new_record(spec, resume_on_topoff=resume_on_topoff)
         wildcards = [h for h in (spec["egress"] or []) if h.startswith("*.")]
         if wildcards:
             # The guest runtime resolves allowed hosts to addresses once, at boot; a wildcard matches none.
-            warnings = warnings + ["egress wildcards are not supported by the local control plane and allow nothing: %s"
-                                   % ", ".join(wildcards)]
+            rec["warnings"].append("egress wildcards are not supported by the local control plane and allow nothing: "
+                                   "%s" % ", ".join(wildcards))
+        if rec["config_id"] not in self.store.configs:
+            config = dict(spec)
+            config.pop("config_id", None)
+            self.store.save_config({"config_id": rec["config_id"], "spec": config, "created_at": rec["created_at"]})
         self.store.save_session(rec)
         self.boots[rec["session_id"]] = self.spawn(self._boot(rec))
-        return rec, warnings
+        return rec
+
+    def create_from_config(self, name, config_id, resume_on_topoff=False):
+        """The JSON create form {name, config_id}: the saved spec under a new name (resume_on_topoff is per session)."""
+        config = self.store.configs.get(config_id.lower()) if isinstance(config_id, str) else None
+        if config is None:
+            raise ApiFailure(404, "config %r not found: give the config_id of an Environment Config (a session "
+                                  "created from a YAML spec reports the one made for it)" % config_id[:100])
+        spec = dict(config["spec"], name=name, config_id=config["config_id"])
+        return self.create(spec, resume_on_topoff=resume_on_topoff)
+
+    def update(self, rec, doc):
+        """PATCH of the session-scoped settings: today resume_on_topoff only (update_session)."""
+        if not doc:
+            raise ApiFailure(400, "the update body must set at least one of: %s" % ", ".join(
+                sorted(contract.PATCH_SESSION_KEYS)))
+        value = doc["resume_on_topoff"]
+        if not isinstance(value, bool):
+            raise ApiFailure(400, "resume_on_topoff must be true or false, got %r" % (value,))
+        # Decision: the docs say terminal sessions cannot be patched, not with which status.
+        if rec["status"] in (contract.DESTROYED, contract.FAILED):
+            raise ApiFailure(409, "session %s is %s: a terminal session cannot be updated" % (
+                rec["session_id"], contract.status_string(rec["status"])))
+        rec["resume_on_topoff"] = value
+        self.store.save_session(rec)
+        return rec
+
+    def fail(self, rec, reason):
+        """FAILED, saying why in the session's warnings."""
+        self.set_status(rec, contract.FAILED, warnings=list(rec.get("warnings") or []) + [reason])
 
     async def _boot(self, rec, adopt=False, clone_from=None):
         sid = rec["session_id"]
@@ -187,7 +224,7 @@ class Sessions:
         except Exception as e:
             log.warning("session %s failed to boot: %s", sid, e)
             if rec["status"] not in (contract.DESTROYING, contract.DESTROYED):
-                self.set_status(rec, contract.FAILED, error_message="the sandbox failed to boot: %s" % e)
+                self.fail(rec, "the sandbox failed to boot: %s" % e)
                 if not adopt:
                     await self._quiet_destroy(sid)
                 # An adopted session keeps its persistent state until it is deleted: nothing is lost
@@ -203,7 +240,7 @@ class Sessions:
             rec["sandbox_id"] = sandbox_id
             self.store.save_session(rec)
             return True
-        self.set_status(rec, contract.READY, sandbox_id=sandbox_id, error_message="")
+        self.set_status(rec, contract.READY, sandbox_id=sandbox_id)
         return True
 
     def apply_agent_limits(self, session_id):
@@ -331,6 +368,7 @@ class Sessions:
             if rec["status"] == contract.DESTROYED and now - rec.get("destroyed_at", now) > contract.DESTROYED_RETENTION_SECONDS:
                 self.store.forget_session(sid)
                 self.locks.pop(sid, None)
+                self._forget_unused_config(rec.get("config_id"))
                 continue
             if rec["status"] in contract.USABLE and self._guest_died(sid):
                 # A guest that died under a usable session is booted again from its
@@ -344,6 +382,11 @@ class Sessions:
                         await self.pause(rec, contract.PAUSE_IDLE)
                     except ApiFailure:
                         pass
+
+    def _forget_unused_config(self, config_id):
+        """Decision: a config the plane made for a YAML create lives as long as a session record refers to it."""
+        if config_id and not any(r.get("config_id") == config_id for r in self.store.sessions.values()):
+            self.store.forget_config(config_id)
 
     def _guest_died(self, session_id):
         task = self.boots.get(session_id)

@@ -1,4 +1,4 @@
-"""Persistent state: one JSON file per session, checkpoint and template.
+"""Persistent state: one JSON file per session, checkpoint, template and Environment Config.
 
 Every write goes to a temporary file in the same directory, is fsynced and
 renamed into place, so a crash leaves either the old record or the new one.
@@ -59,11 +59,13 @@ class Store:
         self.checkpoints_dir = os.path.join(self.root, "checkpoints")
         self.checkpoint_data_dir = os.path.join(self.root, "checkpoint-data")
         self.rootfs_dir = os.path.join(self.root, "template-data")
+        self.configs_dir = os.path.join(self.root, "configs")
         for d in (self.sessions_dir, self.templates_dir, self.checkpoints_dir, self.checkpoint_data_dir,
-                  self.rootfs_dir):
+                  self.rootfs_dir, self.configs_dir):
             os.makedirs(d, exist_ok=True)
         self.sessions = _read_dir(self.sessions_dir)
         self.templates = _read_dir(self.templates_dir)
+        self.configs = _read_dir(self.configs_dir)
         self.checkpoints = {}  # session_id -> {checkpoint_id: record}
         for sid in sorted(os.listdir(self.checkpoints_dir)):
             if os.path.isdir(os.path.join(self.checkpoints_dir, sid)):
@@ -81,6 +83,15 @@ class Store:
             self.forget_checkpoint(session_id, cid)
         shutil.rmtree(os.path.join(self.checkpoints_dir, session_id), ignore_errors=True)
         self.checkpoints.pop(session_id, None)
+
+    # -- Environment Configs (they hold a spec with its secrets: files 0600, like the sessions') ----
+    def save_config(self, rec):
+        self.configs[rec["config_id"]] = rec
+        write_json_atomic(os.path.join(self.configs_dir, rec["config_id"] + ".json"), rec)
+
+    def forget_config(self, config_id):
+        self.configs.pop(config_id, None)
+        _unlink(os.path.join(self.configs_dir, config_id + ".json"))
 
     # -- checkpoints ------------------------------------------------------
     def checkpoint_data(self, session_id, checkpoint_id):

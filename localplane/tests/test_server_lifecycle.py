@@ -190,6 +190,33 @@ def test_restart_adopts_sessions_and_their_workspace(tmp_path, how):
     assert processes_mentioning(state) == []
 
 
+def test_a_session_that_cannot_boot_again_is_failed_saying_why_in_its_warnings(tmp_path):
+    """The session object has no error text (get_session); its documented `warnings` say why it FAILED."""
+    state = str(tmp_path / "plane")
+    os.makedirs(state)
+    handle = start_local_plane(state)
+    try:
+        rest = Rest(handle.url, handle.token)
+        sid = rest.create("doomed")
+        rest.wait(sid, "READY")
+        stop_local_plane(handle)  # the plane stops its guests: the restart boots them again from their state
+        record = os.path.join(state, "sessions", sid + ".json")
+        with open(record) as f:
+            rec = json.load(f)
+        rec["egress"] = "everything"  # a record the guest runtime refuses: the boot after the restart fails
+        with open(record, "w") as f:
+            json.dump(rec, f)
+        handle = start_local_plane(state, token=handle.token)
+        rest = Rest(handle.url, handle.token)
+        rest.wait(sid, "FAILED")
+        failed = rest.get(sid)
+        assert any("failed to boot" in w and "egress" in w for w in failed["warnings"]), failed
+        assert "error_message" not in failed
+    finally:
+        stop_local_plane(handle)
+    assert processes_mentioning(state) == []
+
+
 def test_a_guest_that_dies_is_booted_again_with_its_workspace(tmp_path):
     state = str(tmp_path / "plane")
     os.makedirs(state)

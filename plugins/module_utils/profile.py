@@ -78,6 +78,13 @@ def short_status(status):
     return s if s in KNOWN_STATUSES else "UNSPECIFIED"
 
 
+def warnings_note(session):
+    """' (the session's warnings: a; b)' or ''. The session object has no error text: a failed session's only
+    documented words are its `warnings` (https://docs.digitalocean.com/reference/pydo/reference/harness/get_session/)."""
+    warnings = [str(w) for w in ((session or {}).get("warnings") or []) if str(w).strip()]
+    return (" (the session's warnings: %s)" % "; ".join(warnings)) if warnings else ""
+
+
 def is_within(path, root=TRANSFER_ROOT):
     """True when the normalized absolute path lies at or under root."""
     norm = posixpath.normpath(path)

@@ -32,7 +32,7 @@ from ansible.module_utils.six.moves.urllib.parse import quote, urlencode
 from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.module_utils import profile, spec_yaml
 from ansible_collections.microvm.sandbox.plugins.module_utils.advice import hint_for
 
 try:
@@ -41,7 +41,8 @@ except ImportError:  # pragma: no cover - Python 2 is not supported, import test
     HTTPException = Exception
 
 USER_AGENT = "microvm.sandbox-ansible/0.1"
-IDEMPOTENT = frozenset(["GET", "PUT", "DELETE", "HEAD"])
+# PATCH sets session settings to given values: sending it twice changes nothing more.
+IDEMPOTENT = frozenset(["GET", "PUT", "PATCH", "DELETE", "HEAD"])
 # A blocking call (checkpoint, rollback, resume, fork) may take this long by default.
 DEFAULT_BLOCKING_TIMEOUT = 900.0
 # Statuses a gateway in front of the service answers when it gives up on a call that may go on.
@@ -279,12 +280,24 @@ class ApiClient(object):
                            what=what, ident=ident, attempts=attempt + 1)
 
     # -- sessions ----------------------------------------------------------
-    def create_session(self, spec):
-        # JSON is YAML: the platform takes the flat create body as application/yaml.
+    def create_session(self, spec, resume_on_topoff=None):
+        """POST the flat environment spec as YAML, the form the platform documents for it (CREATE-SESSION).
+
+        JSON is the other, exclusive form, {name, config_id}; a flat spec sent as JSON is refused.
+        `resume_on_topoff` is a query parameter of the create, not a spec field.
+        """
         body = dict(spec)
         body.setdefault("agent", profile.DEFAULT_AGENT)
-        return self.request("POST", "/sessions", body=body, content_type="application/yaml",
-                            what="session", ident=body.get("name"))["session"]
+        query = {}
+        if resume_on_topoff is not None:
+            query["resume_on_topoff"] = "true" if resume_on_topoff else "false"
+        return self.request("POST", "/sessions", raw=spec_yaml.dump(body).encode("utf-8"), query=query,
+                            content_type="application/yaml", what="session", ident=body.get("name"))["session"]
+
+    def update_session(self, session_id, resume_on_topoff):
+        """PATCH the session-scoped settings; today the platform documents one, resume_on_topoff (UPDATE-SESSION)."""
+        return self.request("PATCH", _path("sessions", session_id), body={"resume_on_topoff": bool(resume_on_topoff)},
+                            what="session", ident=session_id)["session"]
 
     def get_session(self, session_id):
         return self.request("GET", _path("sessions", session_id), what="session", ident=session_id)["session"]
@@ -429,9 +442,10 @@ class ApiClient(object):
             if status in until:
                 return last
             if status in profile.GONE and not gone_ok:
-                # The session object carries no error text: the status is all the platform reports.
-                raise WaitTimeout("session %s became %s while waiting for %s" % (session_id, status, wanted), last,
-                                  status=status, wanted=wanted, timeout=timeout, what="session")
+                # The session object carries no error text: its status and warnings are all the platform reports.
+                raise WaitTimeout("session %s became %s while waiting for %s%s" % (
+                    session_id, status, wanted, profile.warnings_note(last)), last,
+                    status=status, wanted=wanted, timeout=timeout, what="session")
             if time.time() >= deadline:
                 raise WaitTimeout("timed out after %ss waiting for session %s to be %s; it is %s" % (
                     timeout, session_id, wanted, status), last,

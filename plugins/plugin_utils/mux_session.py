@@ -167,9 +167,9 @@ class SessionLink:
         return found
 
     def _gone_message(self, session: dict) -> str:
-        msg = "session %s is %s" % (self.label, profile.short_status(session.get("status")))
-        if session.get("error_message"):
-            msg += ": %s" % session["error_message"]
+        # The session object carries no error text; its documented `warnings` are all it says about a failure.
+        msg = "session %s is %s%s" % (self.label, profile.short_status(session.get("status")),
+                                      profile.warnings_note(session))
         return msg + "; it cannot run tasks any more"
 
     def check_session(self) -> dict:

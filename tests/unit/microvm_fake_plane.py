@@ -9,9 +9,12 @@ import copy
 import itertools
 import uuid
 
+import yaml
+
 from ansible_collections.microvm.sandbox.plugins.module_utils import rest
 
 STATUS = "SESSION_STATUS_"
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
 
 
 class FakePlane(object):
@@ -21,6 +24,7 @@ class FakePlane(object):
         self.templates = {}
         self.builds = {}
         self.calls = []
+        self.content_types = []  # (method, path, content type of the body sent, or None)
         self.page_size = page_size  # small, so pagination is exercised
         self.fail_next = []  # (method, path-prefix, status, message) answered once
         # (method, path-suffix[, status]): the work is done, but the answer is lost once (status 0), or replaced
@@ -36,7 +40,8 @@ class FakePlane(object):
         # The documented session object: no template, size or error text.
         rec = dict(session_id=sid, name=name, status=STATUS + status, sandbox_id="sbx-" + sid[:8],
                    agent_kind="AGENT_KIND_CUSTOM", idle_timeout_seconds=600, parent_session_id="", fork_id="",
-                   fork_from_checkpoint_id="", keep_warm=False, region="local", workspace_id="",
+                   fork_from_checkpoint_id="", keep_warm=False, resume_on_topoff=False, pause_reason="", warnings=[],
+                   region="local", workspace_id="",
                    created_at="2026-01-01T00:00:%02dZ" % next(self.clock))
         rec.update(fields)
         self.sessions[sid] = rec
@@ -93,12 +98,23 @@ class FakePlane(object):
         rec = self.add_session(name, status="PROVISIONING", idle_timeout_seconds=idle,
                                agent_kind="AGENT_KIND_" + agent.upper().replace("-", "_"),
                                workspace_id=str(uuid.uuid4()) if body.get("persistent_workspace") else "")
+        rec["resume_on_topoff"] = query.get("resume_on_topoff") == "true"
+        rec["_repos"] = body.get("repos")
         rec["_env"] = body.get("env")
         rec["_secrets"] = body.get("secrets")
         rec["_egress"] = body.get("egress")
         rec["_template"] = body.get("template")
         rec["_size"] = body.get("size")
-        return {"session": dict(rec, warnings=[])}
+        return {"session": self._public(rec)}
+
+    def _patch_sessions_x(self, parts, body, query):
+        rec = self._session(parts[1])
+        if set(body) != {"resume_on_topoff"}:
+            raise self._err("PATCH", 400, "the body must set resume_on_topoff, and only it")
+        if rec["status"].endswith(("DESTROYED", "FAILED")):
+            raise self._err("PATCH", 409, "a terminal session cannot be patched")
+        rec["resume_on_topoff"] = bool(body["resume_on_topoff"])
+        return {"session": self._public(rec)}
 
     def _get_sessions(self, parts, body, query):
         items = sorted(self.sessions.values(), key=lambda s: s["created_at"])
@@ -141,7 +157,7 @@ class FakePlane(object):
             raise self._err("POST", 409, "session %s is %s; only a PAUSED session can be resumed"
                             % (rec["session_id"], rec["status"]))
         rec["status"] = STATUS + "READY"
-        rec.pop("pause_reason", None)
+        rec["pause_reason"] = ""
         return {}
 
     def _post_sessions_x_fork(self, parts, body, query):
@@ -249,6 +265,9 @@ class FakeClient(rest.ApiClient):
 
     def request(self, method, path, body=None, query=None, content_type="application/json",
                 raw=None, what=None, retry=None, expect_json=True, ident=None, timeout=None):
+        if raw is not None and content_type in YAML_TYPES:
+            body = yaml.safe_load(raw.decode("utf-8"))  # the flat spec travels as YAML, like on the wire
+        self.plane.content_types.append((method, path, content_type if (raw is not None or body is not None) else None))
         try:
             return self.plane.handle(method, path, body, query)
         except rest.ApiError as e:

@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 import requests
+import yaml
 
 PREFIX = "/v2/agents"
 LIVE = os.environ.get("MICROVM_LIVE") == "1"
@@ -37,9 +38,15 @@ class Api:
         kwargs.setdefault("timeout", 120)
         return self.http.request(method, self.url(path), headers=h, **kwargs)
 
-    def create(self, body, content_type="application/yaml"):
-        data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-        return self.call("POST", "/sessions", data=data, headers={"Content-Type": content_type})
+    def create(self, body, content_type="application/yaml", params=None):
+        """POST /sessions. A mapping goes out in the form its content type selects: YAML, or JSON for application/json."""
+        if isinstance(body, (bytes, str)):
+            data = body
+        elif content_type.split(";")[0].strip() == "application/json":
+            data = json.dumps(body)
+        else:
+            data = yaml.safe_dump(body)
+        return self.call("POST", "/sessions", data=data, headers={"Content-Type": content_type}, params=params)
 
     def session(self, sid):
         return self.call("GET", "/sessions/%s" % sid).json()["session"]

@@ -131,10 +131,13 @@ def test_fork_without_a_checkpoint_forks_from_now(plane, api, sandbox, agent):
     sid = sandbox["session_id"]
     client = plane.client()
     write(agent(sid), "/workspace/now.txt", "now")
+    assert client.update_session(sid, True)["resume_on_topoff"] is True
     children = client.fork_session(sid)
     try:
         assert len(children) == 1
         child = client.wait_session(children[0]["session_id"])
+        # resume_on_topoff is per session: "never inherited ... by a fork" (doctl config start-session).
+        assert child["resume_on_topoff"] is False
         # An implicit checkpoint of the session "now" is captured first, and the child forks from it.
         assert child["fork_from_checkpoint_id"]
         assert read(agent(child["session_id"]), "/workspace/now.txt") == "now"

@@ -1,5 +1,4 @@
 """Every refusal of the create call, with the platform's status and a clear message."""
-import json
 import uuid
 
 import pytest
@@ -18,7 +17,7 @@ def test_unknown_key_is_400(api):
 
 @pytest.mark.parametrize("name", BAD_NAMES)
 def test_bad_names_are_400(api, name):
-    resp = api.create(json.dumps({"name": name, "agent": "custom"}))
+    resp = api.create({"name": name, "agent": "custom"})
     assert resp.status_code == 400, resp.text
     assert error_message(resp)
 
@@ -41,12 +40,71 @@ def test_unsupported_content_type_is_415(api, ctype):
     assert resp.status_code == 415
 
 
-@pytest.mark.parametrize("ctype", ["application/yaml", "application/x-yaml", "text/yaml", "application/json"])
-def test_accepted_content_types(api, ctype):
+# harness-create-session: two mutually exclusive forms chosen by Content-Type. The environment spec is YAML, in
+# any of these four media types; JSON is only {name, config_id}.
+@pytest.mark.parametrize("ctype", ["application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml",
+                                   "application/yaml; charset=utf-8"])
+def test_the_environment_spec_is_accepted_as_yaml(api, ctype):
     name = unique()
-    resp = api.create(json.dumps({"name": name, "agent": "custom"}), content_type=ctype)
+    resp = api.create("name: %s\nagent: custom\n" % name, content_type=ctype)
     assert resp.status_code in (200, 201), resp.text
+    assert resp.json()["session"]["name"] == name
     api.call("DELETE", "/sessions/%s" % resp.json()["session"]["session_id"])
+
+
+@pytest.mark.parametrize("extra", [{}, {"size": "mars-2vcpu-4gb"}, {"env": {"A": "1"}}])
+def test_a_flat_spec_sent_as_json_is_refused_naming_the_key(api, extra):
+    """JSON selects the {name, config_id} form, decoded strictly: a spec field in it is an unknown key."""
+    name = unique()
+    resp = api.create(dict({"name": name, "agent": "custom"}, **extra), content_type="application/json")
+    assert resp.status_code == 400, resp.text
+    assert "agent" in error_message(resp)
+    assert not [s for s in api.call("GET", "/sessions", params={"name": name}).json()["sessions"]]
+
+
+def test_the_json_form_starts_a_session_from_a_config(api, make_session):
+    """A YAML create persists an Environment Config first and reports its config_id; {name, config_id} reuses it."""
+    first = make_session(idle_timeout="15m", env={"FROM_CONFIG": "yes"})
+    assert first["config_id"]
+    name = unique("cfg")
+    resp = api.create({"name": name, "config_id": first["config_id"]}, content_type="application/json")
+    assert resp.status_code in (200, 201), resp.text
+    again = resp.json()["session"]
+    try:
+        assert again["name"] == name and again["config_id"] == first["config_id"]
+        assert again["session_id"] != first["session_id"]
+        ready = api.wait(again["session_id"], ("READY", "DETACHED"))
+        assert ready["idle_timeout_seconds"] == 900 and ready["agent_kind"] == first["agent_kind"]
+    finally:
+        api.call("DELETE", "/sessions/%s" % again["session_id"])
+
+
+@pytest.mark.parametrize("body", [{"name": "x-%s" % uuid.uuid4().hex[:6]}, {"config_id": str(uuid.uuid4())},
+                                  {"name": "x-%s" % uuid.uuid4().hex[:6], "config_id": str(uuid.uuid4())}])
+def test_the_json_form_needs_a_name_and_a_known_config(api, body):
+    resp = api.create(body, content_type="application/json")
+    assert resp.status_code in (400, 404), resp.text
+    assert error_message(resp)
+
+
+@local_only
+def test_an_unknown_config_id_is_404_naming_it(api):
+    cid = str(uuid.uuid4())
+    resp = api.create({"name": unique(), "config_id": cid}, content_type="application/json")
+    assert resp.status_code == 404 and cid in error_message(resp)
+
+
+@pytest.mark.parametrize("body", ["{\"name\": ", "[1, 2]", "name: yaml-is-not-json\n", "{\"name\": NaN}"])
+def test_malformed_json_is_400(api, body):
+    resp = api.create(body, content_type="application/json")
+    assert resp.status_code == 400, resp.text
+    assert error_message(resp)
+
+
+@local_only
+def test_the_legacy_envelope_is_refused_clearly(api):
+    resp = api.create("apiVersion: agents.digitalocean.com/v1alpha1\nkind: Agent\nspec:\n  runtime:\n    adapter: opencode\n")
+    assert resp.status_code == 400 and "apiVersion" in error_message(resp)
 
 
 def test_oversized_body_is_413(api):
@@ -84,18 +142,32 @@ def test_platform_adapters_the_local_plane_cannot_run_are_refused(api):
 @local_only
 @pytest.mark.parametrize("key", ["tools", "skills", "permissions"])
 def test_documented_adapter_settings_are_refused_by_name_not_ignored(api, key):
-    resp = api.create(json.dumps({"name": unique(), "agent": "custom", key: []}))
+    resp = api.create({"name": unique(), "agent": "custom", key: []})
     assert resp.status_code == 400 and key in error_message(resp)
+
+
+@local_only
+def test_repos_are_refused_by_name_since_the_local_plane_cannot_clone(api):
+    """repos (Refactor a Repository) is a documented key: checked, then refused clearly, never silently skipped."""
+    name = unique()
+    resp = api.create({"name": name, "agent": "custom", "repos": ["your-org/your-service"]})
+    assert resp.status_code == 400, resp.text
+    message = error_message(resp)
+    assert "repos" in message and "your-org/your-service" in message and "no network" in message
+    assert not api.call("GET", "/sessions", params={"name": name}).json()["sessions"]
+    assert api.create({"name": name, "agent": "custom", "repos": []}).status_code in (200, 201)
+    sid = api.call("GET", "/sessions", params={"name": name}).json()["sessions"][0]["session_id"]
+    api.call("DELETE", "/sessions/%s" % sid)
 
 
 def test_size_is_a_slug_of_the_sizes_endpoint(api):
     sizes = api.call("GET", "/sessions/sandbox/sizes").json()["sizes"]
     assert sizes and all({"slug", "vcpus", "memory_mb"} <= set(s) for s in sizes)
     assert [s["vcpus"] for s in sizes] == sorted(s["vcpus"] for s in sizes)  # smallest first
-    resp = api.create(json.dumps({"name": unique(), "agent": "custom", "size": sizes[0]["slug"]}))
+    resp = api.create({"name": unique(), "agent": "custom", "size": sizes[0]["slug"]})
     assert resp.status_code in (200, 201), resp.text
     api.call("DELETE", "/sessions/%s" % resp.json()["session"]["session_id"])
-    resp = api.create(json.dumps({"name": unique(), "agent": "custom", "size": "small"}))
+    resp = api.create({"name": unique(), "agent": "custom", "size": "small"})
     assert resp.status_code == 400 and "small" in error_message(resp)
 
 
@@ -125,9 +197,12 @@ def test_persistent_workspace_sets_a_workspace_id(make_session):
     ("size", {"cpu": 2}),
     ("persistent_workspace", "yes"),
     ("secrets", ["A=1"]),
+    ("repos", "your-org/your-service"),
+    pytest.param("repos", ["not a repository"], marks=local_only),
+    pytest.param("repos", [{"url": "https://git.example.com/a.git"}], marks=local_only),
 ])
 def test_bad_field_values_are_400(api, field, value):
-    resp = api.create(json.dumps({"name": unique(), "agent": "custom", field: value}))
+    resp = api.create({"name": unique(), "agent": "custom", field: value})
     assert resp.status_code == 400, resp.text
     assert field in error_message(resp)
 
@@ -146,15 +221,18 @@ def test_unknown_template_fails(api):
 
 def test_egress_list_and_unrestricted_are_accepted(api):
     for egress in ("unrestricted", ["mirror.example.com", "files.example.org"]):
-        resp = api.create(json.dumps({"name": unique(), "agent": "custom", "egress": egress}))
+        resp = api.create({"name": unique(), "agent": "custom", "egress": egress})
         assert resp.status_code in (200, 201), resp.text
         api.call("DELETE", "/sessions/%s" % resp.json()["session"]["session_id"])
 
 
 @local_only
 def test_egress_wildcards_draw_a_warning(api):
-    resp = api.create(json.dumps({"name": unique(), "agent": "custom", "egress": ["*.example.com"]}))
+    resp = api.create({"name": unique(), "agent": "custom", "egress": ["*.example.com"]})
     assert resp.status_code in (200, 201), resp.text
     session = resp.json()["session"]
     assert any("*.example.com" in w for w in session["warnings"])
+    # The warnings are part of the session object: every later GET shows them too.
+    again = api.call("GET", "/sessions/%s" % session["session_id"]).json()["session"]
+    assert again["warnings"] == session["warnings"]
     api.call("DELETE", "/sessions/%s" % session["session_id"])

@@ -5,11 +5,16 @@ import pytest
 
 from contract_support import LIVE, error_message, local_only, unique
 
-# The documented session object (pydo get_session): it has no template, size or error text.
+# The documented session object (pydo get_session): it has no template, size or error text. The example shows
+# every field, empty ones included ("warnings": [], "keep_warm": false).
+DOCUMENTED = {"session_id", "name", "parent_session_id", "fork_id", "fork_from_checkpoint_id", "agent_kind", "status",
+              "sandbox_id", "created_at", "last_event_at", "keep_warm", "resume_on_topoff", "pause_reason",
+              "idle_timeout_seconds", "repo_hint", "warnings", "config_id", "openai_session_id",
+              "openai_environment_id", "region", "workspace_id"}
 FIELDS = {"session_id", "name", "status", "created_at", "last_event_at", "idle_timeout_seconds",
           "parent_session_id", "fork_id", "fork_from_checkpoint_id", "agent_kind", "keep_warm", "region",
-          "workspace_id", "config_id"}
-UNDOCUMENTED = {"template", "size_slug", "error_message", "env", "secrets", "egress"}
+          "workspace_id", "config_id", "warnings", "resume_on_topoff"}
+UNDOCUMENTED = {"template", "size_slug", "size", "error_message", "env", "secrets", "egress", "repos"}
 
 
 def test_create_returns_provisioning_then_ready(plane, api):
@@ -19,18 +24,55 @@ def test_create_returns_provisioning_then_ready(plane, api):
     try:
         assert created["name"] == name
         assert created["status"] in ("SESSION_STATUS_PROVISIONING", "SESSION_STATUS_READY")
-        assert "warnings" in created
+        assert isinstance(created["warnings"], list)
         ready = client.wait_session(created["session_id"], timeout=120)
         assert ready["status"] == "SESSION_STATUS_READY"
         assert FIELDS <= set(ready), sorted(FIELDS - set(ready))
         assert not UNDOCUMENTED & set(ready), sorted(UNDOCUMENTED & set(ready))
         assert ready["sandbox_id"]
         assert ready["idle_timeout_seconds"] == 600
-        assert "pause_reason" not in ready
-        assert "warnings" not in ready
+        assert ready.get("pause_reason", "") == ""  # only a paused session has a reason
+        assert ready["warnings"] == [] and ready["resume_on_topoff"] is False
         assert ready["created_at"].endswith("Z") and "T" in ready["created_at"]
     finally:
         client.delete_session(created["session_id"])
+
+
+@local_only
+def test_every_documented_field_is_present_even_when_empty(plane, sandbox):
+    got = plane.client().get_session(sandbox["session_id"])
+    assert set(got) == DOCUMENTED, sorted(set(got) ^ DOCUMENTED)
+    listed = [s for s in plane.client().list_sessions() if s["session_id"] == sandbox["session_id"]]
+    assert set(listed[0]) == DOCUMENTED
+
+
+def test_resume_on_topoff_is_set_at_create_and_patched_in_place(plane, api):
+    """A query parameter of the create (harness-create-session), then PATCH (update_session), per session."""
+    client = plane.client()
+    created = client.create_session({"name": unique("topoff")}, resume_on_topoff=True)
+    sid = created["session_id"]
+    try:
+        assert created["resume_on_topoff"] is True
+        client.wait_session(sid, timeout=120)
+        patched = client.update_session(sid, False)
+        assert patched["resume_on_topoff"] is False and patched["session_id"] == sid
+        assert client.get_session(sid)["resume_on_topoff"] is False
+        for body in ({}, {"resume_on_topoff": False, "keep_warm": True}, {"resume_on_topoff": "yes"}):
+            resp = api.call("PATCH", "/sessions/%s" % sid, json=body)
+            assert resp.status_code == 400, (body, resp.text)
+            assert error_message(resp)
+        assert client.get_session(sid)["resume_on_topoff"] is False
+        resp = api.create("name: %s\nagent: custom\n" % unique(), params={"resume_on_topoff": "maybe"})
+        assert resp.status_code == 400 and "resume_on_topoff" in error_message(resp)
+    finally:
+        client.delete_session(sid)
+    client.wait_session(sid, until=frozenset(["DESTROYED"]), gone_ok=True, timeout=120)
+    resp = api.call("PATCH", "/sessions/%s" % sid, json={"resume_on_topoff": True})
+    assert resp.status_code in (400, 404, 409, 410), resp.text  # a terminal session cannot be patched
+
+
+def test_resume_on_topoff_is_off_by_default(plane, sandbox):
+    assert plane.client().get_session(sandbox["session_id"])["resume_on_topoff"] is False
 
 
 def test_get_unknown_session_is_404(api):
@@ -102,7 +144,7 @@ def test_pause_and_resume(plane, api, sandbox):
     assert error_message(resp)
     assert api.call("POST", "/sessions/%s/resume" % sid, json={}).status_code == 204
     ready = api.wait(sid, ("READY",))
-    assert "pause_reason" not in ready
+    assert ready.get("pause_reason", "") == ""
 
 
 def test_pause_a_deleted_session_is_refused(plane, api):

@@ -107,13 +107,37 @@ def test_token_never_in_messages_or_repr(transport):
     assert "Bearer" not in str(e.value)
 
 
-def test_create_sends_yaml_and_the_custom_adapter_by_default(transport):
+def test_create_sends_the_flat_spec_as_yaml_and_the_custom_adapter_by_default(transport):
+    """CREATE-SESSION: YAML is the spec; JSON is only {name, config_id}. The body must be YAML, not JSON."""
+    import yaml
     answers, calls = transport
     answers.append(Resp(201, {"session": {"session_id": "s"}}))
-    client().create_session({"name": "x"})
-    kw = calls[0][2]
+    client().create_session({"name": "x", "env": {"A": "1"}, "egress": ["h.example.com"]})
+    url, kw = calls[0][1], calls[0][2]
     assert kw["headers"]["Content-Type"] == "application/yaml"
-    assert json.loads(kw["data"]) == {"name": "x", "agent": "custom"}
+    text = kw["data"].decode("utf-8")
+    with pytest.raises(ValueError):
+        json.loads(text)  # block-style YAML, not JSON labelled as YAML
+    assert yaml.safe_load(text) == {"name": "x", "agent": "custom", "env": {"A": "1"}, "egress": ["h.example.com"]}
+    assert "?" not in url  # no query unless asked
+
+
+@pytest.mark.parametrize("value, query", [(True, "resume_on_topoff=true"), (False, "resume_on_topoff=false")])
+def test_resume_on_topoff_is_a_query_parameter_of_the_create(transport, value, query):
+    answers, calls = transport
+    answers.append(Resp(201, {"session": {"session_id": "s"}}))
+    client().create_session({"name": "x"}, resume_on_topoff=value)
+    assert calls[0][1].endswith("/sessions?" + query)
+    assert b"resume_on_topoff" not in calls[0][2]["data"]
+
+
+def test_update_session_patches_resume_on_topoff_as_json(transport):
+    answers, calls = transport
+    answers.append(Resp(200, {"session": {"session_id": "s", "resume_on_topoff": True}}))
+    assert client().update_session("s", True)["resume_on_topoff"] is True
+    method, url, kw = calls[0]
+    assert method == "PATCH" and url.endswith("/sessions/s") and kw["headers"]["Content-Type"] == "application/json"
+    assert json.loads(kw["data"]) == {"resume_on_topoff": True}
 
 
 # -- waits asked for by the server -------------------------------------------
@@ -282,10 +306,11 @@ def test_wait_session_reports_the_state_reached(fake, monkeypatch):
     with pytest.raises(rest.WaitTimeout) as e:
         c.wait_session(s["session_id"], timeout=0)
     assert e.value.status == "PAUSED" and "it is PAUSED" in str(e.value)
-    f = plane.add_session("bad", status="FAILED")
+    f = plane.add_session("bad", status="FAILED", warnings=["the sandbox failed to boot: disk full"])
     with pytest.raises(rest.WaitTimeout) as e:
         c.wait_session(f["session_id"], timeout=5)
     assert "became FAILED" in str(e.value) and e.value.status == "FAILED"
+    assert "the sandbox failed to boot: disk full" in str(e.value)  # the documented warnings, the only words
 
 
 def test_pagination_follows_tokens(fake):

@@ -132,7 +132,7 @@ def test_absent(run_module, fake_plane):
 
 
 def test_absent_deletes_failed_sessions(run_module, fake_plane):
-    failed = fake_plane.add_session("web-1", status="FAILED", error_message="the sandbox failed to boot")
+    failed = fake_plane.add_session("web-1", status="FAILED", warnings=["the sandbox failed to boot"])
     gone = fake_plane.add_session("web-1", status="DESTROYED")
     run = run_module(MAIN, {"name": "web-1", "state": "absent"})
     assert run.result["changed"] is True

@@ -213,3 +213,28 @@ def test_a_mux_dir_too_long_for_a_unix_socket_gets_a_short_private_path(tmp_path
     finally:
         listener.close()
         os.unlink(path)
+
+
+def test_a_failed_session_is_reported_with_its_warnings_not_an_error_text(tmp_path):
+    """The session object has no error text (get_session); a FAILED session's documented words are its warnings."""
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_errors as errors
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_session import SessionLink
+
+    class Api:
+        session = {"session_id": "sid-1", "name": "box", "status": "SESSION_STATUS_FAILED",
+                   "warnings": ["the sandbox failed to boot: no space left"], "error_message": "never read"}
+
+        def get_session(self, sid):
+            return dict(self.session)
+
+    link = SessionLink(CFG, str(tmp_path))
+    link.api, link.session_id, link.label = Api(), "sid-1", "box (sid-1)"
+    with pytest.raises(errors.SessionGone) as e:
+        link.check_session()
+    text = str(e.value)
+    assert "box (sid-1) is FAILED" in text and "the sandbox failed to boot: no space left" in text
+    assert "never read" not in text
+    Api.session = dict(Api.session, warnings=[])
+    with pytest.raises(errors.SessionGone) as e:
+        link.check_session()
+    assert str(e.value) == "session box (sid-1) is FAILED; it cannot run tasks any more"
