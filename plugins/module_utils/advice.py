@@ -39,8 +39,8 @@ _TABLE = {
 _TABLE[410] = _TABLE[404]
 
 
-def reading(status, what=None, ident=None, attempts=1, context=None, port=None):
-    # type: (int, Optional[str], Optional[str], int, Optional[str], Optional[int]) -> Tuple[Optional[str], Optional[str]]
+def reading(status: int, what: Optional[str] = None, ident: Optional[str] = None, attempts: int = 1,
+            context: Optional[str] = None, port: Optional[int] = None) -> Tuple[Optional[str], Optional[str]]:
     """(what happened, what to do) for an HTTP status; (None, None) for a status the table has no row for."""
     row = _TABLE.get((status, context)) or _TABLE.get(status)
     if row is None and status >= 500:
@@ -56,8 +56,7 @@ def reading(status, what=None, ident=None, attempts=1, context=None, port=None):
     return row[0].format(**fields), row[1].format(**fields)
 
 
-def hint_for(status, what=None, ident=None, attempts=1):
-    # type: (int, Optional[str], Optional[str], int) -> Optional[str]
+def hint_for(status: int, what: Optional[str] = None, ident: Optional[str] = None, attempts: int = 1) -> Optional[str]:
     """What to do about a failed call, in one sentence (None when the table has nothing to say)."""
     happened, todo = reading(status, what, ident, attempts)
     if happened is None:
@@ -65,6 +64,5 @@ def hint_for(status, what=None, ident=None, attempts=1):
     return "%s: %s" % (capitalize(happened), todo[:1].lower() + todo[1:])
 
 
-def capitalize(text):
-    # type: (str) -> str
+def capitalize(text: str) -> str:
     return text[:1].upper() + text[1:] if text else text

@@ -18,16 +18,12 @@ __metaclass__ = type
 
 import math
 
-try:
-    from typing import Any, List
-except ImportError:  # pragma: no cover
-    pass
+from typing import Any, List
 
 _SHORT_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t", "\x00": "\\0"}
 
 
-def _printable(ch):
-    # type: (str) -> bool
+def _printable(ch: str) -> bool:
     """Characters YAML 1.1 and 1.2 both take literally inside a double-quoted scalar.
 
     Line and paragraph separators and the byte order mark are escaped too: YAML 1.1 reads the first two as
@@ -41,8 +37,7 @@ def _printable(ch):
     return 0xA0 <= code <= 0xD7FF or 0xE000 <= code <= 0xFFFD or 0x10000 <= code <= 0x10FFFF
 
 
-def quote(text):
-    # type: (str) -> str
+def quote(text: str) -> str:
     out = []
     for ch in text:
         if ch in _SHORT_ESCAPES:
@@ -58,8 +53,7 @@ def quote(text):
     return '"%s"' % "".join(out)
 
 
-def _scalar(value):
-    # type: (Any) -> str
+def _scalar(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -79,15 +73,13 @@ def _scalar(value):
     raise TypeError("the spec cannot carry a %s" % type(value).__name__)
 
 
-def _nested(value):
-    # type: (Any) -> bool
+def _nested(value: Any) -> bool:
     return isinstance(value, (dict, list, tuple)) and len(value) > 0
 
 
-def _block(value, indent):
-    # type: (Any, int) -> List[str]
+def _block(value: Any, indent: int) -> List[str]:
     pad = " " * indent
-    lines = []  # type: List[str]
+    lines: List[str] = []
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
@@ -108,8 +100,7 @@ def _block(value, indent):
     return lines
 
 
-def dump(doc):
-    # type: (dict) -> str
+def dump(doc: dict) -> str:
     """A mapping as a YAML document (block style; strings, numbers, booleans, null, lists and mappings)."""
     if not isinstance(doc, dict):
         raise TypeError("the spec is a mapping, got %s" % type(doc).__name__)
