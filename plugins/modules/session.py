@@ -15,12 +15,14 @@ description:
   - Manages a sandbox session of the managed microVM platform (DigitalOcean Managed Agents / Harness Runtime)
     or of the local control plane, addressed by its name.
   - The session is created from a flat environment spec (name, O(agent), O(template), O(size), O(idle_timeout),
-    O(persistent_workspace), O(env), O(secrets), O(egress)); the platform decodes it strictly.
-  - B(What the platform reports back.) The session object carries C(agent_kind), C(idle_timeout_seconds) and
-    C(workspace_id), so O(agent), O(idle_timeout) and O(persistent_workspace) are compared with an existing session.
-    It does B(not) report the template, the size, env, secrets or egress, so those are only used when the session is
-    created and a change to them is not detected on an existing session; use O(recreate) with a new name, or delete
-    the session, to apply them.
+    O(persistent_workspace), O(repos), O(env), O(secrets), O(egress)), sent as YAML, the form the platform documents
+    for it; the platform decodes it strictly.
+  - B(What the platform reports back.) The session object carries C(agent_kind), C(idle_timeout_seconds),
+    C(workspace_id) and C(resume_on_topoff), so O(agent), O(idle_timeout) and O(persistent_workspace) are compared
+    with an existing session, and O(resume_on_topoff) is changed in place when it differs.
+    It does B(not) report the template, the size, repos, env, secrets or egress, so those are only used when the
+    session is created and a change to them is not detected on an existing session; use O(recreate) with a new name,
+    or delete the session, to apply them.
   - When an existing session differs in a reported setting, the module B(fails) and lists the differing fields,
     because running work in a sandbox that is not the one asked for is worse than stopping. Set O(recreate=true) to
     delete and create it again instead (its files are lost).
@@ -93,6 +95,29 @@ options:
       - The platform does not offer fork and rollback for a session that has a workspace.
       - Compared with the existing session (whether it has a C(workspace_id)) when set.
     type: bool
+  repos:
+    description:
+      - GitHub repositories, as C(owner/repo), that the platform clones into the sandbox when the session starts (the
+        spec's C(repos), shown in the Refactor a Repository example,
+        U(https://docs.digitalocean.com/products/managed-agents/agent-harness-runtime/examples/refactor-a-repository/)).
+      - Private repositories need your team's GitHub connection (C(doctl harness-runtime auth github)), and the hosts
+        must be reachable through O(egress) when it is restricted.
+      - Used when the session is created only; the platform does not report it back.
+      - The local control plane has no network to clone from and refuses a session with repositories (naming them);
+        put the code into the sandbox with M(microvm.sandbox.sync) there instead.
+    type: list
+    elements: str
+  resume_on_topoff:
+    description:
+      - Let the platform resume the session automatically once the team's prepayment balance is topped off after a
+        low-balance pause (only a session paused for low balance whose last run was unfinished is resumed).
+      - Sent as the create call's C(resume_on_topoff) query parameter
+        (U(https://docs.digitalocean.com/reference/dots/reference/harness-runtime/harness-create-session/)). The
+        session reports it, so an existing session that differs is updated in place (C(PATCH), the platform's one
+        patchable setting, U(https://docs.digitalocean.com/reference/pydo/reference/harness/update_session/)); no
+        recreate.
+      - Per session: forks never inherit it. Not set leaves it as it is (off for a new session).
+    type: bool
   env:
     description:
       - Environment variables of the sandbox, used when it is created.
@@ -158,6 +183,17 @@ EXAMPLES = r"""
       - files.example.com
   register: sandbox
 
+- name: A sandbox with a repository cloned in, resumed on its own after a low-balance pause
+  microvm.sandbox.session:
+    name: checkout-refactor
+    size: mars-4vcpu-8gb
+    repos:
+      - your-org/your-service
+    egress:
+      - github.com
+      - api.github.com
+    resume_on_topoff: true
+
 - name: Pause it while nothing runs
   microvm.sandbox.session:
     name: ci-job-42
@@ -195,7 +231,7 @@ session:
   description:
     - The session as the platform reports it after the task (in check mode, the expected result).
     - For O(state=absent), the session as last seen, or empty when there was none.
-    - The platform reports neither the template, the size, env, secrets nor egress of a session.
+    - The platform reports neither the template, the size, repos, env, secrets nor egress of a session.
   returned: always
   type: dict
   contains:
@@ -216,13 +252,14 @@ session:
       description: The adapter, as an enum such as C(AGENT_KIND_CUSTOM).
       type: str
     sandbox_id:
-      description: Id of the sandbox (absent until allocated; changes on rollback).
+      description: Id of the sandbox (empty until allocated; changes on rollback).
       type: str
     idle_timeout_seconds:
       description: Idle timeout in seconds.
       type: int
     pause_reason:
-      description: Why the session is paused (C(manual), C(idle), C(low_balance), or a newer value), only while paused.
+      description: Why the session is paused (C(manual), C(idle), C(low_balance), or a newer value); empty unless
+        paused.
       type: str
     parent_session_id:
       description: The session this one was forked from (empty otherwise).
@@ -245,6 +282,15 @@ session:
     keep_warm:
       description: Whether the platform keeps the sandbox warm.
       type: bool
+    resume_on_topoff:
+      description: Whether the platform resumes the session on its own after a low-balance pause once the balance
+        is topped off.
+      type: bool
+    warnings:
+      description: The platform's warnings about the session (the local control plane also says here why a
+        C(FAILED) session failed; the session object has no error text).
+      type: list
+      elements: str
     created_at:
       description: Creation time.
       type: str
@@ -291,6 +337,7 @@ class SessionManager(object):
             session = self.absent(existing)
         else:
             session = self.present(existing)
+            session = self.settings_in_place(session)
             session = self.to_state(session)
         result = dict(changed=self.changed, session=session or {})
         if self.module._diff:
@@ -351,6 +398,16 @@ class SessionManager(object):
         except ValueError as e:
             self.module.fail_json(msg="idle_timeout: %s" % e)
 
+    def settings_in_place(self, session):
+        """resume_on_topoff is reported and patchable: set it on the existing session when it differs."""
+        want = self.p["resume_on_topoff"]
+        if want is None or bool(session.get("resume_on_topoff")) == want:
+            return session
+        self.changed = True
+        if self.check:
+            return dict(session, resume_on_topoff=want)
+        return self.client.update_session(session["session_id"], want)
+
     def create(self):
         problem = profile.session_name_problem(self.p["name"])
         if problem:
@@ -361,11 +418,12 @@ class SessionManager(object):
         self.changed = True
         if self.check:
             predicted = dict((k, v) for k, v in self.wanted_settings().items() if v is not None)
-            predicted.update(name=self.p["name"], status="SESSION_STATUS_READY", agent_kind=agent_kind(self.p["agent"]))
+            predicted.update(name=self.p["name"], status="SESSION_STATUS_READY", agent_kind=agent_kind(self.p["agent"]),
+                             resume_on_topoff=bool(self.p["resume_on_topoff"]))
             if self.p["persistent_workspace"] is not None:
                 predicted["workspace_id"] = "(known after creation)" if self.p["persistent_workspace"] else ""
             return predicted
-        session = self.client.create_session(spec)
+        session = self.client.create_session(spec, resume_on_topoff=self.p["resume_on_topoff"])
         for warning in session.get("warnings") or []:
             self.module.warn("platform: %s" % warning)
         return self.settle(session)
@@ -384,6 +442,8 @@ class SessionManager(object):
         if both:
             self.module.fail_json(msg="%s set in both env and secrets: give each variable once (credentials belong "
                                       "in secrets, which the platform never shows back)" % ", ".join(both))
+        if self.p["repos"]:
+            spec["repos"] = list(self.p["repos"])
         if env:
             spec["env"] = env
         if secrets:
@@ -479,6 +539,8 @@ def main():
             size=dict(type="str"),
             idle_timeout=dict(type="str"),
             persistent_workspace=dict(type="bool"),
+            repos=dict(type="list", elements="str"),
+            resume_on_topoff=dict(type="bool"),
             env=dict(type="dict"),
             secrets=dict(type="dict", no_log=True, aliases=["secret_env"]),
             egress=dict(type="list", elements="str"),

@@ -290,6 +290,51 @@ def test_sizes_are_listed_and_usable(plane, tmp_path, cleanup):
     assert run.changed("create with the smallest")
 
 
+def test_resume_on_topoff_is_set_at_create_and_changed_in_place(plane, tmp_path, cleanup):
+    name = unique("topoff")
+    cleanup.append(name)
+    run = run_playbook(plane, tmp_path, """
+        - hosts: localhost
+          gather_facts: false
+          tasks:
+            - name: create
+              microvm.sandbox.session: {name: %s, resume_on_topoff: true}
+            - name: again
+              microvm.sandbox.session: {name: %s, resume_on_topoff: true}
+            - name: revoke in check mode
+              microvm.sandbox.session: {name: %s, resume_on_topoff: false}
+              check_mode: true
+            - name: revoke
+              microvm.sandbox.session: {name: %s, resume_on_topoff: false}
+    """ % ((name,) * 4))
+    assert run.rc == 0, run
+    created = run.result("create")["session"]
+    assert run.changed("create") and created["resume_on_topoff"] is True
+    assert not run.changed("again")
+    assert run.changed("revoke in check mode") and run.result("revoke in check mode")["session"]["resume_on_topoff"] is False
+    revoked = run.result("revoke")["session"]
+    assert run.changed("revoke") and revoked["session_id"] == created["session_id"]  # in place, no recreate
+    assert plane.client().get_session(created["session_id"])["resume_on_topoff"] is False
+
+
+def test_repos_reach_the_plane_which_refuses_them_clearly(plane, tmp_path):
+    """The module sends the documented repos key; the local plane cannot clone and says so, naming them."""
+    name = unique("repos")
+    run = run_playbook(plane, tmp_path, """
+        - hosts: localhost
+          gather_facts: false
+          tasks:
+            - name: with repos
+              microvm.sandbox.session: {name: %s, repos: [your-org/your-service]}
+              ignore_errors: true
+    """ % name)
+    assert run.rc == 0, run
+    result = run.result("with repos")
+    assert result["failed"] and result["http_status"] == 400
+    assert "your-org/your-service" in result["msg"] and "no network" in result["msg"]
+    assert live(plane, name) is None
+
+
 def test_fork_fans_out_idempotently_with_the_files(plane, tmp_path, cleanup):
     name = unique("fan")
     cleanup.extend([name] + ["%s-fork-%d" % (name, i) for i in (1, 2, 3)])

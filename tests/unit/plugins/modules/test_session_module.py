@@ -31,6 +31,30 @@ def test_create_body(run_module, fake_plane):
     assert rec["agent_kind"] == "AGENT_KIND_CUSTOM" and rec["workspace_id"]
 
 
+def test_the_create_body_is_yaml_with_repos_and_resume_on_topoff_as_a_query(run_module, fake_plane):
+    run = run_module(MAIN, {"name": "web-1", "repos": ["your-org/your-service"], "resume_on_topoff": True})
+    assert run.result["changed"] is True and run.result["session"]["resume_on_topoff"] is True
+    rec = list(fake_plane.sessions.values())[0]
+    assert rec["_repos"] == ["your-org/your-service"] and rec["resume_on_topoff"] is True
+    assert [c for c in fake_plane.content_types if c[0] != "GET"] == [("POST", "/sessions", "application/yaml")]
+
+
+def test_resume_on_topoff_is_changed_in_place_not_by_recreating(run_module, fake_plane):
+    rec = fake_plane.add_session("web-1")
+    check = run_module(MAIN, {"name": "web-1", "resume_on_topoff": True}, check=True, diff=True)
+    assert check.result["changed"] is True and fake_plane.mutating_calls() == []
+    assert check.result["diff"]["before"]["resume_on_topoff"] is False
+    assert check.result["diff"]["after"]["resume_on_topoff"] is True
+    run = run_module(MAIN, {"name": "web-1", "resume_on_topoff": True})
+    assert run.result["changed"] is True and run.result["session"]["session_id"] == rec["session_id"]
+    assert fake_plane.mutating_calls() == [("PATCH", "/sessions/%s" % rec["session_id"])]
+    assert fake_plane.content_types[-1] == ("PATCH", "/sessions/%s" % rec["session_id"], "application/json")
+    assert run_module(MAIN, {"name": "web-1", "resume_on_topoff": True}).result["changed"] is False
+    # Not set: left as it is.
+    assert run_module(MAIN, {"name": "web-1"}).result["changed"] is False
+    assert fake_plane.sessions[rec["session_id"]]["resume_on_topoff"] is True
+
+
 def test_a_variable_in_env_and_secrets_is_refused(run_module, fake_plane):
     run = run_module(MAIN, {"name": "web-1", "env": {"TOKEN": "plain-value"}, "secrets": {"TOKEN": "secret-value"}})
     assert run.failed and "TOKEN set in both env and secrets" in run.result["msg"]
