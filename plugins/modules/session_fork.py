@@ -17,12 +17,19 @@ description:
     (U(https://docs.digitalocean.com/reference/pydo/reference/harness/create_session_fork/)).
   - Without O(checkpoint), the platform first takes an implicit checkpoint of the source "now" and forks from it.
   - The fork is all or nothing, and blocking (see O(blocking_timeout)); a fork that got no answer is never sent again.
-  - B(Idempotent by lineage.) Every copy reports C(parent_session_id) (and C(fork_from_checkpoint_id)); the module
-    counts the live sessions forked from O(source) (from O(checkpoint), when given) and forks only the copies missing
-    to reach O(count). A second run with the same task changes nothing and returns the same sessions.
-  - B(Names.) The fork call takes no names; the platform names the copies. The local control plane names them
-    C(<source>-fork-1), C(<source>-fork-2) and so on (the lowest free numbers), so they are predictable there; on the
-    platform, use the names RV(names) returns.
+  - B(Idempotent by lineage, not by name.) Every copy reports C(parent_session_id) (and C(fork_from_checkpoint_id));
+    the module counts the live sessions forked from O(source) (from O(checkpoint), when given) and forks only the
+    copies missing to reach O(count). A second run with the same task changes nothing and returns the same sessions.
+  - B(Two fork tasks on the same source share that count.) Without O(checkpoint), every live fork of the source
+    counts, whoever made it: a task with O(count=2) after another task made 3 forks changes nothing, and one with
+    O(count=4) adds only 1; O(state=absent) deletes them all. Tasks that must not see each other's copies fork from
+    different checkpoints (different labels), since a task naming a checkpoint counts only the forks from it.
+  - B(Names.) The fork call takes no names
+    (U(https://docs.digitalocean.com/reference/pydo/reference/harness/create_session_fork/)): the platform names the
+    copies, so a name is known for certain only once the platform has given it (RV(names)). The local control plane
+    names them
+    C(<source>-fork-1), C(<source>-fork-2) and so on, the lowest numbers no live session uses; check mode predicts
+    names by that rule. On the platform, use the names RV(names) returns after a real run.
   - A session with a persistent workspace cannot be forked (the platform does not offer it).
 author:
   - microvm.sandbox maintainers (@microvm)
@@ -92,6 +99,12 @@ EXAMPLES = r"""
     ansible_connection: microvm.sandbox.agent
   loop: "{{ shards.names }}"
 
+- name: Another fan-out of the same source, kept apart by forking from its own checkpoint
+  microvm.sandbox.session_fork:
+    source: build-base
+    checkpoint: lint-ready      # counts (and deletes) only the forks from this checkpoint
+    count: 2
+
 - name: Delete the copies when done
   microvm.sandbox.session_fork:
     source: build-base
@@ -114,7 +127,10 @@ names:
   elements: str
   sample: [build-base-fork-1, build-base-fork-2]
 created:
-  description: The names of the sessions this task forked (or, in check mode, would fork).
+  description:
+    - The names of the sessions this task forked.
+    - In check mode, the names it would fork by the local control plane's rule (C(<source>-fork-<n>), the lowest
+      numbers no live session uses); the platform chooses its own names.
   returned: always
   type: list
   elements: str
@@ -181,9 +197,11 @@ class ForkManager(object):
         if missing <= 0:
             return False, existing, []
         if self.check:
-            predicted = [dict(name="%s-fork-%d" % (source.get("name"), len(existing) + i + 1),
-                              parent_session_id=source["session_id"], fork_from_checkpoint_id=from_id or "",
-                              status="SESSION_STATUS_READY") for i in range(missing)]
+            live = [s.get("name") or "" for s in self.client.list_sessions()
+                    if profile.short_status(s.get("status")) not in profile.GONE]
+            predicted = [dict(name=name, parent_session_id=source["session_id"], fork_from_checkpoint_id=from_id or "",
+                              status="SESSION_STATUS_READY")
+                         for name in fork_names(source.get("name") or "", live, missing)]
             return True, existing + predicted, [s["name"] for s in predicted]
         children = self.client.fork_session(source["session_id"], count=missing, from_checkpoint_id=from_id)
         if self.p["wait"]:
@@ -207,6 +225,25 @@ class ForkManager(object):
                 self.client.wait_session(s["session_id"], until=frozenset(["DESTROYED"]),
                                          timeout=self.p["wait_timeout"], gone_ok=True)
         return True
+
+
+def fork_names(parent_name, taken, count):
+    """The names the local control plane gives `count` new forks: <parent>-fork-<n>, lowest free n first.
+
+    The same rule as the plane's own fork_name (microvm_localplane.checkpoints; a unit test keeps the two in step):
+    a name is free when no live session has it (case-insensitively); the parent's name is shortened so that the
+    result fits in 64 characters.
+    """
+    used = set(str(n).lower() for n in taken)
+    names, n = [], 1
+    while len(names) < count:
+        suffix = "-fork-%d" % n
+        name = parent_name[:64 - len(suffix)].rstrip("._-") + suffix
+        if name.lower() not in used:
+            names.append(name)
+            used.add(name.lower())
+        n += 1
+    return names
 
 
 def main():

@@ -348,6 +348,9 @@ def test_fork_fans_out_idempotently_with_the_files(plane, tmp_path, cleanup):
               microvm.sandbox.session: {name: "{{ n }}"}
             - name: checkpoint
               microvm.sandbox.checkpoint: {session: "{{ n }}", label: prepared}
+            - name: fork in check mode
+              microvm.sandbox.session_fork: {source: "{{ n }}", checkpoint: prepared, count: 3}
+              check_mode: true
             - name: fork
               microvm.sandbox.session_fork: {source: "{{ n }}", checkpoint: prepared, count: 3}
             - name: fork again
@@ -358,6 +361,7 @@ def test_fork_fans_out_idempotently_with_the_files(plane, tmp_path, cleanup):
     assert run.rc == 0, run
     forked = run.result("fork")
     assert forked["changed"] and forked["names"] == ["%s-fork-%d" % (name, i) for i in (1, 2, 3)]
+    assert run.result("fork in check mode")["created"] == forked["created"]  # check mode predicts the real run
     assert all(s["status"] == "SESSION_STATUS_READY" for s in forked["sessions"])
     again = run.result("fork again")
     assert not again["changed"] and again["names"] == forked["names"]

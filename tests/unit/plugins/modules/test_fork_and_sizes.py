@@ -1,4 +1,6 @@
 """microvm.sandbox.session_fork and size_info against the fake plane."""
+import pytest
+
 from ansible_collections.microvm.sandbox.plugins.modules import session_fork, size_info
 
 FORK = session_fork.main
@@ -45,6 +47,50 @@ def test_fork_check_mode_and_bad_count(run_module, fake_plane):
     assert bad.failed and "count must be from 1 to 4" in bad.result["msg"]
     missing = run_module(FORK, {"source": "nope"})
     assert missing.failed and "nope" in missing.result["msg"]
+
+
+def test_check_mode_predicts_the_lowest_free_numbers_like_a_real_run(run_module, fake_plane):
+    """With fork-1 deleted and fork-3 taken by an unrelated session, the plane picks 1 and 4: so does check mode."""
+    src = fake_plane.add_session("base")
+    fake_plane.add_session("base-fork-2", parent_session_id=src["session_id"])
+    fake_plane.add_session("BASE-FORK-3")                       # not a fork, but its name is taken (any case)
+    fake_plane.add_session("base-fork-1", status="DESTROYED")   # gone: its name is free again
+    run = run_module(FORK, {"source": "base", "count": 3}, check=True)
+    assert run.result["created"] == ["base-fork-1", "base-fork-4"]
+    assert run.result["names"] == ["base-fork-2", "base-fork-1", "base-fork-4"]
+
+
+def test_two_fork_tasks_on_one_source_share_the_count_unless_their_checkpoints_differ(run_module, fake_plane):
+    """What the module docs promise: lineage is the identity, so unrelated tasks see each other's forks."""
+    src = fake_plane.add_session("base")
+    for label in ("lint", "test"):
+        fake_plane._post_sessions_x_checkpoints(["sessions", src["session_id"], "checkpoints"], {"label": label}, {})
+    assert len(run_module(FORK, {"source": "base", "count": 3}).result["created"]) == 3
+    assert run_module(FORK, {"source": "base", "count": 2}).result["changed"] is False   # 3 forks already
+    assert len(run_module(FORK, {"source": "base", "count": 4}).result["created"]) == 1  # tops up to 4
+    # Forks from a checkpoint are counted apart: each labelled fan-out keeps its own count.
+    lint = run_module(FORK, {"source": "base", "checkpoint": "lint", "count": 2})
+    test = run_module(FORK, {"source": "base", "checkpoint": "test", "count": 2})
+    assert len(lint.result["created"]) == 2 and len(test.result["created"]) == 2
+    ids = [set(s["session_id"] for s in r.result["sessions"]) for r in (lint, test)]
+    assert not ids[0] & ids[1]
+    run_module(FORK, {"source": "base", "checkpoint": "lint", "state": "absent"})
+    assert run_module(FORK, {"source": "base", "checkpoint": "test", "count": 2}).result["changed"] is False
+
+
+def test_predicted_names_follow_the_local_planes_rule():
+    """The module's prediction and the plane's own naming are two copies of one rule: keep them in step."""
+    checkpoints = pytest.importorskip("microvm_localplane.checkpoints")
+    cases = [("base", []), ("base", ["base-fork-1", "base-fork-3"]), ("x" * 64, []), ("a" * 57 + "-._b", []),
+             ("n" * 59 + ".", ["N" * 59 + "-fork-1"]), ("box", ["BOX-FORK-1", "box-fork-2"])]
+    for parent, taken in cases:
+        plane_names, used = [], set(t.lower() for t in taken)
+        for _i in range(4):
+            name = checkpoints.fork_name(parent, lambda n: n.lower() in used)
+            used.add(name.lower())
+            plane_names.append(name)
+        assert session_fork.fork_names(parent, taken, 4) == plane_names, (parent, taken)
+        assert all(len(n) <= 64 for n in plane_names)
 
 
 def test_fork_absent_deletes_the_forks(run_module, fake_plane):
