@@ -145,7 +145,7 @@ class Checkpoints:
                     "egress": session["egress"], "config_id": session.get("config_id")}
             # resume_on_topoff is never inherited by a fork (doctl config start-session).
             rec = self.sessions.new_record(spec, parent_session_id=sid, fork_id=fork_id,
-                                                      fork_from_checkpoint_id=cp["checkpoint_id"])
+                                           fork_from_checkpoint_id=cp["checkpoint_id"])
             rec["rootfs"] = dict(session["rootfs"])
             children.append(rec)
         for rec in children:

@@ -116,7 +116,7 @@ options:
         session reports it, so an existing session that differs is updated in place (C(PATCH), the platform's one
         patchable setting, U(https://docs.digitalocean.com/reference/pydo/reference/harness/update_session/)); no
         recreate.
-      - Per session: forks never inherit it. Not set leaves it as it is (off for a new session).
+      - It is per session, and forks never inherit it. Not set leaves it as it is (off for a new session).
     type: bool
   env:
     description:

@@ -21,13 +21,13 @@ description:
     the module counts the live sessions forked from O(source) (from O(checkpoint), when given) and forks only the
     copies missing to reach O(count). A second run with the same task changes nothing and returns the same sessions.
   - B(Two fork tasks on the same source share that count.) Without O(checkpoint), every live fork of the source
-    counts, whoever made it: a task with O(count=2) after another task made 3 forks changes nothing, and one with
+    counts, whoever made it. After one task made 3 forks, a task with O(count=2) changes nothing, and one with
     O(count=4) adds only 1; O(state=absent) deletes them all. Tasks that must not see each other's copies fork from
     different checkpoints (different labels), since a task naming a checkpoint counts only the forks from it.
   - B(Names.) The fork call takes no names
-    (U(https://docs.digitalocean.com/reference/pydo/reference/harness/create_session_fork/)): the platform names the
-    copies, so a name is known for certain only once the platform has given it (RV(names)). The local control plane
-    names them
+    (U(https://docs.digitalocean.com/reference/pydo/reference/harness/create_session_fork/)), so the platform names
+    the copies, and a name is known for certain only once the platform has given it (RV(names)). The local control
+    plane names them
     C(<source>-fork-1), C(<source>-fork-2) and so on, the lowest numbers no live session uses; check mode predicts
     names by that rule. On the platform, use the names RV(names) returns after a real run.
   - A session with a persistent workspace cannot be forked (the platform does not offer it).

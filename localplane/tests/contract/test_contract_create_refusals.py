@@ -59,7 +59,7 @@ def test_a_flat_spec_sent_as_json_is_refused_naming_the_key(api, extra):
     resp = api.create(dict({"name": name, "agent": "custom"}, **extra), content_type="application/json")
     assert resp.status_code == 400, resp.text
     assert "agent" in error_message(resp)
-    assert not [s for s in api.call("GET", "/sessions", params={"name": name}).json()["sessions"]]
+    assert not api.call("GET", "/sessions", params={"name": name}).json()["sessions"]
 
 
 def test_the_json_form_starts_a_session_from_a_config(api, make_session):

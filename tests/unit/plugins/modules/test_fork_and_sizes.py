@@ -86,7 +86,7 @@ def test_predicted_names_follow_the_local_planes_rule():
     for parent, taken in cases:
         plane_names, used = [], set(t.lower() for t in taken)
         for _i in range(4):
-            name = checkpoints.fork_name(parent, lambda n: n.lower() in used)
+            name = checkpoints.fork_name(parent, lambda n, u=used: n.lower() in u)
             used.add(name.lower())
             plane_names.append(name)
         assert session_fork.fork_names(parent, taken, 4) == plane_names, (parent, taken)
