@@ -75,7 +75,7 @@ def test_guest_cannot_see_state_dirs_or_host_home(plane, pair):
     listing = r.stdout.split()
     # /home holds only the base template's own user; /run/localplane only the guest's own run files
     assert b"agent.pid" in listing
-    assert set(listing) <= {b"sandbox", b"agent.pid", b"agent.log", b"session-env.json"}
+    assert set(listing) <= {b"sandbox", b"agent.pid", b"console.log", b"session-env.json"}
 
 
 def test_host_code_is_read_only_in_guest(pair):

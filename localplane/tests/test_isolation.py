@@ -5,6 +5,7 @@ checks the host afterwards: its sysctls, its files, its processes' owners,
 and that another guest and the plane still answer. See
 docs/localplane-guests.md for the promises and docs/guarantees.md for the map.
 """
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -12,7 +13,7 @@ import subprocess
 import pytest
 from guestkit import Plane, guests_supported, run, sh
 
-from microvm_localplane import idmap, limits, netns
+from microvm_localplane import guests, idmap, limits, netns
 
 pytestmark = [pytest.mark.skipif(not guests_supported(), reason="needs root, runc and subordinate ids (make system-deps)"),
               pytest.mark.timeout(300)]
@@ -169,6 +170,70 @@ def test_host_usr_and_etc_are_not_the_guests(attacker):
     lines = r.stdout.decode().split()
     host_bins = len(os.listdir("/usr/bin"))
     assert int(lines[1]) != host_bins  # a minimal Debian of its own, not the host's /usr
+
+
+# ------------------------------------------------------------------ the host's disk, through PID 1's output
+
+FLOOD = 64 << 20
+
+# Guest root takes PID 1's own stdout and stderr (pidfd_getfd, as ptrace could; /proc/1/fd/N as well when it
+# may open it) and writes FLOOD bytes to each, with escapes that would forge the plane's messages.
+GRAB_PID1_OUTPUT = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+pidfd = os.pidfd_open(1)
+flood = int(sys.argv[1])
+for n in (1, 2):
+    fd = libc.syscall(438, pidfd, n, 0)  # pidfd_getfd
+    if fd < 0:
+        print("getfd", n, os.strerror(ctypes.get_errno()))
+        continue
+    os.write(fd, "\x1b[2J\x1b]0;owned\x07\nlocalplane: forged plane message\n\u202e".encode())
+    chunk = b"x" * (1 << 20)
+    written = 0
+    try:
+        while written < flood:
+            written += os.write(fd, chunk)
+    except OSError as e:
+        print("stopped", n, e.strerror)
+    print("wrote", n, written)
+for n in (1, 2):
+    try:
+        with open("/proc/1/fd/%d" % n, "ab") as f:
+            f.write(b"y" * 4096)
+        print("proc-open", n, "ok")
+    except OSError as e:
+        print("proc-open", n, e.strerror)
+"""
+
+
+def _host_bytes(path):
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
+
+
+def test_pid1_output_lands_on_the_guests_own_disk_never_a_host_file(plane, attacker, bystander):
+    """H1: PID 1's stdout and stderr (inherited by the agent) are a file on the guest's own disk: guest root taking
+    and flooding them fills its own disk, never a host file, and what the plane shows of them is sanitized."""
+    _g, stub = attacker
+    layout = plane.manager._layout("attacker")
+    before = _host_bytes(layout.host)
+    out = run(stub, ["python3", "-c", GRAB_PID1_OUTPUT, str(FLOOD)])
+    assert out.stdout.count(b"wrote") == 2, out.stdout + out.stderr  # the attack itself worked: PID 1's fds taken
+    assert _host_bytes(layout.host) - before < (1 << 20), "a host file grew with what the guest wrote"
+    # it went where the guest's writes go: its own disk, visible to it
+    size = sh(stub, "stat -c %s /run/localplane/console.log").stdout
+    assert int(size) >= 2 * FLOOD, size
+    shown = guests._log_tail(layout)
+    assert len(shown) < 4000
+    assert "\n" not in shown and "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown
+    assert shown.startswith("guest console")  # never passed off as the plane's own words
+    assert sh(stub, ": > /run/localplane/console.log").code == 0
+    still_fine(plane, bystander, attacker)
 
 
 # ------------------------------------------------------------------ resources
