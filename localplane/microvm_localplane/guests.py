@@ -40,7 +40,7 @@ from . import limits as limits_mod
 from . import rootfs as rootfs_mod
 from .errors import DialError, GuestError
 from .freezer import GuestCgroup
-from .hostpaths import AGENT_LIB, code_paths
+from .hostpaths import AGENT_LIB, HostPathsError, code_paths
 from .portdial import dial_bridge, listen_bridge
 from .rootfs import RootfsError, SessionLayout
 from .statecopy import copy_state, replace_state, shift_ids
@@ -145,7 +145,10 @@ class GuestManager:
         os.makedirs(os.path.join(self.state_dir, "sessions"), exist_ok=True)
         os.chmod(self.state_dir, 0o700)
         self.runc_root = os.path.join(self.state_dir, "runc")
-        self.code = code_paths()
+        try:
+            self.code = code_paths()
+        except HostPathsError as e:
+            raise GuestError("guests cannot run the agent: %s" % e)
         # cgroups are machine-wide: scope them by state dir so two managers never collide.
         self._scope = hashlib.sha256(self.state_dir.encode()).hexdigest()[:12]
         self._guests = {}
@@ -275,7 +278,7 @@ class GuestManager:
         binds += [(h, g, True) for h, g in self.code.binds(hostlib)]
         config = oci.config(rootfs=layout.merged, hostname=hostname, args=args, env=proc_env, ids=ids, binds=binds,
                             limits=limits, cgroups_path=self._cgroup(layout.session_id).runc_path,
-                            tmp_size=limits.tmp)
+                            tmp_size=limits.tmp, masked=self.code.masked_paths())
         with open(os.path.join(layout.bundle, "config.json"), "w") as f:
             json.dump(config, f)
         return limits, ids

@@ -31,8 +31,9 @@ def _bind(src, dst, read_only):
     return {"destination": dst, "type": "bind", "source": src, "options": opts}
 
 
-def config(*, rootfs, hostname, args, env, ids, binds, limits, cgroups_path, tmp_size):
-    """binds: [(host path, guest path, read_only)]; limits: a GuestLimits; ids: an idmap.IdRange."""
+def config(*, rootfs, hostname, args, env, ids, binds, limits, cgroups_path, tmp_size, masked=()):
+    """binds: [(host path, guest path, read_only)]; limits: a GuestLimits; ids: an idmap.IdRange;
+    masked: guest paths to hide besides MASKED_PATHS."""
     uid_map, gid_map = ids.oci_mappings()
     mounts = [
         {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
@@ -68,7 +69,7 @@ def config(*, rootfs, hostname, args, env, ids, binds, limits, cgroups_path, tmp
             "uidMappings": [uid_map],
             "gidMappings": [gid_map],
             "namespaces": [{"type": t} for t in NAMESPACES],
-            "maskedPaths": list(MASKED_PATHS),
+            "maskedPaths": list(MASKED_PATHS) + list(masked),
             "readonlyPaths": list(READONLY_PATHS),
             "seccomp": seccomp_profile(),
             "resources": limits.oci_resources(),

@@ -172,6 +172,63 @@ def test_host_usr_and_etc_are_not_the_guests(attacker):
     assert int(lines[1]) != host_bins  # a minimal Debian of its own, not the host's /usr
 
 
+# The guest's view of /opt/localplane-agent: every mount there (its source path on the host: mountinfo's root,
+# and a listing of what the guest sees.
+AGENT_VIEW = r"""
+import json, os
+top = "/opt/localplane-agent"
+mounts = []
+with open("/proc/self/mountinfo") as f:
+    for line in f:
+        fields = line.split()
+        if fields[4] == top or fields[4].startswith(top + "/"):
+            mounts.append([fields[4], fields[3], fields[fields.index("-") + 1]])
+listing = {}
+for d in (top, top + "/python", top + "/python/bin", top + "/python/lib", top + "/lib", top + "/lib/google"):
+    listing[d] = sorted(os.listdir(d))
+stdlib = [n for n in listing[top + "/python/lib"] if n.startswith("python")][0]
+for sub in ("site-packages", "dist-packages"):
+    p = "%s/python/lib/%s/%s" % (top, stdlib, sub)
+    if os.path.isdir(p):
+        listing[p] = sorted(os.listdir(p))
+print(json.dumps({"mounts": mounts, "listing": listing}))
+"""
+
+
+def test_only_the_agent_runtime_of_the_host_is_visible(plane, attacker):
+    """H3: of the host, the guest sees at /opt/localplane-agent only what the agent runs on: the interpreter binary,
+    its standard library (without the host's installed packages), the C libraries it needs (a copy in the state
+    dir), this package and the site-packages entries it imports. Never a whole prefix such as /usr or the host's
+    home."""
+    import json
+    import sys
+    _g, stub = attacker
+    code = plane.manager.code
+    view = json.loads(py(stub, AGENT_VIEW).stdout)
+    listing = view["listing"]
+    top = "/opt/localplane-agent"
+    version = "python%d.%d" % sys.version_info[:2]
+    assert listing[top] == ["hostlib", "lib", "python"]
+    assert listing[top + "/python"] == ["bin", "lib"]
+    assert listing[top + "/python/bin"] == [version]         # no pip, no other tool of the host's prefix
+    assert listing[top + "/python/lib"] == [version]         # no other Python, no libpython, no pkgconfig
+    assert listing[top + "/lib/google"] == ["_upb", "protobuf"]
+    for sub in ("site-packages", "dist-packages"):
+        assert listing.get("%s/python/lib/%s/%s" % (top, version, sub), []) == []  # the host's installed packages
+    # every mount there is one of the runtime's own paths on the host: nothing else of the host's home or /usr
+    allowed = {os.path.realpath(h) for h, _g in code.binds(plane.manager._hostlib)}
+    # (mountinfo's root is the path inside the source's file system: the tail of the host path)
+    sources = {src for _dst, src, fstype in view["mounts"] if fstype != "tmpfs"}
+    assert sources and "/" not in sources, view
+    stray = sorted(src for src in sources if not any(a.endswith(src) for a in allowed))
+    assert not stray, stray
+    masks = [dst for dst, _src, fstype in view["mounts"] if fstype == "tmpfs"]
+    assert all(dst.endswith(("/site-packages", "/dist-packages")) for dst in masks), masks
+    home = os.path.expanduser("~")
+    for src in sources:
+        assert src not in ("/usr", "/usr/lib", "/usr/local", home, os.path.realpath(sys.base_prefix)), src
+
+
 # ------------------------------------------------------------------ the host's disk, through PID 1's output
 
 FLOOD = 64 << 20
