@@ -102,6 +102,124 @@ for name, (nr, *args) in calls.items():
     assert all(result in ("EPERM", "EACCES") for result in out.values()), out
 
 
+# Calls that succeed for an unprivileged process on this kernel unless the guest's filter refuses them (each with
+# arguments that would work: an O_PATH tree of "/", the guest's own files, its own memory policy), and the
+# mount API calls that reach past it.
+FILTERED = r"""
+import ctypes, errno, mmap, os
+libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD = -100
+buf = mmap.mmap(-1, 4096)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+calls = {"open_tree": (428, AT_FDCWD, b"/", 0), "open_tree_attr_clone": (467, AT_FDCWD, b"/", 1, 0, 0),
+         "fsopen": (430, b"tmpfs", 0), "fspick": (433, AT_FDCWD, b"/", 0), "fsconfig": (431, -1, 0, 0, 0, 0),
+         "fsmount": (432, -1, 0, 0), "move_mount": (429, -1, b"", AT_FDCWD, b"/mnt", 4),
+         "mount_setattr": (442, AT_FDCWD, b"/", 0, 0, 0),
+         "kcmp": (312, os.getpid(), os.getpid(), 0, 0, 0), "setns": (308, os.open("/proc/self/ns/uts", os.O_RDONLY), 0),
+         "fanotify_init": (300, 0x200, 0), "vhangup": (153,),
+         "get_mempolicy": (239, 0, 0, 0, 0, 0), "set_mempolicy": (238, 0, 0, 0), "mbind": (237, addr, 4096, 0, 0, 0, 0),
+         "move_pages": (279, 0, 0, 0, 0, 0, 0)}
+for name, (nr, *args) in calls.items():
+    rc = libc.syscall(nr, *args)
+    print(name, "allowed" if rc >= 0 else errno.errorcode.get(ctypes.get_errno(), "?"))
+"""
+
+
+def test_the_new_mount_api_and_the_calls_moby_gates_are_refused(attacker):
+    """The new mount API and what moby's default profile allows only with a capability a guest lacks (kcmp, setns,
+    fanotify_init, vhangup, the NUMA calls) are EPERM. open_tree_attr, which the host's libseccomp 2.5 cannot name
+    (so runc cannot filter it), cannot clone a tree either: that needs CAP_SYS_ADMIN, which a guest never has."""
+    _g, stub = attacker
+    out = dict(line.split() for line in py(stub, FILTERED).stdout.decode().splitlines())
+    assert len(out) == 16, out
+    assert not [n for n, result in out.items() if result == "allowed"], out
+    assert set(out.values()) == {"EPERM"}, out
+
+
+def test_personality_and_clone3(attacker):
+    """personality may set harmless personas, never weaken memory protections (nor query with 0xffffffff, which
+    carries every flag); clone3 answers ENOSYS (so libc falls back to clone, whose flags the filter checks) and fork
+    still works."""
+    _g, stub = attacker
+    code = r"""
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def call(nr, *args):
+    rc = libc.syscall(nr, *[ctypes.c_ulong(a) for a in args])  # as libc passes them: unsigned long
+    return str(rc) if rc >= 0 else errno.errorcode.get(ctypes.get_errno(), "?")
+current = call(135, 0xffffffff)
+print("query", "ok" if current.isdigit() else current)
+for name, flag in (("READ_IMPLIES_EXEC", 0x0400000), ("ADDR_NO_RANDOMIZE", 0x0040000), ("MMAP_PAGE_ZERO", 0x0100000),
+                   ("ADDR_COMPAT_LAYOUT", 0x0200000)):
+    print(name, call(135, flag))
+print("PER_LINUX", "ok" if call(135, 0).isdigit() else "refused")
+print("PER_LINUX32", "ok" if call(135, 0x0008).isdigit() and call(135, 0).isdigit() else "refused")
+print("clone3", call(435, 0, 0))
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+print("fork", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+    out = dict(line.split() for line in py(stub, code).stdout.decode().splitlines())
+    assert out == {"query": "EPERM", "READ_IMPLIES_EXEC": "EPERM", "ADDR_NO_RANDOMIZE": "EPERM", "MMAP_PAGE_ZERO": "EPERM",
+                   "ADDR_COMPAT_LAYOUT": "EPERM", "PER_LINUX": "ok", "PER_LINUX32": "ok", "clone3": "ENOSYS", "fork": "7"}, out
+
+
+def test_masked_and_read_only_kernel_paths(attacker):
+    """/proc/kcore, /proc/keys, /proc/timer_list, /proc/asound, /sys/firmware and the like show nothing; /sys,
+    /proc/sys, /proc/irq, /proc/bus, /proc/fs and /proc/sysrq-trigger are read-only mounts; no device nodes."""
+    _g, stub = attacker
+    code = r"""
+import json, os
+out = {}
+for p in ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/latency_stats",
+          "/proc/asound", "/proc/acpi", "/proc/scsi", "/sys/firmware", "/sys/kernel/debug", "/sys/kernel/security"):
+    try:
+        if os.path.isdir(p):
+            out[p] = "entries" if os.listdir(p) else "empty"
+        else:
+            with open(p, "rb") as f:
+                out[p] = "data" if f.read(4096) else "empty"
+    except FileNotFoundError:
+        out[p] = "absent"
+    except OSError as e:
+        out[p] = e.strerror
+ro = {}
+with open("/proc/self/mountinfo") as f:
+    for line in f:
+        fields = line.split()
+        ro[fields[4]] = "ro" in fields[5].split(",")
+out["ro"] = {p: ro.get(p) if os.path.exists(p) else "absent"
+             for p in ("/sys", "/proc/sys", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/sysrq-trigger")}
+writes = {}
+for p in ("/sys/kernel/mm/transparent_hugepage/enabled", "/proc/irq/default_smp_affinity", "/sys/fs/cgroup/x"):
+    try:
+        if p.endswith("/x"):
+            os.mkdir(p)
+        else:
+            with open(p, "w") as f:
+                f.write(f.read() if False else "x")
+        writes[p] = "written"
+    except OSError as e:
+        writes[p] = e.strerror
+out["writes"] = writes
+try:
+    os.mknod("/tmp/null", 0o20666, os.makedev(1, 3))
+    out["mknod"] = "made"
+except OSError as e:
+    out["mknod"] = e.strerror
+print(json.dumps(out))
+"""
+    import json
+    out = json.loads(py(stub, code).stdout)
+    ro, writes, mknod = out.pop("ro"), out.pop("writes"), out.pop("mknod")
+    assert not [p for p, seen in out.items() if seen in ("data", "entries")], out
+    # a path this kernel lacks (no /proc/sysrq-trigger without CONFIG_MAGIC_SYSRQ) is fine; /sys and /proc/sys never are
+    assert all(v is True or v == "absent" for v in ro.values()) and ro["/sys"] is True and ro["/proc/sys"] is True, ro
+    assert "written" not in writes.values(), writes
+    assert mknod == "Operation not permitted", mknod
+
+
 def test_no_mount_even_in_a_new_user_namespace(attacker):
     _g, stub = attacker
     r = sh(stub, "unshare -Urm mount -t tmpfs none /mnt 2>&1; echo rc=$?; mount -t tmpfs none /mnt 2>&1; echo rc=$?")
