@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 import requests
-from guestkit import Plane, guests_supported, run, sh
+from guestkit import GATEWAY, Plane, connect, guests_supported, host_addresses, outside_peer, run, sh
 from microvm_plane_testing import start_local_plane, stop_local_plane, unique_name
 
 from microvm_localplane import contract, guests, idmap, limits, netns
@@ -539,17 +539,41 @@ def test_link_local_and_loopback_destinations_are_dropped():
     assert "drop" in guard
 
 
-def test_plane_port_is_not_reachable(attacker):
-    """The plane listens on the host's loopback; a guest's 127.0.0.1 is its own."""
+@pytest.fixture(scope="module")
+def link_local_peer():
+    """A listener outside the host on a link-local address (as a cloud's metadata service at 169.254.169.254 is),
+    also reachable at a routable one (TEST-NET-3, RFC 5737); the host's side of its link has a link-local address
+    of its own."""
+    import random
+    third, fourth = random.randrange(1, 255), 4 * random.randrange(64)
+    with outside_peer(["169.254.%d.%d/30" % (third, fourth), "203.0.113.%d/30" % (4 * random.randrange(64))]) as pairs:
+        yield pairs
+
+
+def test_link_local_the_hosts_loopback_and_the_plane_are_unreachable(plane, attacker, bystander, link_local_peer):
+    """Packets a guest sends to a link-local address (beyond the host, or the host's own), to the host's loopback
+    services and to the plane's real listening address go nowhere; the same peer at a routable address answers the
+    guest, the host reaches the link-local peer, and the plane and the other guest carry on."""
     import socket
+    from urllib.parse import urlparse
     _g, stub = attacker
+    (host_ll, peer_ll), (_host_routable, peer_routable) = link_local_peer
+    assert connect(stub, peer_routable, 8080) == "connected"   # the guest's egress works: the drop is specific
+    with socket.create_connection((peer_ll, 8080), timeout=5):
+        pass                                                   # the path to the link-local peer is there
+    assert connect(stub, peer_ll, 8080).startswith("failed")    # forwarded by the host: dropped
     listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
+    listener.bind(("0.0.0.0", 0))
     listener.listen()
-    port = listener.getsockname()[1]
     try:
-        code = ("import socket\ntry:\n    socket.create_connection(('127.0.0.1', %d), timeout=3).close()\n"
-                "    print('connected')\nexcept OSError as e:\n    print('failed', e)\n" % port)
-        assert py(stub, code).stdout.startswith(b"failed")
+        # the host's own link-local address and its loopback listeners (a guest's 127.0.0.1 is its own)
+        assert connect(stub, host_ll, listener.getsockname()[1]).startswith("failed")
+        assert connect(stub, "127.0.0.1", listener.getsockname()[1]).startswith("failed")
     finally:
         listener.close()
+    plane_port = urlparse(plane.api.url).port
+    gateway = sh(stub, GATEWAY).stdout.decode().strip()
+    assert gateway.startswith("10.213.")
+    for addr in ["127.0.0.1", gateway, host_ll] + host_addresses():
+        assert connect(stub, addr, plane_port).startswith("failed"), addr
+    still_fine(plane, bystander, attacker)
