@@ -145,6 +145,7 @@ class GuestManager:
         os.makedirs(os.path.join(self.state_dir, "sessions"), exist_ok=True)
         os.chmod(self.state_dir, 0o700)
         self.runc_root = os.path.join(self.state_dir, "runc")
+        self.disk_reserve = disk.DEFAULT_RESERVE   # what new sessions' disks must leave free (admit())
         try:
             self.code = code_paths()
         except HostPathsError as e:
@@ -181,6 +182,10 @@ class GuestManager:
 
     def get(self, session_id):
         return self._guests.get(session_id)
+
+    def admit(self, sizes):
+        """Refuse new sessions of these size slugs (disk.DiskCapacityError) whose disks the host cannot hold."""
+        disk.admit(self.state_dir, [limits_mod.for_size(size).disk for size in sizes], self.disk_reserve)
 
     def _runc(self, *args, check=True):
         proc = subprocess.run([RUNC, "--root", self.runc_root, *args], capture_output=True, text=True, check=False,

@@ -161,8 +161,17 @@ class Sessions:
         }
         return rec, warnings
 
+    def admit(self, size_slug, count=1):
+        """A quota of the local plane (409): the host must hold every new session's whole disk (disk.admit)."""
+        from .disk import DiskCapacityError
+        try:
+            self.guests.admit([size_slug] * count)
+        except DiskCapacityError as e:
+            raise ApiFailure(409, str(e))
+
     def create(self, spec):
         rec, warnings = self.new_record(spec)
+        self.admit(spec["size_slug"])
         wildcards = [h for h in (spec["egress"] or []) if h.startswith("*.")]
         if wildcards:
             # The guest runtime resolves allowed hosts to addresses once, at boot; a wildcard matches none.
