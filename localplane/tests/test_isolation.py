@@ -510,6 +510,51 @@ def test_disk_is_bounded_inside_the_guest_only(plane, attacker, bystander):
     assert sh(stub, "head -c 1048576 /dev/zero > /workspace/after && echo written").stdout == b"written\n"
 
 
+BUSY = r"""
+import os, sys, time
+procs, wall = int(sys.argv[1]), float(sys.argv[2])
+start = time.monotonic()
+kids = []
+for _ in range(procs):
+    pid = os.fork()
+    if pid == 0:
+        end = time.monotonic() + wall
+        while time.monotonic() < end:
+            pass
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.waitpid(pid, 0)
+print(time.monotonic() - start)
+"""
+
+def cpu_quota(cgroup):
+    """The guest's CPU bandwidth as the host set it: (quota, period) in microseconds (cgroup v1 or v2)."""
+    if cgroup.v2:
+        with open(os.path.join(cgroup.path("cpu"), "cpu.max")) as f:
+            quota, period = f.read().split()
+        return int(quota), int(period)
+    with open(os.path.join(cgroup.path("cpu"), "cpu.cfs_quota_us")) as q, \
+            open(os.path.join(cgroup.path("cpu"), "cpu.cfs_period_us")) as p:
+        return int(q.read()), int(p.read())
+
+
+def test_cpu_is_bounded_by_the_size(plane, attacker, bystander):
+    """More busy processes than the size has CPUs get, together, at most the size's CPUs of time: CPU time over
+    wall time, measured by the host on the guest's cgroup (a ratio, not a speed), and the quota throttled them."""
+    g, stub = attacker
+    quota, period = cpu_quota(g._cgroup)
+    assert quota / period == SMALL.cpus
+    procs = int(SMALL.cpus) + 2            # more runnable processes than the size allows CPUs
+    used0, throttled0 = g._cgroup.cpu()
+    wall = float(run(stub, ["python3", "-c", BUSY, str(procs), "3"], timeout_seconds=60).stdout)
+    used1, throttled1 = g._cgroup.cpu()
+    ratio = (used1 - used0) / wall
+    assert 0.05 < ratio <= SMALL.cpus * 1.2, "the guest used %.2f CPUs; its size allows %s" % (ratio, SMALL.cpus)
+    assert throttled1 > throttled0
+    still_fine(plane, bystander, attacker)
+
+
 def test_tmp_is_bounded(attacker):
     _g, stub = attacker
     r = sh(stub, "head -c %d /dev/zero 2>&1 > /tmp/fill; echo rc=$?; rm -f /tmp/fill" % (SMALL.tmp + (16 << 20)))
