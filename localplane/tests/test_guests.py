@@ -522,7 +522,6 @@ def open_guest(plane):
     return g, plane.stub(g)
 
 
-
 def test_open_egress_gives_eth0_and_a_default_route(open_guest):
     _guest, stub = open_guest
     r = sh(stub, "grep -c eth0 /proc/net/dev; " + GATEWAY)
