@@ -24,6 +24,7 @@ import hashlib
 import inspect
 import json
 import os
+import pwd
 import select
 import signal
 import stat
@@ -43,6 +44,7 @@ import grpc  # noqa: E402
 
 from . import agentarchive  # noqa: E402
 from .agentarchive import tar_stream  # noqa: E402
+from .baseimage import ACCOUNT_PASSWORD_VARS  # noqa: E402
 from .beneath import DIR, MISSING, Outside, TooLong, Walk, check_lengths  # noqa: E402
 from .pb import pb2, pb2_grpc  # noqa: E402
 
@@ -249,10 +251,41 @@ class StdinFeeder(threading.Thread):
         return None
 
 
+def set_passwords(env, done):
+    """Give the guest's users the passwords the session sets (ACCOUNT_PASSWORD_VARS), with the guest's
+    own chpasswd, then set `done`. Runs beside the server (hashing takes tens of ms): commands wait for it."""
+    try:
+        lines = []
+        for var, user in ACCOUNT_PASSWORD_VARS:
+            password = env.get(var)
+            if not password:
+                continue
+            if "\n" in password or "\r" in password:
+                sys.stderr.write("agent: %s holds more than one line: %s's password not set\n" % (var, user))
+                continue
+            try:
+                pwd.getpwnam(user)
+            except KeyError:
+                sys.stderr.write("agent: %s is set but this guest has no user %s\n" % (var, user))
+                continue
+            lines.append("%s:%s\n" % (user, password))
+        if lines:
+            try:
+                proc = subprocess.run(["chpasswd"], input="".join(lines).encode(), env=BASELINE_ENV,
+                                      capture_output=True, timeout=60, check=False)
+                if proc.returncode != 0:  # its message names the user, never the password
+                    sys.stderr.write("agent: chpasswd failed: %s\n" % proc.stderr.decode(errors="replace").strip())
+            except (OSError, subprocess.SubprocessError) as e:
+                sys.stderr.write("agent: cannot set the session's passwords: %s\n" % e)
+    finally:
+        done.set()
+
+
 class AgentService(pb2_grpc.SandboxAgentServiceServicer):
-    def __init__(self, session_env=None):
+    def __init__(self, session_env=None, accounts_ready=None):
         self.baseline_env = dict(BASELINE_ENV)
         self.baseline_env.update(session_env or {})
+        self.accounts_ready = accounts_ready
 
     @refusing
     def Exec(self, request_iterator, context):
@@ -260,6 +293,8 @@ class AgentService(pb2_grpc.SandboxAgentServiceServicer):
         if first is None or first.WhichOneof("request") != "start":
             raise invalid("the first ExecRequest must be start")
         argv, workdir = validate_start(first.start)
+        if self.accounts_ready is not None:
+            self.accounts_ready.wait(60)  # a become right after boot needs the session's passwords in place
         env = dict(self.baseline_env)
         env.update(first.start.env)
         timeout = first.start.timeout_seconds
@@ -538,13 +573,13 @@ def session_env(run_dir=RUN_DIR):
         return {}
 
 
-def build_server(listen=LISTEN, env=None, workers=64):
+def build_server(listen=LISTEN, env=None, workers=64, accounts_ready=None):
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agent"),
         options=[("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),
                  ("grpc.so_reuseport", 0)],
     )
-    pb2_grpc.add_SandboxAgentServiceServicer_to_server(AgentService(env), server)
+    pb2_grpc.add_SandboxAgentServiceServicer_to_server(AgentService(env, accounts_ready), server)
     if server.add_insecure_port(listen) == 0:
         raise RuntimeError("cannot listen on %s" % listen)
     return server
@@ -567,7 +602,12 @@ def serve(listen=LISTEN):
         os.makedirs(HOME, exist_ok=True)
     except OSError:
         pass  # the guest may have replaced its home with anything; commands still run
-    server = build_server(listen, env)
+    accounts_ready = threading.Event()
+    if any(env.get(var) for var, _user in ACCOUNT_PASSWORD_VARS):
+        threading.Thread(target=set_passwords, args=(env, accounts_ready), daemon=True).start()
+    else:
+        accounts_ready.set()
+    server = build_server(listen, env, accounts_ready=accounts_ready)
     server.start()
     record_pid()
     server.wait_for_termination()

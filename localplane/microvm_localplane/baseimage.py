@@ -24,6 +24,10 @@ BUILD_TIMEOUT = 1800
 # The unprivileged user a guest's commands can switch to, with a password: `become` with sudo and su.
 GUEST_USER = "sandbox"
 GUEST_UID = 1000
+# The session variables (secrets, or env) that give that user and root a password at every boot (the agent sets
+# them), so that become with sudo (the user's own password) and su (root's) can be answered. Without them a
+# password stays as the template has it: this one's are locked. (Decision: the platform documents no such user.)
+ACCOUNT_PASSWORD_VARS = (("SANDBOX_USER_PASSWORD", GUEST_USER), ("SANDBOX_ROOT_PASSWORD", "root"))
 
 
 class BaseImageError(Exception):
@@ -95,7 +99,7 @@ def _finish(root):
                 os.unlink(p)
     subprocess.run(["chroot", root, "useradd", "--create-home", "--uid", str(GUEST_UID), "--user-group",
                     "--shell", "/bin/bash", GUEST_USER], check=True, capture_output=True)
-    # The sandbox user may sudo (with its password, which the session sets: see guest_init).
+    # The sandbox user may sudo, with its password (locked here; a session sets it: ACCOUNT_PASSWORD_VARS).
     with open(os.path.join(root, "etc", "sudoers.d", GUEST_USER), "w") as f:
         f.write("%s ALL=(ALL:ALL) ALL\n" % GUEST_USER)
     os.chmod(os.path.join(root, "etc", "sudoers.d", GUEST_USER), 0o440)

@@ -120,6 +120,7 @@ class Checkpoints:
                 contract.FORK_MIN, contract.FORK_MAX, count))
         sid = session["session_id"]
         self._refuse_with_workspace(session, "fork")
+        self.sessions.admit(session["size_slug"], count)
         from_id = doc.get("from_checkpoint_id") or ""
         if not isinstance(from_id, str):
             raise ApiFailure(400, "from_checkpoint_id must be a checkpoint id")

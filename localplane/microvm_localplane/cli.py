@@ -117,7 +117,7 @@ async def serve_forever(args):
         raise SystemExit("another local control plane is already serving %s (see %s)" % (state_dir, info_path(state_dir)))
     host, port = parse_listen(args.listen)
     token = load_or_make_token(state_dir, args.token)
-    plane = Plane(state_dir, token, archive_limits=archive_limits(args))
+    plane = Plane(state_dir, token, archive_limits=archive_limits(args), disk_reserve=args.disk_reserve)
     app = make_app(plane)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)
     await runner.setup()
@@ -210,7 +210,7 @@ def cmd_up(args):
         with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
             child = subprocess.Popen(
                 [sys.executable, "-m", "microvm_localplane", "serve", "--listen", listen, "--state-dir", state_dir,
-                 "--no-print-token"] + archive_limit_argv(args),
+                 "--no-print-token"] + archive_limit_argv(args) + disk_reserve_argv(args),
                 stdin=devnull, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, close_fds=True)
         deadline = time.time() + START_TIMEOUT
         url = None
@@ -337,6 +337,30 @@ def archive_limit_argv(args):
     return argv
 
 
+DISK_RESERVE_ENV = "MICROVM_LOCALPLANE_DISK_RESERVE"
+
+
+def non_negative_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be a whole number of bytes, 0 or more, got %r" % text)
+    return value
+
+
+def add_disk_reserve_option(p):
+    from .disk import DEFAULT_RESERVE
+    p.add_argument("--disk-reserve", type=non_negative_int, default=os.environ.get(DISK_RESERVE_ENV),
+                   help="bytes of the state dir's file system that a new session's whole disk must leave free, or its "
+                        "create (or fork) is refused with 409 (default %d, or env %s)" % (DEFAULT_RESERVE, DISK_RESERVE_ENV))
+
+
+def disk_reserve_argv(args):
+    return [] if args.disk_reserve is None else ["--disk-reserve", str(args.disk_reserve)]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="microvm-localplane",
                                      description="The local control plane of the microvm.sandbox collection.")
@@ -349,6 +373,7 @@ def main(argv=None):
     p.add_argument("--no-print-token", dest="print_token", action="store_false",
                    help="do not print the token (used by `up`, whose output goes to a log)")
     add_archive_limit_options(p)
+    add_disk_reserve_option(p)
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("up", help="start in the background (or reuse the running one) and write an env file")
     p.add_argument("--listen", default=None,
@@ -358,6 +383,7 @@ def main(argv=None):
     p.add_argument("--env-file")
     p.add_argument("--token", default=None)
     add_archive_limit_options(p)
+    add_disk_reserve_option(p)
     p.set_defaults(func=cmd_up)
     p = sub.add_parser("down", help="stop the background plane and every guest")
     p.add_argument("--state-dir", required=True)

@@ -1,5 +1,6 @@
 """Validate the flat session create body (the environment spec) at least as strictly as the platform does."""
 from . import contract
+from .baseimage import ACCOUNT_PASSWORD_VARS
 from .httputil import ApiFailure
 
 
@@ -19,6 +20,9 @@ def _string_map(doc, field):
             raise ApiFailure(400, "%s value of %s must be a string, got %s%s (quote it)" % (field, k, type(v).__name__, shown))
         if "\x00" in v:
             raise ApiFailure(400, "%s value of %s contains a NUL byte" % (field, k))
+        if k in dict(ACCOUNT_PASSWORD_VARS) and (not v or "\n" in v or "\r" in v):
+            raise ApiFailure(400, "%s value of %s is a password of the guest's user %s: it must be one line, not empty"
+                             % (field, k, dict(ACCOUNT_PASSWORD_VARS)[k]))
     return dict(values)
 
 

@@ -11,6 +11,12 @@ are made again after a host reboot (ensure()); destroy() removes them.
 
 A new image is a sparse copy of a blank one made once per size with
 mkfs.ext4 (a few MB actually written), so a new session pays a copy, not a mkfs.
+
+Images are sparse, so the host's space is promised, not taken: admit() refuses
+a new session (create, each child of a fork) whose whole disk the file system
+of the state dir cannot hold now with the plane's reserve left over. Sessions
+together may still promise more than the host has (50 `standard` sessions
+promise 400 GiB); what they have written is what they take.
 """
 import contextlib
 import fcntl
@@ -21,8 +27,31 @@ import subprocess
 from . import idmap
 
 
+DEFAULT_RESERVE = 1 << 30      # bytes of the state dir's file system a new session's disk must leave free
+GiB = float(1 << 30)
+
+
 class DiskError(Exception):
     pass
+
+
+class DiskCapacityError(DiskError):
+    """The host cannot hold a new session's disk."""
+
+
+def admit(state_dir, disks, reserve):
+    """Refuse new disks (a list of sizes in bytes) unless the file system of state_dir has room for all of them
+    whole, with `reserve` bytes left over; DiskCapacityError says what is missing."""
+    st = os.statvfs(state_dir)
+    free = st.f_bavail * st.f_frsize
+    need = sum(disks)
+    if free - reserve < need:
+        what = "a %.1f GiB disk" % (need / GiB) if len(disks) == 1 else "%d disks of %.1f GiB in all" % (
+            len(disks), need / GiB)
+        raise DiskCapacityError(
+            "not enough disk space for %s: the state dir's file system (%s) has %.1f GiB free, and the plane keeps "
+            "%.1f GiB of it in reserve (up/serve --disk-reserve); free space there or delete sessions"
+            % (what, state_dir, free / GiB, reserve / GiB))
 
 
 def _run(argv):

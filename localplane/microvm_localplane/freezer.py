@@ -1,4 +1,4 @@
-"""A guest's cgroup as runc manages it: read its freezer state, memory and processes (v1 or v2).
+"""A guest's cgroup as runc manages it: read its freezer state, memory, CPU and processes (v1 or v2).
 
 runc creates the cgroup at the config's cgroupsPath (/microvm/<scope>/<session>)
 and applies the limits; pause and resume go through runc (guests.py). The
@@ -54,3 +54,16 @@ class GuestCgroup:
                 return int(f.read().strip())
         except (FileNotFoundError, ValueError):
             return 0
+
+    def cpu(self):
+        """-> (CPU time used in seconds, periods in which the CPU quota throttled it) since the group began."""
+        stat = {}
+        try:
+            with open(os.path.join(self.path("cpu"), "cpu.stat")) as f:
+                stat = dict((k, int(v)) for k, v in (line.split() for line in f if len(line.split()) == 2))
+            if self.v2:
+                return stat.get("usage_usec", 0) / 1e6, stat.get("nr_throttled", 0)
+            with open(os.path.join(self.path("cpuacct"), "cpuacct.usage")) as f:
+                return int(f.read().strip()) / 1e9, stat.get("nr_throttled", 0)
+        except (FileNotFoundError, ValueError):
+            return 0.0, stat.get("nr_throttled", 0)

@@ -28,8 +28,11 @@ RESPAWN_MIN, RESPAWN_MAX = 0.2, 5.0
 
 
 def log(msg):
-    sys.stderr.write("guest_init: %s\n" % msg)
-    sys.stderr.flush()
+    try:
+        sys.stderr.write("guest_init: %s\n" % msg)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass  # the console is on the guest's disk, which the guest may have filled: PID 1 carries on
 
 
 def parse_request(data):

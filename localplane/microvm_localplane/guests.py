@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import threading
 import time
@@ -39,7 +40,7 @@ from . import limits as limits_mod
 from . import rootfs as rootfs_mod
 from .errors import DialError, GuestError
 from .freezer import GuestCgroup
-from .hostpaths import AGENT_LIB, code_paths
+from .hostpaths import AGENT_LIB, HostPathsError, code_paths
 from .portdial import dial_bridge, listen_bridge
 from .rootfs import RootfsError, SessionLayout
 from .statecopy import copy_state, replace_state, shift_ids
@@ -144,7 +145,11 @@ class GuestManager:
         os.makedirs(os.path.join(self.state_dir, "sessions"), exist_ok=True)
         os.chmod(self.state_dir, 0o700)
         self.runc_root = os.path.join(self.state_dir, "runc")
-        self.code = code_paths()
+        self.disk_reserve = disk.DEFAULT_RESERVE   # what new sessions' disks must leave free (admit())
+        try:
+            self.code = code_paths()
+        except HostPathsError as e:
+            raise GuestError("guests cannot run the agent: %s" % e)
         # cgroups are machine-wide: scope them by state dir so two managers never collide.
         self._scope = hashlib.sha256(self.state_dir.encode()).hexdigest()[:12]
         self._guests = {}
@@ -177,6 +182,10 @@ class GuestManager:
 
     def get(self, session_id):
         return self._guests.get(session_id)
+
+    def admit(self, sizes):
+        """Refuse new sessions of these size slugs (disk.DiskCapacityError) whose disks the host cannot hold."""
+        disk.admit(self.state_dir, [limits_mod.for_size(size).disk for size in sizes], self.disk_reserve)
 
     def _runc(self, *args, check=True):
         proc = subprocess.run([RUNC, "--root", self.runc_root, *args], capture_output=True, text=True, check=False,
@@ -274,7 +283,7 @@ class GuestManager:
         binds += [(h, g, True) for h, g in self.code.binds(hostlib)]
         config = oci.config(rootfs=layout.merged, hostname=hostname, args=args, env=proc_env, ids=ids, binds=binds,
                             limits=limits, cgroups_path=self._cgroup(layout.session_id).runc_path,
-                            tmp_size=limits.tmp)
+                            tmp_size=limits.tmp, masked=self.code.masked_paths())
         with open(os.path.join(layout.bundle, "config.json"), "w") as f:
             json.dump(config, f)
         return limits, ids
@@ -289,13 +298,13 @@ class GuestManager:
             raise GuestError(str(e))
         await asyncio.to_thread(self._kill, layout)   # a crash may have left a container or mounts behind
         try:
-            await asyncio.to_thread(self._prepare, layout, rootfs, env, hostname, size)
+            _limits, ids = await asyncio.to_thread(self._prepare, layout, rootfs, env, hostname, size)
         except (RootfsError, OSError, idmap.IdmapError, baseimage.BaseImageError, disk.DiskError) as e:
             await asyncio.to_thread(rootfs_mod.unmount_root, layout)
             raise GuestError("cannot prepare guest %s: %s" % (session_id, e))
         try:
             async with self._starting:
-                init_pid = await asyncio.to_thread(self._start, layout, session_id)
+                init_pid = await asyncio.to_thread(self._start, layout, session_id, ids)
                 pid_start = proc_start_time(init_pid)
                 # The network is set up while the agent starts: both only need the namespaces.
                 await asyncio.gather(self._setup_network(layout, init_pid, egress), self._wait_ready(layout, init_pid))
@@ -312,24 +321,29 @@ class GuestManager:
         self._guests[session_id] = guest
         return guest
 
-    def _start(self, layout, session_id):
+    def _start(self, layout, session_id, ids):
         """runc run --detach with the bridge socket as the guest's fd 3; -> host pid of its PID 1."""
         try:
             bridge = listen_bridge(layout)
         except OSError as e:
             raise GuestError("cannot prepare guest: %s" % e)
-        log = os.open(layout.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            console = _open_console(layout, ids)
+        except OSError as e:
+            bridge.close()
+            raise GuestError("cannot prepare guest: its console: %s" % e)
         null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
         try:
             argv = [shutil.which(RUNC, path=LAUNCH_PATH), "--root", self.runc_root, "run", "--detach",
                     "--pid-file", layout.pid_file, "--bundle", layout.bundle, "--preserve-fds", "1", session_id]
-            actions = [(os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, log, 1), (os.POSIX_SPAWN_DUP2, log, 2),
-                       (os.POSIX_SPAWN_DUP2, bridge.fileno(), BRIDGE_FD)]
+            # runc's own errors and PID 1's output (inherited by the agent) go to the console on the guest's disk
+            actions = [(os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, console, 1),
+                       (os.POSIX_SPAWN_DUP2, console, 2), (os.POSIX_SPAWN_DUP2, bridge.fileno(), BRIDGE_FD)]
             pid = os.posix_spawn(argv[0], argv, {"PATH": LAUNCH_PATH}, file_actions=actions, setsid=True)
             _pid, status = os.waitpid(pid, 0)
         finally:
             bridge.close()  # the guest's PID 1 holds it now
-            os.close(log)
+            os.close(console)
             os.close(null)
         if os.waitstatus_to_exitcode(status) != 0:
             raise GuestError("guest did not start: %s" % _log_tail(layout))
@@ -510,16 +524,69 @@ class GuestManager:
         self._guests.clear()
 
 
+PLANE_LOG_MAX = 1 << 20     # the plane's notes about one guest: a few lines a boot; emptied past this
+CONSOLE_TAIL = 2000         # bytes of the guest's console an error message shows
+
+
 def _log(layout, msg):
-    with contextlib.suppress(OSError), open(layout.log_file, "a") as log:
-        log.write("localplane: %s\n" % msg)
+    with contextlib.suppress(OSError):
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(layout.log_file).st_size > PLANE_LOG_MAX:
+                os.truncate(layout.log_file, 0)
+        with open(layout.log_file, "a") as log:
+            log.write("localplane: %s\n" % msg)
 
 
-def _log_tail(layout, limit=2000):
+def _open_console(layout, ids):
+    """A fresh console for this boot: a file in the guest's run dir, so on the guest's own disk, owned by its root.
+
+    PID 1's stdout and stderr (and so the agent's) are the guest's: guest root can always get hold of them
+    (pidfd_getfd, ptrace), so they must never be a host file it could fill past its disk. The guest wrote in
+    the run dir while it ran (it is stopped now): the name is removed first and the file made anew, never
+    following what it left there.
+    """
+    run_fd = os.open(layout.run, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        with open(layout.log_file, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - limit))
-            return f.read().decode(errors="replace").strip() or "(no output)"
+        try:
+            os.unlink(layout.console_name, dir_fd=run_fd)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            shutil.rmtree(os.path.join(layout.run, layout.console_name))  # rmtree never follows links
+        fd = os.open(layout.console_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND
+                     | os.O_CLOEXEC, 0o600, dir_fd=run_fd)
+        os.fchown(fd, ids.uid, ids.gid)
+        return fd
+    finally:
+        os.close(run_fd)
+
+
+def _shown(text):
+    """Guest-written text made safe to quote in a message: printable characters only, on one line."""
+    clean = "".join(c if c.isprintable() else "\n" if c in "\r\n" else "?" for c in text)
+    return " | ".join(line.strip() for line in clean.split("\n") if line.strip())
+
+
+def _log_tail(layout, limit=CONSOLE_TAIL):
+    """The end of the guest's console (runc's errors, PID 1's and the agent's output), for an error message.
+
+    It is the guest's own text: read without following a link it planted or blocking on a FIFO, at most
+    `limit` bytes, sanitized, and labelled as the guest's.
+    """
+    try:
+        run_fd = os.open(layout.run, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fd = os.open(layout.console_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=run_fd)
+        finally:
+            os.close(run_fd)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return "guest console: (not a file)"
+            data = os.pread(fd, limit, max(0, st.st_size - limit))
+        finally:
+            os.close(fd)
     except OSError:
-        return "(no log)"
+        return "guest console: (none)"
+    return "guest console: %s" % (_shown(data.decode("utf-8", "replace")) or "(no output)")

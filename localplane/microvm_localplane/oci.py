@@ -6,8 +6,8 @@ What every guest gets (see docs/localplane-guests.md for why):
 - capabilities: the usual container default set without CAP_NET_RAW and
   CAP_MKNOD, in bounding/effective/permitted/inheritable for the guest's root;
   no_new_privs off so that sudo and su work inside;
-- /proc/sys, /proc/sysrq-trigger, /proc/irq, /proc/bus, /proc/asound, /proc/fs
-  read-only; /proc/kcore, /proc/keys, /proc/timer_list, /proc/latency_stats,
+- /proc/sys, /proc/sysrq-trigger, /proc/irq, /proc/bus, /proc/fs read-only;
+  /proc/asound, /proc/kcore, /proc/keys, /proc/timer_list, /proc/latency_stats,
   /proc/sched_debug, /proc/scsi, /proc/acpi, /sys/firmware,
   /sys/devices/virtual/powercap and the like masked; /sys read-only;
 - the seccomp profile of seccomp.py;
@@ -18,8 +18,8 @@ from .seccomp import profile as seccomp_profile
 CAPABILITIES = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID",
                 "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_AUDIT_WRITE",
                 "CAP_SETFCAP")
-READONLY_PATHS = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/asound", "/proc/fs")
-MASKED_PATHS = ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/timer_stats", "/proc/latency_stats",
+READONLY_PATHS = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+MASKED_PATHS = ("/proc/asound", "/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/timer_stats", "/proc/latency_stats",
                 "/proc/sched_debug", "/proc/scsi", "/proc/acpi", "/proc/interrupts", "/sys/firmware",
                 "/sys/devices/virtual/powercap", "/sys/kernel/debug", "/sys/kernel/security")
 NAMESPACES = ("pid", "network", "ipc", "uts", "mount", "cgroup", "user")
@@ -31,8 +31,9 @@ def _bind(src, dst, read_only):
     return {"destination": dst, "type": "bind", "source": src, "options": opts}
 
 
-def config(*, rootfs, hostname, args, env, ids, binds, limits, cgroups_path, tmp_size):
-    """binds: [(host path, guest path, read_only)]; limits: a GuestLimits; ids: an idmap.IdRange."""
+def config(*, rootfs, hostname, args, env, ids, binds, limits, cgroups_path, tmp_size, masked=()):
+    """binds: [(host path, guest path, read_only)]; limits: a GuestLimits; ids: an idmap.IdRange;
+    masked: guest paths to hide besides MASKED_PATHS."""
     uid_map, gid_map = ids.oci_mappings()
     mounts = [
         {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
@@ -68,7 +69,7 @@ def config(*, rootfs, hostname, args, env, ids, binds, limits, cgroups_path, tmp
             "uidMappings": [uid_map],
             "gidMappings": [gid_map],
             "namespaces": [{"type": t} for t in NAMESPACES],
-            "maskedPaths": list(MASKED_PATHS),
+            "maskedPaths": list(MASKED_PATHS) + list(masked),
             "readonlyPaths": list(READONLY_PATHS),
             "seccomp": seccomp_profile(),
             "resources": limits.oci_resources(),

@@ -56,7 +56,8 @@ class SessionLayout:
         self.meta_file = os.path.join(self.host, "meta.json")
         self.ids_file = os.path.join(self.host, "ids.json")
         self.pid_file = os.path.join(self.host, "init.pid")
-        self.log_file = os.path.join(self.host, "guest.log")
+        self.log_file = os.path.join(self.host, "plane.log")  # the plane's own notes about this guest
+        self.console_name = "console.log"                  # in run/ (the guest's disk): PID 1's stdout and stderr
         self.bridge_name = BRIDGE_NAME                     # in host/: the guest cannot see or replace it
         scope = hashlib.sha256(os.path.abspath(state_dir).encode()).hexdigest()[:12]
         self.mount_dir = os.path.join(MOUNT_ROOT, scope, session_id)

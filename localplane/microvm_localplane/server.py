@@ -21,13 +21,15 @@ log = logging.getLogger("microvm_localplane.server")
 class Plane:
     """Everything one state dir holds: sessions, checkpoints, templates and their guests."""
 
-    def __init__(self, state_dir, token, guests=None, archive_limits=None):
+    def __init__(self, state_dir, token, guests=None, archive_limits=None, disk_reserve=None):
         self.state_dir = os.path.abspath(state_dir)
         self.token = token
         self.store = Store(self.state_dir)
         if guests is None:
             from .guests import GuestManager
             guests = GuestManager(guest_state_dir(self.state_dir))
+        if disk_reserve is not None:
+            guests.disk_reserve = disk_reserve
         self.templates = Templates(self.store, self._live_sessions_using)
         self.sessions = Sessions(self.store, guests, self.templates)
         self.sessions.archive_limits = dict(archive_limits or {})

@@ -164,9 +164,18 @@ class Sessions:
         }
         return rec
 
+    def admit(self, size_slug, count=1):
+        """A quota of the local plane (409): the host must hold every new session's whole disk (disk.admit)."""
+        from .disk import DiskCapacityError
+        try:
+            self.guests.admit([size_slug] * count)
+        except DiskCapacityError as e:
+            raise ApiFailure(409, str(e))
+
     def create(self, spec, resume_on_topoff=False):
         """A session from a flat spec; a YAML create persists an Environment Config first (harness-create-session)."""
         rec = self.new_record(spec, resume_on_topoff=resume_on_topoff)
+        self.admit(spec["size_slug"])
         wildcards = [h for h in (spec["egress"] or []) if h.startswith("*.")]
         if wildcards:
             # The guest runtime resolves allowed hosts to addresses once, at boot; a wildcard matches none.

@@ -1,9 +1,15 @@
 """Helpers for the guest and agent tests: real guests, real gRPC over Guest.dial."""
+import contextlib
 import hashlib
+import ipaddress
 import os
 import queue
 import shutil
+import socket
+import subprocess
+import sys
 import time
+import uuid
 
 import grpc
 
@@ -155,3 +161,65 @@ def pid_alive(pid):
         return state not in ("Z", "X")
     except (OSError, IndexError):
         return False
+
+
+# ------------------------------------------------------------------ network probes
+
+CONNECT = ("import socket,sys\ntry:\n    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()\n"
+           "    print('connected')\nexcept OSError as e:\n    print('failed', e)\n")
+
+# The guest's default gateway, from /proc (the base template has no iproute2).
+GATEWAY = ("python3 -c \"import socket, struct; print(*[socket.inet_ntoa(struct.pack('<L', int(f[2], 16))) for f in "
+           "(l.split() for l in open('/proc/net/route')) if f[1] == '00000000'])\"")
+
+
+def connect(stub, host, port):
+    """A TCP connection from inside the guest: 'connected' or 'failed <reason>'."""
+    return run(stub, ["python3", "-c", CONNECT, host, str(port)], timeout_seconds=30).stdout.decode().strip()
+
+
+def host_addresses():
+    """The host's own global IPv4 addresses, guest links (mvl*) aside."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, check=False,
+                         text=True).stdout
+    return [line.split()[3].split("/")[0] for line in out.splitlines() if not line.split()[1].startswith("mvl")]
+
+
+@contextlib.contextmanager
+def outside_peer(networks, port=8080):
+    """A listener of the test's own outside the host: its own network namespace behind a veth pair, routed from the
+    host like any outside address. networks: /30 networks; on each the host side takes the first address and the
+    peer the second. -> [(host address, peer address)], the peer listening on `port` on all of them."""
+    tag = uuid.uuid4().hex[:6]
+    ns, host_if = "mvtpeer-%s" % tag, "mvp%s" % tag  # never mvl*: that prefix is a guest's link to the host
+    pairs = [tuple(str(a) for a in list(ipaddress.ip_network(n).hosts())[:2]) for n in networks]
+
+    def ip(*argv):
+        subprocess.run(["ip"] + list(argv), check=True, capture_output=True)
+    ip("netns", "add", ns)
+    server = None
+    try:
+        ip("link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        for (host_ip, peer_ip), net in zip(pairs, networks):
+            prefix = ipaddress.ip_network(net).prefixlen
+            ip("addr", "add", "%s/%d" % (host_ip, prefix), "dev", host_if)
+            ip("-n", ns, "addr", "add", "%s/%d" % (peer_ip, prefix), "dev", "eth0")
+        ip("link", "set", host_if, "up")
+        ip("-n", ns, "link", "set", "eth0", "up")
+        ip("-n", ns, "link", "set", "lo", "up")
+        server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c",
+                                   "import socket,time; s=socket.socket(); s.bind(('0.0.0.0', %d)); s.listen(64);"
+                                   " time.sleep(3600)" % port])
+
+        def listening():
+            with contextlib.suppress(OSError), socket.create_connection((pairs[0][1], port), timeout=1):
+                return True
+            return False
+        assert wait_until(listening), "the outside peer did not listen"
+        yield pairs
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+        subprocess.run(["ip", "link", "del", host_if], check=False, capture_output=True)

@@ -7,7 +7,10 @@ import sys
 import uuid
 
 import pytest
-from guestkit import Interactive, Plane, download, guests_supported, pid_alive, run, sh, upload, wait_until
+from guestkit import (
+    GATEWAY, Interactive, Plane, connect, download, guests_supported, host_addresses, outside_peer, pid_alive, run, sh,
+    upload, wait_until,
+)
 
 from microvm_localplane.guests import DialError, GuestError, GuestManager, RootfsSpec
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -75,7 +78,7 @@ def test_guest_cannot_see_state_dirs_or_host_home(plane, pair):
     listing = r.stdout.split()
     # /home holds only the base template's own user; /run/localplane only the guest's own run files
     assert b"agent.pid" in listing
-    assert set(listing) <= {b"sandbox", b"agent.pid", b"agent.log", b"session-env.json"}
+    assert set(listing) <= {b"sandbox", b"agent.pid", b"console.log", b"session-env.json"}
 
 
 def test_host_code_is_read_only_in_guest(pair):
@@ -495,67 +498,28 @@ def test_agent_that_dies_is_restarted_by_pid1(plane):
 
 # ------------------------------------------------------------------ egress
 
-CONNECT = ("import socket,sys\ntry:\n    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()\n"
-           "    print('connected')\nexcept OSError as e:\n    print('failed', e)\n")
-
-
-def _connect(stub, host, port):
-    from guestkit import run
-    return run(stub, ["python3", "-c", CONNECT, host, str(port)], timeout_seconds=30).stdout.decode().strip()
-
-
 @pytest.fixture(scope="module")
 def egress_peer():
-    """A server of the test's own outside the host: a listener in its own network namespace, routed from the host
-    like any outside address (TEST-NET-2, RFC 5737), named `<random>.test` (RFC 2606) in /etc/hosts so that the
-    allow-list and the guest resolve it by name. No test needs the internet."""
+    """A server of the test's own outside the host (TEST-NET-2, RFC 5737), named `<random>.test` (RFC 2606) in
+    /etc/hosts so that the allow-list and the guest resolve it by name. No test needs the internet."""
     import random
-    import subprocess
-    import time as _time
-    tag = uuid.uuid4().hex[:6]
-    ns, host_if, name = "mvtpeer-%s" % tag, "mvp%s" % tag, "egress-peer-%s.test" % tag
-    base = 4 * random.randrange(64)
-    host_ip, peer_ip = "198.51.100.%d" % (base + 1), "198.51.100.%d" % (base + 2)
-
-    def ip(*argv):
-        subprocess.run(["ip"] + list(argv), check=True, capture_output=True)
-    ip("netns", "add", ns)
-    server = None
-    try:
-        ip("link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
-        ip("addr", "add", host_ip + "/30", "dev", host_if)
-        ip("link", "set", host_if, "up")
-        ip("-n", ns, "addr", "add", peer_ip + "/30", "dev", "eth0")
-        ip("-n", ns, "link", "set", "eth0", "up")
-        ip("-n", ns, "link", "set", "lo", "up")
-        server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c",
-                                   "import socket,time; s=socket.socket(); s.bind(('0.0.0.0', 8080)); s.listen(64);"
-                                   " time.sleep(3600)"])
+    name = "egress-peer-%s.test" % uuid.uuid4().hex[:6]
+    with outside_peer(["198.51.100.%d/30" % (4 * random.randrange(64))]) as [(_host_ip, peer_ip)]:
         with open("/etc/hosts", "a") as f:
             f.write("%s %s\n" % (peer_ip, name))
-        _time.sleep(0.5)
-        yield name, peer_ip
-    finally:
-        if server is not None:
-            server.kill()
-            server.wait()
-        subprocess.run(["ip", "netns", "del", ns], check=False)
-        subprocess.run(["ip", "link", "del", host_if], check=False, capture_output=True)
-        with open("/etc/hosts") as f:
-            kept = [line for line in f if not line.rstrip().endswith(" " + name)]
-        with open("/etc/hosts", "w") as f:
-            f.writelines(kept)
+        try:
+            yield name, peer_ip
+        finally:
+            with open("/etc/hosts") as f:
+                kept = [line for line in f if not line.rstrip().endswith(" " + name)]
+            with open("/etc/hosts", "w") as f:
+                f.writelines(kept)
 
 
 @pytest.fixture(scope="module")
 def open_guest(plane):
     g = plane.boot("egress-open")
     return g, plane.stub(g)
-
-
-# The guest's default gateway, from /proc (the base template has no iproute2).
-GATEWAY = ("python3 -c \"import socket, struct; print(*[socket.inet_ntoa(struct.pack('<L', int(f[2], 16))) for f in "
-           "(l.split() for l in open('/proc/net/route')) if f[1] == '00000000'])\"")
 
 
 def test_open_egress_gives_eth0_and_a_default_route(open_guest):
@@ -574,15 +538,15 @@ def _name_in_guest(stub, egress_peer):
 
 def test_open_egress_reaches_an_outside_server_by_name(open_guest, egress_peer):
     name = _name_in_guest(open_guest[1], egress_peer)
-    assert _connect(open_guest[1], name, 8080) == "connected"
+    assert connect(open_guest[1], name, 8080) == "connected"
 
 
 def test_allow_list_allows_listed_hosts_only(plane, egress_peer):
     name, _addr = egress_peer
     allowed = plane.boot("egress-allow", egress=[name])  # resolved on the host, by name
-    assert _connect(plane.stub(allowed), _name_in_guest(plane.stub(allowed), egress_peer), 8080) == "connected"
+    assert connect(plane.stub(allowed), _name_in_guest(plane.stub(allowed), egress_peer), 8080) == "connected"
     denied = plane.boot("egress-deny", egress=["192.0.2.123"])
-    assert _connect(plane.stub(denied), _name_in_guest(plane.stub(denied), egress_peer), 8080).startswith("failed")
+    assert connect(plane.stub(denied), _name_in_guest(plane.stub(denied), egress_peer), 8080).startswith("failed")
     for sid in ("egress-allow", "egress-deny"):
         plane.run(plane.manager.stop(sid))
 
@@ -597,9 +561,9 @@ def test_guest_cannot_reach_the_host_or_another_guest(plane, open_guest):
     try:
         gateway = sh(stub, GATEWAY).stdout.decode().strip()
         assert gateway
-        assert _connect(stub, gateway, port).startswith("failed")   # the host, through the guest's gateway
-        for addr in _host_addresses():
-            assert _connect(stub, addr, port).startswith("failed")  # the host's own addresses
+        assert connect(stub, gateway, port).startswith("failed")   # the host, through the guest's gateway
+        for addr in host_addresses():
+            assert connect(stub, addr, port).startswith("failed")  # the host's own addresses
     finally:
         listener.close()
     # another guest's listener
@@ -611,16 +575,10 @@ def test_guest_cannot_reach_the_host_or_another_guest(plane, open_guest):
     assert server.next_frame().stdout == b"up\n"
     with open(os.path.join(plane.state_dir, "sessions", "egress-other", "host", "net.json")) as f:
         other_ip = json.load(f)["guest_ip"]  # the base template has no iproute2: the host's record of it
-    assert _connect(stub, other_ip, 9100).startswith("failed")
-    assert _connect(o_stub, "127.0.0.1", 9100) == "connected"  # the listener itself is fine
+    assert connect(stub, other_ip, 9100).startswith("failed")
+    assert connect(o_stub, "127.0.0.1", 9100) == "connected"  # the listener itself is fine
     server.call.cancel()
     plane.run(plane.manager.stop("egress-other"))
-
-
-def _host_addresses():
-    import subprocess
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, check=False, text=True).stdout
-    return [line.split()[3].split("/")[0] for line in out.splitlines() if not line.split()[1].startswith("mvl")]
 
 
 def test_stop_removes_the_guests_network(plane):

@@ -5,14 +5,17 @@ checks the host afterwards: its sysctls, its files, its processes' owners,
 and that another guest and the plane still answer. See
 docs/localplane-guests.md for the promises and docs/guarantees.md for the map.
 """
+import contextlib
 import hashlib
 import os
 import subprocess
 
 import pytest
-from guestkit import Plane, guests_supported, run, sh
+import requests
+from guestkit import GATEWAY, Plane, connect, guests_supported, host_addresses, outside_peer, run, sh
+from microvm_plane_testing import start_local_plane, stop_local_plane, unique_name
 
-from microvm_localplane import idmap, limits, netns
+from microvm_localplane import contract, guests, idmap, limits, netns
 
 pytestmark = [pytest.mark.skipif(not guests_supported(), reason="needs root, runc and subordinate ids (make system-deps)"),
               pytest.mark.timeout(300)]
@@ -31,9 +34,15 @@ def host_sysctls():
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory):
+    """The attacked guests' manager, plus a real control plane (`serve`, its own state dir, the same host) whose
+    REST API and guests must carry on whatever the attacker does."""
     p = Plane(str(tmp_path_factory.mktemp("isolation-state")))
-    yield p
-    p.close()
+    p.api = start_local_plane(str(tmp_path_factory.mktemp("isolation-plane")))
+    try:
+        yield p
+    finally:
+        stop_local_plane(p.api)
+        p.close()
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +58,20 @@ def bystander(plane):
 
 
 def still_fine(plane, bystander, attacker):
-    """After an attack: the other guest and the attacker's own agent answer, and the plane boots guests."""
+    """After an attack: the other guest and the attacker's own agent answer, and the plane's REST API answers and
+    boots a guest that runs a command."""
     assert sh(bystander[1], "echo ok").stdout == b"ok\n"
     assert sh(attacker[1], "echo ok").stdout == b"ok\n"
+    api = plane.api.client()
+    assert isinstance(api.list_sessions(), list)
+    session = api.create_session({"name": unique_name("after"), "agent": "custom"})
+    try:
+        api.wait_session(session["session_id"], timeout=120)
+        r = requests.post(plane.api.url + contract.PREFIXES[0] + "/sessions/%s/sandbox/exec" % session["session_id"],
+                          json={"argv": ["echo", "ok"]}, headers=plane.api.auth_headers, timeout=120)
+        assert r.status_code == 200 and r.json()["stdout"] == "ok\n", r.text
+    finally:
+        api.delete_session(session["session_id"])
 
 
 def py(stub, code, **kw):
@@ -99,6 +119,124 @@ for name, (nr, *args) in calls.items():
     assert not allowed
     # refused by the guest's filter or capabilities, never by a lucky argument
     assert all(result in ("EPERM", "EACCES") for result in out.values()), out
+
+
+# Calls that succeed for an unprivileged process on this kernel unless the guest's filter refuses them (each with
+# arguments that would work: an O_PATH tree of "/", the guest's own files, its own memory policy), and the
+# mount API calls that reach past it.
+FILTERED = r"""
+import ctypes, errno, mmap, os
+libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD = -100
+buf = mmap.mmap(-1, 4096)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+calls = {"open_tree": (428, AT_FDCWD, b"/", 0), "open_tree_attr_clone": (467, AT_FDCWD, b"/", 1, 0, 0),
+         "fsopen": (430, b"tmpfs", 0), "fspick": (433, AT_FDCWD, b"/", 0), "fsconfig": (431, -1, 0, 0, 0, 0),
+         "fsmount": (432, -1, 0, 0), "move_mount": (429, -1, b"", AT_FDCWD, b"/mnt", 4),
+         "mount_setattr": (442, AT_FDCWD, b"/", 0, 0, 0),
+         "kcmp": (312, os.getpid(), os.getpid(), 0, 0, 0), "setns": (308, os.open("/proc/self/ns/uts", os.O_RDONLY), 0),
+         "fanotify_init": (300, 0x200, 0), "vhangup": (153,),
+         "get_mempolicy": (239, 0, 0, 0, 0, 0), "set_mempolicy": (238, 0, 0, 0), "mbind": (237, addr, 4096, 0, 0, 0, 0),
+         "move_pages": (279, 0, 0, 0, 0, 0, 0)}
+for name, (nr, *args) in calls.items():
+    rc = libc.syscall(nr, *args)
+    print(name, "allowed" if rc >= 0 else errno.errorcode.get(ctypes.get_errno(), "?"))
+"""
+
+
+def test_the_new_mount_api_and_the_calls_moby_gates_are_refused(attacker):
+    """The new mount API and what moby's default profile allows only with a capability a guest lacks (kcmp, setns,
+    fanotify_init, vhangup, the NUMA calls) are EPERM. open_tree_attr, which the host's libseccomp 2.5 cannot name
+    (so runc cannot filter it), cannot clone a tree either: that needs CAP_SYS_ADMIN, which a guest never has."""
+    _g, stub = attacker
+    out = dict(line.split() for line in py(stub, FILTERED).stdout.decode().splitlines())
+    assert len(out) == 16, out
+    assert not [n for n, result in out.items() if result == "allowed"], out
+    assert set(out.values()) == {"EPERM"}, out
+
+
+def test_personality_and_clone3(attacker):
+    """personality may set harmless personas, never weaken memory protections (nor query with 0xffffffff, which
+    carries every flag); clone3 answers ENOSYS (so libc falls back to clone, whose flags the filter checks) and fork
+    still works."""
+    _g, stub = attacker
+    code = r"""
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def call(nr, *args):
+    rc = libc.syscall(nr, *[ctypes.c_ulong(a) for a in args])  # as libc passes them: unsigned long
+    return str(rc) if rc >= 0 else errno.errorcode.get(ctypes.get_errno(), "?")
+current = call(135, 0xffffffff)
+print("query", "ok" if current.isdigit() else current)
+for name, flag in (("READ_IMPLIES_EXEC", 0x0400000), ("ADDR_NO_RANDOMIZE", 0x0040000), ("MMAP_PAGE_ZERO", 0x0100000),
+                   ("ADDR_COMPAT_LAYOUT", 0x0200000)):
+    print(name, call(135, flag))
+print("PER_LINUX", "ok" if call(135, 0).isdigit() else "refused")
+print("PER_LINUX32", "ok" if call(135, 0x0008).isdigit() and call(135, 0).isdigit() else "refused")
+print("clone3", call(435, 0, 0))
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+print("fork", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+    out = dict(line.split() for line in py(stub, code).stdout.decode().splitlines())
+    assert out == {"query": "EPERM", "READ_IMPLIES_EXEC": "EPERM", "ADDR_NO_RANDOMIZE": "EPERM", "MMAP_PAGE_ZERO": "EPERM",
+                   "ADDR_COMPAT_LAYOUT": "EPERM", "PER_LINUX": "ok", "PER_LINUX32": "ok", "clone3": "ENOSYS", "fork": "7"}, out
+
+
+def test_masked_and_read_only_kernel_paths(attacker):
+    """/proc/kcore, /proc/keys, /proc/timer_list, /proc/asound, /sys/firmware and the like show nothing; /sys,
+    /proc/sys, /proc/irq, /proc/bus, /proc/fs and /proc/sysrq-trigger are read-only mounts; no device nodes."""
+    _g, stub = attacker
+    code = r"""
+import json, os
+out = {}
+for p in ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/latency_stats",
+          "/proc/asound", "/proc/acpi", "/proc/scsi", "/sys/firmware", "/sys/kernel/debug", "/sys/kernel/security"):
+    try:
+        if os.path.isdir(p):
+            out[p] = "entries" if os.listdir(p) else "empty"
+        else:
+            with open(p, "rb") as f:
+                out[p] = "data" if f.read(4096) else "empty"
+    except FileNotFoundError:
+        out[p] = "absent"
+    except OSError as e:
+        out[p] = e.strerror
+ro = {}
+with open("/proc/self/mountinfo") as f:
+    for line in f:
+        fields = line.split()
+        ro[fields[4]] = "ro" in fields[5].split(",")
+out["ro"] = {p: ro.get(p) if os.path.exists(p) else "absent"
+             for p in ("/sys", "/proc/sys", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/sysrq-trigger")}
+writes = {}
+for p in ("/sys/kernel/mm/transparent_hugepage/enabled", "/proc/irq/default_smp_affinity", "/sys/fs/cgroup/x"):
+    try:
+        if p.endswith("/x"):
+            os.mkdir(p)
+        else:
+            with open(p, "w") as f:
+                f.write(f.read() if False else "x")
+        writes[p] = "written"
+    except OSError as e:
+        writes[p] = e.strerror
+out["writes"] = writes
+try:
+    os.mknod("/tmp/null", 0o20666, os.makedev(1, 3))
+    out["mknod"] = "made"
+except OSError as e:
+    out["mknod"] = e.strerror
+print(json.dumps(out))
+"""
+    import json
+    out = json.loads(py(stub, code).stdout)
+    ro, writes, mknod = out.pop("ro"), out.pop("writes"), out.pop("mknod")
+    assert not [p for p, seen in out.items() if seen in ("data", "entries")], out
+    # a path this kernel lacks (no /proc/sysrq-trigger without CONFIG_MAGIC_SYSRQ) is fine; /sys and /proc/sys never are
+    assert all(v is True or v == "absent" for v in ro.values()) and ro["/sys"] is True and ro["/proc/sys"] is True, ro
+    assert "written" not in writes.values(), writes
+    assert mknod == "Operation not permitted", mknod
 
 
 def test_no_mount_even_in_a_new_user_namespace(attacker):
@@ -171,6 +309,127 @@ def test_host_usr_and_etc_are_not_the_guests(attacker):
     assert int(lines[1]) != host_bins  # a minimal Debian of its own, not the host's /usr
 
 
+# The guest's view of /opt/localplane-agent: every mount there (its source path on the host: mountinfo's root,
+# and a listing of what the guest sees.
+AGENT_VIEW = r"""
+import json, os
+top = "/opt/localplane-agent"
+mounts = []
+with open("/proc/self/mountinfo") as f:
+    for line in f:
+        fields = line.split()
+        if fields[4] == top or fields[4].startswith(top + "/"):
+            mounts.append([fields[4], fields[3], fields[fields.index("-") + 1]])
+listing = {}
+for d in (top, top + "/python", top + "/python/bin", top + "/python/lib", top + "/lib", top + "/lib/google"):
+    listing[d] = sorted(os.listdir(d))
+stdlib = [n for n in listing[top + "/python/lib"] if n.startswith("python")][0]
+for sub in ("site-packages", "dist-packages"):
+    p = "%s/python/lib/%s/%s" % (top, stdlib, sub)
+    if os.path.isdir(p):
+        listing[p] = sorted(os.listdir(p))
+print(json.dumps({"mounts": mounts, "listing": listing}))
+"""
+
+
+def test_only_the_agent_runtime_of_the_host_is_visible(plane, attacker):
+    """H3: of the host, the guest sees at /opt/localplane-agent only what the agent runs on: the interpreter binary,
+    its standard library (without the host's installed packages), the C libraries it needs (a copy in the state
+    dir), this package and the site-packages entries it imports. Never a whole prefix such as /usr or the host's
+    home."""
+    import json
+    import sys
+    _g, stub = attacker
+    code = plane.manager.code
+    view = json.loads(py(stub, AGENT_VIEW).stdout)
+    listing = view["listing"]
+    top = "/opt/localplane-agent"
+    version = "python%d.%d" % sys.version_info[:2]
+    assert listing[top] == ["hostlib", "lib", "python"]
+    assert listing[top + "/python"] == ["bin", "lib"]
+    assert listing[top + "/python/bin"] == [version]         # no pip, no other tool of the host's prefix
+    assert listing[top + "/python/lib"] == [version]         # no other Python, no libpython, no pkgconfig
+    assert listing[top + "/lib/google"] == ["_upb", "protobuf"]
+    for sub in ("site-packages", "dist-packages"):
+        assert listing.get("%s/python/lib/%s/%s" % (top, version, sub), []) == []  # the host's installed packages
+    # every mount there is one of the runtime's own paths on the host: nothing else of the host's home or /usr
+    allowed = {os.path.realpath(h) for h, _g in code.binds(plane.manager._hostlib)}
+    # (mountinfo's root is the path inside the source's file system: the tail of the host path)
+    sources = {src for _dst, src, fstype in view["mounts"] if fstype != "tmpfs"}
+    assert sources and "/" not in sources, view
+    stray = sorted(src for src in sources if not any(a.endswith(src) for a in allowed))
+    assert not stray, stray
+    masks = [dst for dst, _src, fstype in view["mounts"] if fstype == "tmpfs"]
+    assert all(dst.endswith(("/site-packages", "/dist-packages")) for dst in masks), masks
+    home = os.path.expanduser("~")
+    for src in sources:
+        assert src not in ("/usr", "/usr/lib", "/usr/local", home, os.path.realpath(sys.base_prefix)), src
+
+
+# ------------------------------------------------------------------ the host's disk, through PID 1's output
+
+FLOOD = 64 << 20
+
+# Guest root takes PID 1's own stdout and stderr (pidfd_getfd, as ptrace could; /proc/1/fd/N as well when it
+# may open it) and writes FLOOD bytes to each, with escapes that would forge the plane's messages.
+GRAB_PID1_OUTPUT = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+pidfd = os.pidfd_open(1)
+flood = int(sys.argv[1])
+for n in (1, 2):
+    fd = libc.syscall(438, pidfd, n, 0)  # pidfd_getfd
+    if fd < 0:
+        print("getfd", n, os.strerror(ctypes.get_errno()))
+        continue
+    os.write(fd, "\x1b[2J\x1b]0;owned\x07\nlocalplane: forged plane message\n\u202e".encode())
+    chunk = b"x" * (1 << 20)
+    written = 0
+    try:
+        while written < flood:
+            written += os.write(fd, chunk)
+    except OSError as e:
+        print("stopped", n, e.strerror)
+    print("wrote", n, written)
+for n in (1, 2):
+    try:
+        with open("/proc/1/fd/%d" % n, "ab") as f:
+            f.write(b"y" * 4096)
+        print("proc-open", n, "ok")
+    except OSError as e:
+        print("proc-open", n, e.strerror)
+"""
+
+
+def _host_bytes(path):
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
+
+
+def test_pid1_output_lands_on_the_guests_own_disk_never_a_host_file(plane, attacker, bystander):
+    """H1: PID 1's stdout and stderr (inherited by the agent) are a file on the guest's own disk: guest root taking
+    and flooding them fills its own disk, never a host file, and what the plane shows of them is sanitized."""
+    _g, stub = attacker
+    layout = plane.manager._layout("attacker")
+    before = _host_bytes(layout.host)
+    out = run(stub, ["python3", "-c", GRAB_PID1_OUTPUT, str(FLOOD)])
+    assert out.stdout.count(b"wrote") == 2, out.stdout + out.stderr  # the attack itself worked: PID 1's fds taken
+    assert _host_bytes(layout.host) - before < (1 << 20), "a host file grew with what the guest wrote"
+    # it went where the guest's writes go: its own disk, visible to it
+    size = sh(stub, "stat -c %s /run/localplane/console.log").stdout
+    assert int(size) >= 2 * FLOOD, size
+    shown = guests._log_tail(layout)
+    assert len(shown) < 4000
+    assert "\n" not in shown and "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown
+    assert shown.startswith("guest console")  # never passed off as the plane's own words
+    assert sh(stub, ": > /run/localplane/console.log").code == 0
+    still_fine(plane, bystander, attacker)
+
+
 # ------------------------------------------------------------------ resources
 
 def test_pids_are_bounded_inside_the_guest_only(plane, attacker, bystander):
@@ -207,15 +466,94 @@ def test_memory_is_bounded_inside_the_guest_only(plane, attacker, bystander):
     still_fine(plane, bystander, attacker)
 
 
+# Real writes until the disk refuses one: -> bytes written and the error (dd's own message).
+FILL = r"""
+import os, sys
+path, chunk, written = sys.argv[1], b"\x5a" * (1 << 20), 0
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+try:
+    while True:
+        written += os.write(fd, chunk)
+except OSError as e:
+    err = e.strerror
+try:
+    os.fsync(fd)   # what the page cache took must reach the disk too
+except OSError as e:
+    err = e.strerror
+os.close(fd)
+print(written, err.replace(" ", "_"))
+"""
+
+
 def test_disk_is_bounded_inside_the_guest_only(plane, attacker, bystander):
+    """Real writes to /workspace fill the session's disk to its size and then get ENOSPC; the root filesystem's
+    changes share that disk (a write to /var then fails at once); the host's free space drops by no more than the
+    size's disk."""
     _g, stub = attacker
     free_before = os.statvfs(plane.state_dir)
-    r = sh(stub, "fallocate -l %d /workspace/fill 2>&1; echo rc=$?; fallocate -l %d /var/fill 2>&1; echo rc=$?;"
-                 " rm -f /workspace/fill /var/fill" % (SMALL.disk + (1 << 30), SMALL.disk + (1 << 30)))
-    assert r.stdout.count(b"No space left on device") == 2, r.stdout
-    assert b"rc=0" not in r.stdout
-    free_after = os.statvfs(plane.state_dir)
-    assert free_after.f_bavail * free_after.f_frsize > free_before.f_bavail * free_before.f_frsize - (512 << 20)
+    try:
+        written, err = run(stub, ["python3", "-c", FILL, "/workspace/fill"], timeout_seconds=600).stdout.split()
+        assert err == b"No_space_left_on_device", err
+        # filled up to the limit: all of it but ext4's own metadata and what the guest held already
+        assert SMALL.disk * 0.85 < int(written) <= SMALL.disk, written
+        more, err2 = run(stub, ["python3", "-c", FILL, "/var/fill"], timeout_seconds=600).stdout.split()
+        assert err2 == b"No_space_left_on_device" and int(more) < (8 << 20), (more, err2)
+        free_full = os.statvfs(plane.state_dir)
+        dropped = free_before.f_bavail * free_before.f_frsize - free_full.f_bavail * free_full.f_frsize
+        # the disk image is sparse: it may now hold its whole size, never more (other users of this file system
+        # add their own noise, hence the margin)
+        assert dropped < SMALL.disk + (512 << 20), "the host lost %d bytes to a guest whose disk is %d" % (
+            dropped, SMALL.disk)
+        still_fine(plane, bystander, attacker)
+    finally:
+        sh(stub, "rm -f /workspace/fill /var/fill")
+    assert sh(stub, "head -c 1048576 /dev/zero > /workspace/after && echo written").stdout == b"written\n"
+
+
+# N processes that each burn `work` seconds of CPU (by their own clock, however long the host makes that take).
+BUSY = r"""
+import os, sys, time
+procs, work = int(sys.argv[1]), float(sys.argv[2])
+start = time.monotonic()
+kids = []
+for _ in range(procs):
+    pid = os.fork()
+    if pid == 0:
+        while time.process_time() < work:
+            pass
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.waitpid(pid, 0)
+print(time.monotonic() - start)
+"""
+
+
+def cpu_quota(cgroup):
+    """The guest's CPU bandwidth as the host set it: (quota, period) in microseconds (cgroup v1 or v2)."""
+    if cgroup.v2:
+        with open(os.path.join(cgroup.path("cpu"), "cpu.max")) as f:
+            quota, period = f.read().split()
+        return int(quota), int(period)
+    with open(os.path.join(cgroup.path("cpu"), "cpu.cfs_quota_us")) as q, \
+            open(os.path.join(cgroup.path("cpu"), "cpu.cfs_period_us")) as p:
+        return int(q.read()), int(p.read())
+
+
+def test_cpu_is_bounded_by_the_size(plane, attacker, bystander):
+    """More busy processes than the size has CPUs get, together, at most the size's CPUs of time: the CPU time the
+    host counts on the guest's cgroup over the wall time the work took (a ratio, not a speed: a loaded host only
+    makes it smaller)."""
+    g, stub = attacker
+    quota, period = cpu_quota(g._cgroup)
+    assert quota / period == SMALL.cpus
+    procs, work = int(SMALL.cpus) + 2, 1.0     # more runnable processes than the size allows CPUs
+    used0, _throttled = g._cgroup.cpu()
+    wall = float(run(stub, ["python3", "-c", BUSY, str(procs), str(work)], timeout_seconds=300).stdout)
+    used1, _throttled = g._cgroup.cpu()
+    assert used1 - used0 >= procs * work * 0.95        # the host counted the work the guest did
+    ratio = (used1 - used0) / wall
+    assert ratio <= SMALL.cpus * 1.2, "the guest used %.2f CPUs; its size allows %s" % (ratio, SMALL.cpus)
     still_fine(plane, bystander, attacker)
 
 
@@ -248,17 +586,41 @@ def test_link_local_and_loopback_destinations_are_dropped():
     assert "drop" in guard
 
 
-def test_plane_port_is_not_reachable(attacker):
-    """The plane listens on the host's loopback; a guest's 127.0.0.1 is its own."""
+@pytest.fixture(scope="module")
+def link_local_peer():
+    """A listener outside the host on a link-local address (as a cloud's metadata service at 169.254.169.254 is),
+    also reachable at a routable one (TEST-NET-3, RFC 5737); the host's side of its link has a link-local address
+    of its own."""
+    import random
+    third, fourth = random.randrange(1, 255), 4 * random.randrange(64)
+    with outside_peer(["169.254.%d.%d/30" % (third, fourth), "203.0.113.%d/30" % (4 * random.randrange(64))]) as pairs:
+        yield pairs
+
+
+def test_link_local_the_hosts_loopback_and_the_plane_are_unreachable(plane, attacker, bystander, link_local_peer):
+    """Packets a guest sends to a link-local address (beyond the host, or the host's own), to the host's loopback
+    services and to the plane's real listening address go nowhere; the same peer at a routable address answers the
+    guest, the host reaches the link-local peer, and the plane and the other guest carry on."""
     import socket
+    from urllib.parse import urlparse
     _g, stub = attacker
+    (host_ll, peer_ll), (_host_routable, peer_routable) = link_local_peer
+    assert connect(stub, peer_routable, 8080) == "connected"   # the guest's egress works: the drop is specific
+    with socket.create_connection((peer_ll, 8080), timeout=5):
+        pass                                                   # the path to the link-local peer is there
+    assert connect(stub, peer_ll, 8080).startswith("failed")    # forwarded by the host: dropped
     listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
+    listener.bind(("0.0.0.0", 0))
     listener.listen()
-    port = listener.getsockname()[1]
     try:
-        code = ("import socket\ntry:\n    socket.create_connection(('127.0.0.1', %d), timeout=3).close()\n"
-                "    print('connected')\nexcept OSError as e:\n    print('failed', e)\n" % port)
-        assert py(stub, code).stdout.startswith(b"failed")
+        # the host's own link-local address and its loopback listeners (a guest's 127.0.0.1 is its own)
+        assert connect(stub, host_ll, listener.getsockname()[1]).startswith("failed")
+        assert connect(stub, "127.0.0.1", listener.getsockname()[1]).startswith("failed")
     finally:
         listener.close()
+    plane_port = urlparse(plane.api.url).port
+    gateway = sh(stub, GATEWAY).stdout.decode().strip()
+    assert gateway.startswith("10.213.")
+    for addr in ["127.0.0.1", gateway, host_ll] + host_addresses():
+        assert connect(stub, addr, plane_port).startswith("failed"), addr
+    still_fine(plane, bystander, attacker)

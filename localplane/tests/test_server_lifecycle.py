@@ -306,3 +306,41 @@ def test_the_planes_archive_bounds_reach_the_agent(tmp_path):
         assert upload(tar(["a", "b"])).status_code == 200
     finally:
         stop_local_plane(handle)
+
+
+def test_a_session_whose_disk_the_host_cannot_hold_is_refused_and_leaves_nothing(tmp_path):
+    """Disk images are sparse: at create (and for each child of a fork) the host must be able to hold the session's
+    whole disk with the plane's reserve left over, or the call is a 409 naming the space; nothing is created."""
+    from microvm_localplane import contract, limits
+    state = str(tmp_path / "plane")
+    os.makedirs(state)
+    st = os.statvfs(state)
+    free = st.f_bavail * st.f_frsize
+    disk = limits.for_size(contract.DEFAULT_SIZE).disk
+    # room for about two of the default size's disks beyond the reserve: one session fits, a fork of four does not
+    handle = start_local_plane(state, extra_env={"MICROVM_LOCALPLANE_DISK_RESERVE": str(free - int(2.5 * disk))})
+    try:
+        rest = Rest(handle.url, handle.token)
+        sid = rest.create("fits")
+        rest.wait(sid, "READY")
+        fork = requests.post(rest.url + "/sessions/%s/fork" % sid, json={"count": 4}, headers=rest.h, timeout=120)
+        assert fork.status_code == 409, fork.text
+        assert "not enough disk space for 4 disks" in fork.json()["error"]["message"]
+        names = [s["name"] for s in requests.get(rest.url + "/sessions", headers=rest.h).json()["sessions"]]
+        assert names == ["fits"]
+    finally:
+        stop_local_plane(handle)
+    state2 = str(tmp_path / "plane2")
+    os.makedirs(state2)
+    handle = start_local_plane(state2, extra_env={"MICROVM_LOCALPLANE_DISK_RESERVE": str(1 << 50)})
+    try:
+        rest = Rest(handle.url, handle.token)
+        body = "name: too-big\nagent: custom\n"
+        r = requests.post(rest.url + "/sessions", data=body, headers=dict(rest.h, **{"Content-Type": "application/yaml"}))
+        assert r.status_code == 409, r.text
+        message = r.json()["error"]["message"]
+        assert "not enough disk space" in message and "GiB free" in message and "--disk-reserve" in message, message
+        assert requests.get(rest.url + "/sessions", headers=rest.h).json()["sessions"] == []
+        assert not os.listdir(os.path.join(guest_state_dir(state2), "sessions"))
+    finally:
+        stop_local_plane(handle)

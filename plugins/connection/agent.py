@@ -32,8 +32,8 @@ notes:
     and is never printed, not even at C(-vvvv).
   - "C(meta: reset_connection) closes this session's channel in the multiplexer (other sessions keep theirs);
     the next task opens a new one."
-  - The guest agent has no terminal. C(become) with C(sudo) works with and without a password;
-    C(su) works when it does not ask for a password (for example from root).
+  - The guest agent has no terminal. C(become) with C(sudo) and with C(su) works with and without a password
+    (the connection answers the prompt once).
   - See docs/connection.md in the collection for the scratch rules and what survives what.
 options:
   remote_addr:
