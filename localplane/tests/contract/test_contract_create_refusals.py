@@ -242,7 +242,7 @@ def test_egress_wildcards_draw_a_warning(api):
 @pytest.mark.parametrize("field", ["secrets", "env"])
 @pytest.mark.parametrize("value", ["two\nlines", "carriage\rreturn", ""])
 def test_a_guest_password_that_is_not_one_line_is_400_naming_the_variable_not_the_value(api, field, value):
-    resp = api.create(json.dumps({"name": unique(), "agent": "custom", field: {"SANDBOX_ROOT_PASSWORD": value}}))
+    resp = api.create({"name": unique(), "agent": "custom", field: {"SANDBOX_ROOT_PASSWORD": value}})
     assert resp.status_code == 400, resp.text
     message = error_message(resp)
     assert "SANDBOX_ROOT_PASSWORD" in message and "root" in message
