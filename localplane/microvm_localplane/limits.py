@@ -1,11 +1,17 @@
 """What a guest may use, by its session's size slug: memory, processes, CPU, disk, /tmp.
 
-Sizes are opaque slugs to the local plane (contract.DEFAULT_SIZE when
-omitted); these are the ones it knows, and an unknown slug gets the default's
-limits. Memory, pids and CPU go to runc's linux.resources (cgroup v1 or v2,
-runc translates); disk bounds the session's writable state (disk.py).
+The platform's slugs (the size catalog, contract.SIZES: `mars-2vcpu-4gb`...)
+get the vCPUs and memory the catalog lists for them; the catalog lists no
+disk, pids or /tmp, so those are this plane's decisions, scaled with the
+vCPUs. `small`, `standard` and `large` are the guest runtime's own sizes for
+its tests (REST refuses them: they are not in the catalog). An unknown slug
+gets the default size's limits. Memory, pids and CPU go to runc's
+linux.resources (cgroup v1 or v2, runc translates); disk bounds the session's
+writable state (disk.py).
 """
 from dataclasses import dataclass
+
+from . import contract
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -34,8 +40,18 @@ SIZES = {
     "standard": GuestLimits(memory=2 * GiB, pids=1024, cpus=1.0, disk=8 * GiB, tmp=512 * MiB),
     "large": GuestLimits(memory=4 * GiB, pids=4096, cpus=2.0, disk=20 * GiB, tmp=1 * GiB),
 }
-DEFAULT = "standard"
 
 
-def for_size(slug):
+def catalog_limits(size: dict) -> GuestLimits:
+    """A catalog size's limits: its vCPUs and memory as listed; pids, disk and /tmp by vCPU (Decision)."""
+    vcpus = size["vcpus"]
+    return GuestLimits(memory=size["memory_mb"] * MiB, pids=1024 * vcpus, cpus=float(vcpus), disk=4 * vcpus * GiB,
+                       tmp=256 * vcpus * MiB)
+
+
+SIZES.update({size["slug"]: catalog_limits(size) for size in contract.SIZES})
+DEFAULT = contract.DEFAULT_SIZE
+
+
+def for_size(slug: str) -> GuestLimits:
     return SIZES.get(slug or DEFAULT, SIZES[DEFAULT])

@@ -6,6 +6,7 @@ and that another guest and the plane still answer. See
 docs/localplane-guests.md for the promises and docs/guarantees.md for the map.
 """
 import contextlib
+import glob
 import hashlib
 import os
 import subprocess
@@ -624,3 +625,37 @@ def test_link_local_the_hosts_loopback_and_the_plane_are_unreachable(plane, atta
     for addr in ["127.0.0.1", gateway, host_ll] + host_addresses():
         assert connect(stub, addr, plane_port).startswith("failed"), addr
     still_fine(plane, bystander, attacker)
+
+
+def session_cgroup(session_id, controller):
+    """The directory of a REST-created session's cgroup for one controller (v1 or v2), found by its id."""
+    v2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+    pattern = "/sys/fs/cgroup/microvm/*/%s" if v2 else "/sys/fs/cgroup/%s/microvm/*/%%s" % controller
+    found = glob.glob(pattern % session_id)
+    assert len(found) == 1, found
+    return found[0], v2
+
+
+@pytest.mark.parametrize("size", contract.SIZES, ids=lambda s: s["slug"])
+def test_a_sessions_size_slug_sets_its_cpu_and_memory(plane, size):
+    """A session created over REST with a catalog slug gets the vCPUs and memory the size catalog lists for it."""
+    api = plane.api.client()
+    session = api.create_session({"name": unique_name("size"), "agent": "custom", "size": size["slug"]})
+    try:
+        api.wait_session(session["session_id"], timeout=120)
+        cpu_dir, v2 = session_cgroup(session["session_id"], "cpu")
+        memory_dir, _v2 = session_cgroup(session["session_id"], "memory")
+        if v2:
+            with open(os.path.join(cpu_dir, "cpu.max")) as f:
+                quota, period = (int(x) for x in f.read().split())
+            with open(os.path.join(memory_dir, "memory.max")) as f:
+                memory = int(f.read())
+        else:
+            with open(os.path.join(cpu_dir, "cpu.cfs_quota_us")) as q, open(os.path.join(cpu_dir, "cpu.cfs_period_us")) as p:
+                quota, period = int(q.read()), int(p.read())
+            with open(os.path.join(memory_dir, "memory.limit_in_bytes")) as f:
+                memory = int(f.read())
+        assert quota / period == size["vcpus"]
+        assert memory == size["memory_mb"] << 20
+    finally:
+        api.delete_session(session["session_id"])
