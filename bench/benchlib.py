@@ -6,9 +6,11 @@ microvm_localplane and the collection's plugin_utils.
 import compileall
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLLECTIONS = os.path.join(ROOT, ".local", "collections")
@@ -87,3 +89,25 @@ def save_json(path, data, sort_keys=False):
     with open(path, "w") as f:
         json.dump(data, f, indent=2, sort_keys=sort_keys)
     return path
+
+
+def posix_collection():
+    """A collections path holding ansible.posix (the `synchronize` peer), taken from the pinned `ansible` wheel.
+
+    The wheel comes from the machine's package index (pip download, no install: the bench's ansible-core stays
+    the one the collection is tested with); only its ansible_collections/ansible/posix is unpacked.
+    """
+    with open(os.path.join(ROOT, "bench", "requirements-synchronize.txt")) as f:
+        pin = [line.strip() for line in f if line.strip() and not line.startswith("#")][0]
+    base = os.path.join(ROOT, ".local", "bench", "posix-" + pin.replace("=", ""))
+    if not os.path.isdir(os.path.join(base, "ansible_collections", "ansible", "posix")):
+        wheels = os.path.join(ROOT, ".local", "bench", "wheels")
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", wheels, pin], check=True)
+        wheel = [w for w in os.listdir(wheels) if w.startswith(pin.split("==")[0] + "-") and w.endswith(".whl")
+                 and pin.split("==")[-1] in w][0]
+        tmp = base + ".part"
+        shutil.rmtree(tmp, ignore_errors=True)
+        with zipfile.ZipFile(os.path.join(wheels, wheel)) as z:
+            z.extractall(tmp, [n for n in z.namelist() if n.startswith("ansible_collections/ansible/posix/")])
+        os.rename(tmp, base)
+    return base

@@ -190,6 +190,10 @@ def main():
                     load = os.getloadavg()
                     proc, seconds = timed_run(playbook_argv(mode + ".ini", "fleet.yml", *forks), env, work)
                     after = sampler.sample()
+                if mode == "agent":
+                    # every session's link is open now: the muxes' memory for the fleet, taken before the SSH run
+                    # (which can outlast the persist time) lets them go idle
+                    result["muxes_all_sessions"] = total(mux_pids(mux_dir))
                 recap = [line for line in proc.stdout.splitlines() if "ok=" in line and "failed=" in line]
                 ok = proc.returncode == 0 and len(recap) == args.sessions and all(
                     "ok=%d " % TASKS in line and "unreachable=0" in line and "failed=0" in line for line in recap)
@@ -198,7 +202,6 @@ def main():
                 if not ok:
                     print("%s %s run failed:\n%s\n%s" % (mode, phase, proc.stdout[-3000:], proc.stderr[-2000:]))
         result["runs"] = runs
-        result["muxes_all_sessions"] = total(mux_pids(mux_dir))
         # each process of the pool costs what the one serving one session costs; the rest is per session
         one, many = result["muxes_one_session"]["pss_kib"], result["muxes_all_sessions"]["pss_kib"]
         procs = result["muxes_all_sessions"]["processes"]

@@ -42,7 +42,10 @@ class Sshd:
                 "Port %d" % self.port, "ListenAddress 127.0.0.1", "HostKey %s" % host_key,
                 "AuthorizedKeysFile %s" % auth, "PidFile %s" % os.path.join(self.dir, "sshd.pid"),
                 "PermitRootLogin prohibit-password", "PasswordAuthentication no", "UsePAM no", "StrictModes no",
-                "Subsystem sftp internal-sftp", "LogLevel ERROR", ""]))
+                "Subsystem sftp internal-sftp", "LogLevel ERROR",
+                # A fleet run opens 50 connections at once (forks 50, one ControlMaster per host): sshd's default
+                # MaxStartups (10:30:100) would drop most of them, a failure of the peer's setup, not of SSH.
+                "MaxStartups 500", "MaxSessions 500", ""]))
         os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory
         self.proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", config],
                                      stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.dir, "sshd.log"), "w"))

@@ -9,12 +9,15 @@ changed (with delete, one more file removed); then a pull of the same tree out, 
          and the task's own time ("sync task", from its -vvv timing line: guest command start to the end);
 - rsync: `rsync -a [--delete]` over SSH to a private sshd on 127.0.0.1 (ControlPersist warm), the tool
          ansible.posix.synchronize runs;
+- synchronize: `ansible-playbook` running ansible.posix.synchronize (rsync over SSH, the same sshd and ControlPersist)
+         to that sshd, Ansible's own start-up included: the peer a playbook user would otherwise reach for. Its
+         collection is unpacked from the `ansible` release pinned in bench/requirements-synchronize.txt;
 - copy:  `ansible-playbook` running ansible.builtin.copy of the directory through the agent connection (500-file
          tree only by default: it takes a module run per file; --copy-large times the 10,000-file tree too).
 With --big, a 50,000-file tree plus --big-gib GiB in large files is pushed and pulled once, and the peak memory
 (VmHWM) of the processes involved is reported: the session's mux and the ansible-playbook process tree.
 
-Prints a table with ratios to rsync and writes bench/results/sync.json.
+Prints a table with ratios to synchronize and rsync, and writes bench/results/sync.json.
 Usage: PYTHONPATH=.local/collections:localplane:tests/support .venv/bin/python bench/sync_bench.py [--repeat 3] [--big]
 """
 import argparse
@@ -51,6 +54,17 @@ COPY_PLAY = """
     - ansible.builtin.copy:
         src: "{src}/"
         dest: "{dest}/"
+"""
+SYNCHRONIZE_PLAY = """
+- hosts: target
+  gather_facts: false
+  tasks:
+    - ansible.posix.synchronize:
+        mode: {mode}
+        src: "{src}/"
+        dest: "{dest}/"
+        delete: {delete}
+        use_ssh_args: true
 """
 TASK_TIME = re.compile(r"SYNC (?:done|applied) after ([0-9.]+)s")
 NOOP_PLAY = """
@@ -92,6 +106,9 @@ class Bench:
         self.repeat = repeat
         self.env = stage.env
         self.inventory = stage.inventory("agent")
+        self.ssh_inventory = stage.inventory("ssh")
+        self.posix_env = dict(self.env, ANSIBLE_COLLECTIONS_PATH="%s:%s" % (benchlib.COLLECTIONS,
+                                                                          benchlib.posix_collection()))
         self.rsync_ssh = "ssh -p %d %s" % (stage.sshd.port, " ".join(stage.sshd.options))
         self.client = stage.plane.client()
         self.n = 0
@@ -104,12 +121,13 @@ class Bench:
             raise RuntimeError("guest command failed: %s" % res)
         return res["stdout"]
 
-    def play(self, text, *options):
+    def play(self, text, *options, inventory=None, env=None):
         """Seconds of one ansible-playbook run (and its stdout)."""
         self.n += 1
         name = "play-%d.yml" % self.n
         write(self.stage.path(name), text)
-        proc, elapsed = timed_run(playbook_argv(self.inventory, name, *options), self.env, self.stage.tmp)
+        proc, elapsed = timed_run(playbook_argv(inventory or self.inventory, name, *options), env or self.env,
+                                  self.stage.tmp)
         if proc.returncode != 0 or "failed=0" not in proc.stdout:
             raise RuntimeError("playbook failed:\n%s\n%s" % (proc.stdout[-3000:], proc.stderr[-2000:]))
         return elapsed, proc.stdout
@@ -120,6 +138,11 @@ class Bench:
         found = TASK_TIME.findall(out)
         self.task_seconds.append(float(found[-1]) if found else float("nan"))
         return elapsed
+
+    def synchronize(self, mode, src, dest, delete):
+        """Seconds of ansible-playbook running ansible.posix.synchronize (rsync over SSH) to the private sshd."""
+        return self.play(SYNCHRONIZE_PLAY.format(mode=mode, src=src, dest=dest, delete=str(delete).lower()),
+                         inventory=self.ssh_inventory, env=self.posix_env)[0]
 
     def copy(self, src, dest):
         return self.play(COPY_PLAY.format(src=src, dest=dest))[0]
@@ -141,9 +164,11 @@ class Bench:
             shutil.rmtree(src, ignore_errors=True)
             shutil.copytree(tree, src, symlinks=True)
             dests = {"sync": "/workspace/%s-%d" % (label, r), "rsync": os.path.join(self.stage.ssh_dir, "%s-%d" % (label, r)),
+                     "synchronize": os.path.join(self.stage.ssh_dir, "%s-synchronize-%d" % (label, r)),
                      "copy": "/workspace/%s-copy-%d" % (label, r)}
             runners = {"sync": lambda s=src, d=dests["sync"]: self.sync("push", s, d, delete),
-                       "rsync": lambda s=src, d=dests["rsync"]: self.rsync(s, d, delete, self.rsync_ssh)}
+                       "rsync": lambda s=src, d=dests["rsync"]: self.rsync(s, d, delete, self.rsync_ssh),
+                       "synchronize": lambda s=src, d=dests["synchronize"]: self.synchronize("push", s, d, delete)}
             if with_copy:
                 runners["copy"] = lambda s=src, d=dests["copy"]: self.copy(s, d)
             for step in ("first", "unchanged", "one_changed"):
@@ -155,6 +180,7 @@ class Bench:
                         times[step].setdefault("sync_task", []).append(self.task_seconds[-1])
             self.guest("rm -rf %s %s" % (dests["sync"], dests["copy"]))
             shutil.rmtree(dests["rsync"], ignore_errors=True)
+            shutil.rmtree(dests["synchronize"], ignore_errors=True)
             shutil.rmtree(src, ignore_errors=True)
         return times
 
@@ -166,9 +192,10 @@ class Bench:
         self.sync("push", tree, src_guest, False)
         shutil.copytree(tree, src_ssh, symlinks=True)
         for r in range(self.repeat):
-            outs = {tool: self.stage.path("%s-out-%s-%d" % (label, tool, r)) for tool in ("sync", "rsync")}
+            outs = {tool: self.stage.path("%s-out-%s-%d" % (label, tool, r)) for tool in ("sync", "rsync", "synchronize")}
             runners = {"sync": lambda d=outs["sync"]: self.sync("pull", src_guest, d, True),
-                       "rsync": lambda d=outs["rsync"]: self.rsync(src_ssh, d, True, self.rsync_ssh, pull=True)}
+                       "rsync": lambda d=outs["rsync"]: self.rsync(src_ssh, d, True, self.rsync_ssh, pull=True),
+                       "synchronize": lambda d=outs["synchronize"]: self.synchronize("pull", src_ssh, d, True)}
             for step in ("first", "unchanged", "one_changed"):
                 if step == "one_changed":
                     self.guest("echo changed-%d >> %s/dir000/file00000.txt" % (r, src_guest))
@@ -262,15 +289,16 @@ def main():
         print()
         print("seconds, median of %d (sync and copy: a whole ansible-playbook run; a no-op playbook takes %.2f s)"
               % (args.repeat, results["ansible_noop_playbook_seconds"]))
-        print("  %-20s %-12s %8s %10s %8s %8s %10s %10s" % ("case", "step", "sync", "sync task", "rsync", "copy",
-                                                            "sync/rsync", "task/rsync"))
+        print("  %-18s %-12s %6s %9s %6s %11s %6s %10s %10s %10s" % (
+            "case", "step", "sync", "sync task", "rsync", "synchronize", "copy", "sync/synch", "sync/rsync",
+            "task/rsync"))
         for label, steps in results["cases"].items():
             for step, tools in steps.items():
                 copy = tools.get("copy")
-                print("  %-20s %-12s %8.2f %10.2f %8.2f %8s %9.2fx %9.2fx" % (
-                    label, step, tools["sync"], tools["sync_task"], tools["rsync"],
-                    "%.2f" % copy if copy is not None else "-", tools["sync"] / tools["rsync"],
-                    tools["sync_task"] / tools["rsync"]))
+                print("  %-18s %-12s %6.2f %9.2f %6.2f %11.2f %6s %9.2fx %9.2fx %9.2fx" % (
+                    label, step, tools["sync"], tools["sync_task"], tools["rsync"], tools["synchronize"],
+                    "%.2f" % copy if copy is not None else "-", tools["sync"] / tools["synchronize"],
+                    tools["sync"] / tools["rsync"], tools["sync_task"] / tools["rsync"]))
         print("peak RSS: mux %.0f MiB, largest ansible-playbook process (or rsync/ssh) %.0f MiB" % (
             results["peak_rss_bytes"]["mux"] / 2.0 ** 20, results["peak_rss_bytes"]["largest_child_process"] / 2.0 ** 20))
         print("wrote %s" % benchlib.save_json(args.output, results))

@@ -553,7 +553,7 @@ def extract_archive(fileobj, target, given, walk, run_dir=RUN_DIR):
         raise invalid("not a tar archive: %s" % e)
     with tar:
         try:
-            members = agentarchive.plan(tar, target, given, agentarchive.load_limits(run_dir))
+            members = agentarchive.plan(tar, target, given, agentarchive.load_limits(run_dir), walk)
             agentarchive.extract(tar, members, target, given, walk)
         except agentarchive.ArchiveRefused as e:
             raise Refusal(ARCHIVE_STATUS[e.kind], e.message)

@@ -64,14 +64,16 @@ def safe_mode(mode):
     return mode | 0o600
 
 
-def _resolved(path, follow_last, overlay=None):
+def _resolved(walk, path, follow_last, overlay=None, start=None):
     """A resolution whose fds are released at once: the planner only needs names and kinds."""
-    with Walk() as w:
-        return w.resolve(path, follow_last, overlay)
+    with Walk(walk) as w:
+        return w.resolve(path, follow_last, overlay, start)
 
 
 class Planner:
-    def __init__(self, target, given, limits):
+    def __init__(self, target, given, limits, walk):
+        self.walk = walk
+        self.target = target
         self.base = target.names
         self.base_path = target.logical
         self.given = given
@@ -81,8 +83,7 @@ class Planner:
         self.symlinks = []
         self.members = []
         self.files_bytes = 0
-        with Walk() as w:
-            self.name_max = w.name_max
+        self.name_max = walk.name_max
 
     def refuse(self, kind, member, why):
         raise ArchiveRefused(kind, 'archive member "%s" %s; nothing was extracted into "%s"' % (member.name, why, self.given))
@@ -116,7 +117,9 @@ class Planner:
         path = self.base_path + "/" + rel
         try:
             check_lengths(path, self.name_max)
-            r = _resolved(path, m.isdir(), self.overlay)
+            # From the destination's held entries: the same answer as from "/" (the destination is resolved,
+            # links and all), without opening its components again for every member.
+            r = _resolved(self.walk, rel, m.isdir(), self.overlay, start=self.target.entries)
         except TooLong as e:
             self.refuse("invalid", m, "cannot be created: %s" % e)
         except OSError as e:
@@ -152,7 +155,7 @@ class Planner:
         """The link's target, resolved now (links of the archive included), stays inside the destination."""
         start = "" if m.linkname.startswith("/") else "/" + "/".join(names[:-1]) + "/"
         try:
-            r = _resolved(start + m.linkname, True, self.overlay)
+            r = _resolved(self.walk, start + m.linkname, True, self.overlay)
         except OSError as e:
             self.refuse("escape", m, "is a symbolic link to %s that cannot be resolved (%s)" % (m.linkname, e.strerror or e))
         if not r.within(self.base):
@@ -164,7 +167,7 @@ class Planner:
         if m.linkname.startswith("/") or link == "." or link == ".." or link.startswith("../"):
             self.refuse("escape", m, "is a hard link to %s, outside the destination" % m.linkname)
         try:
-            r = _resolved(self.base_path + "/" + link, False, self.overlay)
+            r = _resolved(self.walk, self.base_path + "/" + link, False, self.overlay)
         except OSError as e:
             self.refuse("escape", m, "is a hard link to %s that cannot be resolved (%s)" % (m.linkname, e.strerror or e))
         if not r.within(self.base):
@@ -180,9 +183,11 @@ class Planner:
         return self.members
 
 
-def plan(tar, target, given, limits):
-    """Every member of the tar, checked whole; ArchiveRefused before anything is written."""
-    planner = Planner(target, given, limits)
+def plan(tar, target, given, limits, walk):
+    """Every member of the tar, checked whole; ArchiveRefused before anything is written.
+
+    `walk` is the one that resolved target (its fds still held)."""
+    planner = Planner(target, given, limits, walk)
     try:
         for m in tar:
             planner.add(m)
@@ -203,7 +208,7 @@ def extract(tar, members, target, given, walk):
         rel = posixpath.normpath(m.name)
         if rel == ".":
             continue
-        with Walk() as w:
+        with Walk(walk) as w:
             r = w.resolve(rel, follow_last=m.isdir(), start=target.entries)
             if not r.within(base):
                 raise ArchiveRefused("escape", 'archive member "%s" would land outside "%s": the sandbox changed '

@@ -88,8 +88,13 @@ class Resolved:
 class Walk:
     """Resolutions that hold their fds until close(); use as a context manager."""
 
-    def __init__(self):
+    def __init__(self, parent: "Walk | None" = None) -> None:
+        """With parent, share its root fd and limits (it must outlive this walk): an archive resolves every member
+        in a walk of its own, and opening "/" and asking its NAME_MAX each time would cost more than the member."""
         self._fds = []
+        if parent is not None:
+            self.root, self.name_max = parent.root, parent.name_max
+            return
         self.root = self._track(os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
         self.name_max = name_max(self.root)
 
