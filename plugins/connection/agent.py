@@ -290,8 +290,6 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import 
 display = Display()
 option_defs.register("connection", __name__, DOCUMENTATION)  # saves core's slow parse in every worker
 
-# Error kinds of the mux that mean "this host cannot be reached": Ansible marks it UNREACHABLE.
-UNREACHABLE_KINDS = frozenset([mp.ERR_UNREACHABLE, mp.ERR_LOST, mp.ERR_GONE, mp.ERR_PROTOCOL])
 DEFAULT_REMOTE_TMP = "~/.ansible/tmp"
 
 
@@ -383,7 +381,7 @@ def warm_shape(argv, in_data):
 def mux_error(e):
     """A mux error as the Ansible exception that gives the right task outcome (the one place that decides)."""
     message = "microvm.sandbox.agent: %s" % e
-    if e.kind in UNREACHABLE_KINDS:
+    if e.kind in mp.UNREACHABLE_KINDS:
         return AnsibleConnectionFailure(message)
     if e.kind == mp.ERR_NOT_FOUND:
         return AnsibleFileNotFound(message)
