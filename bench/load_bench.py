@@ -59,8 +59,8 @@ def load_groups(mux_dir):
 def report(result):
     """The figures as (name, value) rows, in the shape of docs/guarantees.md's Load table."""
     sessions, tasks = result["sessions"], result["tasks"]
-    rows = [("sessions x tasks (forks)", "%d x %d (%d) = %d host-tasks" % (sessions, tasks, result["forks"],
-                                                                         result["tasks_total"])),
+    rows = [("sessions x tasks (forks)",
+             "%d x %d (%d) = %d host-tasks" % (sessions, tasks, result["forks"], result["tasks_total"])),
             ("playbook rc / every recap `ok=%d unreachable=0 failed=0`" % tasks,
              "%s / %s" % (result["rc"], "yes" if result["recap_all_ok"] else "no")),
             ("sessions with exactly the %d lines in order and the %d files" % (result["commands"], tasks - result["commands"]),
