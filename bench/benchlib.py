@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 
@@ -75,6 +76,124 @@ def run_playbook(workdir, playbook, inventory, env, bin_dir=BIN):
     if proc.returncode != 0 or "failed=0" not in proc.stdout:
         raise RuntimeError("playbook failed (%s):\n%s\n%s" % (inventory, proc.stdout[-3000:], proc.stderr[-2000:]))
     return elapsed
+
+
+# -- memory ----------------------------------------------------------------------------------------
+def memory_kib(pid):
+    """(PSS, RSS) of one process in KiB; zeros when it is gone."""
+    pss = rss = 0
+    try:
+        with open("/proc/%d/smaps_rollup" % pid) as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    pss = int(line.split()[1])
+                elif line.startswith("Rss:"):
+                    rss = int(line.split()[1])
+    except OSError:
+        pass
+    return pss, rss
+
+
+def processes():
+    """{pid: (ppid, comm, cmdline)} of every process we can read."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                stat = f.read()
+            with open("/proc/%s/cmdline" % d, "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        out[int(d)] = (int(stat.rsplit(")", 1)[1].split()[1]), comm, cmdline)
+    return out
+
+
+def tree(procs, root):
+    """root and all its descendants in `procs` (see processes())."""
+    children = {}
+    for pid, (ppid, _comm, _cmd) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def total(pids):
+    """Summed PSS and RSS of `pids` (PSS counts shared pages once: the fair sum), the largest RSS, the count."""
+    pss = rss = largest = 0
+    for pid in pids:
+        p, r = memory_kib(pid)
+        pss += p
+        rss += r
+        largest = max(largest, r)
+    return {"pss_kib": pss, "rss_kib": rss, "largest_rss_kib": largest, "processes": len(pids)}
+
+
+def playbook_tree(procs, playbook):
+    """Every process of the ansible-playbook runs of `playbook` (the playbook process and its workers)."""
+    def is_run(pid):
+        return "ansible-playbook" in procs.get(pid, (0, "", ""))[2] and playbook in procs[pid][2]
+
+    roots = [pid for pid, (ppid, _comm, _cmd) in procs.items() if is_run(pid) and not is_run(ppid)]
+    return [p for root in roots for p in tree(procs, root)]
+
+
+def kib_per_additional_session(one, many, sessions):
+    """What each session beyond the first adds to a pool of muxes: `one` is total() with one session open,
+    `many` with all `sessions`; each process of the pool costs what the one serving one session costs."""
+    procs = many["processes"]
+    return round((many["pss_kib"] - procs * one["pss_kib"]) / max(1, sessions - procs), 1)
+
+
+class PeakSampler:
+    """Samples total() of some groups of processes every half second while a run goes; keeps each group's peak
+    (by PSS). `groups(procs)` -> {name: [pids]}, given processes()."""
+
+    def __init__(self, groups, interval=0.5):
+        self.groups = groups
+        self.interval = interval
+        self.peak = {}
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def sample(self):
+        now = {name: total(pids) for name, pids in self.groups(processes()).items()}
+        for name, value in now.items():
+            if value["pss_kib"] >= self.peak.get(name, {}).get("pss_kib", -1):
+                self.peak[name] = value
+        return now
+
+    def run(self):
+        while not self.stop_event.wait(self.interval):
+            self.sample()
+
+    def __enter__(self):
+        self.sample()  # every group has a figure, however short the run
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_event.set()
+        self.thread.join()
+
+
+def mib(kib):
+    return "%.1f MiB" % (kib / 1024.0)
+
+
+# -- output ----------------------------------------------------------------------------------------
+def print_markdown(rows):
+    """The rows as a two-column Markdown table, to paste into the docs as printed."""
+    print("| | |\n|---|---|")
+    for name, value in rows:
+        print("| %s | %s |" % (name, value))
 
 
 def print_rows(rows, indent=""):

@@ -19,11 +19,11 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 
 import benchlib  # first: it puts the collection and localplane on sys.path
-from benchlib import BIN, ROOT, ansible_env, playbook_argv, playbook_text, timed_run, write
+from benchlib import (BIN, ROOT, PeakSampler, ansible_env, kib_per_additional_session, mib, playbook_argv, playbook_text,
+                      playbook_tree, processes, timed_run, total, tree, write)
 
 from stage import PYTHON, Sshd
 
@@ -32,97 +32,13 @@ from microvm_plane_testing import mux_pids, start_local_plane, stop_local_plane,
 TASKS = 10
 
 
-def memory_kib(pid):
-    """(PSS, RSS) of one process in KiB; zeros when it is gone."""
-    pss = rss = 0
-    try:
-        with open("/proc/%d/smaps_rollup" % pid) as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    pss = int(line.split()[1])
-                elif line.startswith("Rss:"):
-                    rss = int(line.split()[1])
-    except OSError:
-        pass
-    return pss, rss
-
-
-def processes():
-    """{pid: (ppid, comm, cmdline)} of every process we can read."""
-    out = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % d) as f:
-                stat = f.read()
-            with open("/proc/%s/cmdline" % d, "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        out[int(d)] = (int(stat.rsplit(")", 1)[1].split()[1]), comm, cmdline)
-    return out
-
-
-def tree(procs, root):
-    children = {}
-    for pid, (ppid, _comm, _cmd) in procs.items():
-        children.setdefault(ppid, []).append(pid)
-    out, todo = [], [root]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
-def total(pids):
-    pss = rss = 0
-    for pid in pids:
-        p, r = memory_kib(pid)
-        pss += p
-        rss += r
-    return {"pss_kib": pss, "rss_kib": rss, "processes": len(pids)}
-
-
-class Sampler:
-    """Peak memory of the muxes, ssh's processes and the ansible-playbook tree while a run goes."""
-
-    def __init__(self, mux_dir, ssh_dir):
-        self.mux_dir, self.ssh_dir = mux_dir, ssh_dir
-        self.peak = {}
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-
-    def sample(self):
-        procs = processes()
-        muxes = mux_pids(self.mux_dir)
-        ssh = [pid for pid, (_ppid, comm, cmd) in procs.items() if comm == "ssh" and self.ssh_dir in cmd]
-
-        def is_run(pid):
-            return "ansible-playbook" in procs.get(pid, (0, "", ""))[2] and "fleet.yml" in procs[pid][2]
-
-        playbooks = [pid for pid, (ppid, _comm, _cmd) in procs.items() if is_run(pid) and not is_run(ppid)]
-        playbook_tree = [p for root in playbooks for p in tree(procs, root)]
-        now = {"muxes": total(muxes), "ssh": total(ssh),
-               "ansible_playbook_tree": total([p for p in playbook_tree if p not in ssh])}
-        for name, value in now.items():
-            if value["pss_kib"] >= self.peak.get(name, {}).get("pss_kib", -1):
-                self.peak[name] = value
-        return now
-
-    def run(self):
-        while not self.stop_event.wait(0.5):
-            self.sample()
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop_event.set()
-        self.thread.join()
+def fleet_groups(mux_dir, ssh_dir):
+    """The processes sampled during a run: the muxes, ssh's (masters and per-task clients), ansible-playbook's tree."""
+    def groups(procs):
+        ssh = [pid for pid, (_ppid, comm, cmd) in procs.items() if comm == "ssh" and ssh_dir in cmd]
+        return {"muxes": mux_pids(mux_dir), "ssh": ssh,
+                "ansible_playbook_tree": [p for p in playbook_tree(procs, "fleet.yml") if p not in ssh]}
+    return groups
 
 
 def main():
@@ -186,7 +102,7 @@ def main():
                     deadline = time.time() + 20
                     while mux_pids(mux_dir) and time.time() < deadline:
                         time.sleep(0.2)
-                with Sampler(mux_dir, sshd.dir) as sampler:
+                with PeakSampler(fleet_groups(mux_dir, sshd.dir)) as sampler:
                     load = os.getloadavg()
                     proc, seconds = timed_run(playbook_argv(mode + ".ini", "fleet.yml", *forks), env, work)
                     after = sampler.sample()
@@ -202,10 +118,8 @@ def main():
                 if not ok:
                     print("%s %s run failed:\n%s\n%s" % (mode, phase, proc.stdout[-3000:], proc.stderr[-2000:]))
         result["runs"] = runs
-        # each process of the pool costs what the one serving one session costs; the rest is per session
-        one, many = result["muxes_one_session"]["pss_kib"], result["muxes_all_sessions"]["pss_kib"]
-        procs = result["muxes_all_sessions"]["processes"]
-        result["mux_kib_per_additional_session"] = round((many - procs * one) / max(1, args.sessions - procs), 1)
+        result["mux_kib_per_additional_session"] = kib_per_additional_session(
+            result["muxes_one_session"], result["muxes_all_sessions"], args.sessions)
         result["plane_after"] = total(tree(processes(), plane.process.pid))
         result["load_at_end"] = os.getloadavg()
     finally:
@@ -217,9 +131,6 @@ def main():
         stop_muxes(mux_dir)
         stop_local_plane(plane)
         shutil.rmtree(work, ignore_errors=True)
-
-    def mib(kib):
-        return "%.0f MiB" % (kib / 1024.0)
 
     rows = [("sessions / hosts, tasks, forks", "%d, %d, %d" % (args.sessions, TASKS, args.forks)),
             ("create + READY, all sessions", "%.1f s" % result["create_all_s"]),

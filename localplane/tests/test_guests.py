@@ -467,11 +467,10 @@ def test_dir_rootfs_missing_is_refused(plane, tmp_path):
         plane.boot("bad-kind", rootfs=RootfsSpec("oci", None))
 
 
-def test_guest_without_zygote_starts_its_own_agent(tmp_path, monkeypatch):
-    monkeypatch.setenv("MICROVM_LOCALPLANE_WARM", "0")
+def test_guest_starts_its_own_agent(tmp_path):
     p = Plane(str(tmp_path / "state"))
     try:
-        g = p.boot("no-zygote", env={"V": "1"})
+        g = p.boot("own-agent", env={"V": "1"})
         stub = p.stub(g)
         assert sh(stub, 'echo "$V"; tr "\\0" " " < /proc/$(cat /run/localplane/agent.pid)/cmdline').stdout.startswith(
             b"1\n")

@@ -47,7 +47,6 @@ ARGUMENT_SPEC = dict(
     list_limit=dict(type="int", default=1000),
 )
 COPY_CHUNK = 1024 * 1024
-UNREACHABLE = frozenset([mp.ERR_UNREACHABLE, mp.ERR_LOST, mp.ERR_GONE, mp.ERR_PROTOCOL])
 
 
 class SyncFailed(Exception):
@@ -152,7 +151,7 @@ class ActionModule(ActionBase):
         except (st.SyncError, ArchiveRefused) as e:
             return dict(result, failed=True, msg="sync: %s" % e)
         except mp.MuxError as e:
-            if e.kind in UNREACHABLE:
+            if e.kind in mp.UNREACHABLE_KINDS:
                 raise AnsibleConnectionFailure("microvm.sandbox.sync: %s" % e)
             return dict(result, failed=True, msg="sync: %s" % e)
         except (OSError, mp.ProtocolError) as e:

@@ -27,6 +27,10 @@ description:
     It is removed when the run ends.
   - A PAUSED session is woken by the first task; a deleted session makes the host UNREACHABLE with a message
     naming the session and its status. A command whose stream is lost is reported and never re-run.
+  - A host that sets no C(ansible_python_interpreter) gets V(auto_silent) from this connection, when neither
+    C(interpreter_python) in C(ansible.cfg) nor E(ANSIBLE_PYTHON_INTERPRETER) is set. The guest's Python is then
+    discovered once per host without core's warning (a sandbox's Python is whatever its template installed).
+    Set C(ansible_python_interpreter) to pin one, or to V(auto) to see the warning.
 notes:
   - The API token is passed to the multiplexer on its standard input, never on a command line or in a file,
     and is never printed, not even at C(-vvvv).
@@ -275,6 +279,7 @@ import posixpath  # noqa: E402
 import re  # noqa: E402
 import shlex  # noqa: E402
 
+from ansible import constants as C  # noqa: E402
 from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound  # noqa: E402
 from ansible.module_utils.common.text.converters import to_bytes, to_text  # noqa: E402
 from ansible.plugins.connection import ConnectionBase  # noqa: E402
@@ -290,9 +295,8 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import 
 display = Display()
 option_defs.register("connection", __name__, DOCUMENTATION)  # saves core's slow parse in every worker
 
-# Error kinds of the mux that mean "this host cannot be reached": Ansible marks it UNREACHABLE.
-UNREACHABLE_KINDS = frozenset([mp.ERR_UNREACHABLE, mp.ERR_LOST, mp.ERR_GONE, mp.ERR_PROTOCOL])
 DEFAULT_REMOTE_TMP = "~/.ansible/tmp"
+DEFAULT_PYTHON_INTERPRETER = "auto_silent"  # for hosts that name none: see Connection.update_vars
 
 
 # Looks up a guest user for remote_user: prints uid:gid:home (exit 0), "self" when the agent already runs as it,
@@ -383,7 +387,7 @@ def warm_shape(argv, in_data):
 def mux_error(e):
     """A mux error as the Ansible exception that gives the right task outcome (the one place that decides)."""
     message = "microvm.sandbox.agent: %s" % e
-    if e.kind in UNREACHABLE_KINDS:
+    if e.kind in mp.UNREACHABLE_KINDS:
         return AnsibleConnectionFailure(message)
     if e.kind == mp.ERR_NOT_FOUND:
         return AnsibleFileNotFound(message)
@@ -404,6 +408,20 @@ class Connection(ConnectionBase):
         self._run = None
         self._user = None  # the guest user commands run as, once looked up: None = the agent's own user
         self._wrap_shell()
+
+    def update_vars(self, variables):
+        """The connection's magic variables, plus a silent interpreter discovery for a host that names no Python.
+
+        A sandbox's Python is whatever its template installed, so discovering it is expected and core's
+        warning about it is noise: a host without ansible_python_interpreter, where neither ansible.cfg nor
+        ANSIBLE_PYTHON_INTERPRETER sets interpreter_python, gets auto_silent. Anything the user set wins.
+        """
+        super().update_vars(variables)
+        if "ansible_python_interpreter" in variables:
+            return
+        _value, origin = C.config.get_config_value_and_origin("INTERPRETER_PYTHON", variables=variables)
+        if origin == "default":
+            variables["ansible_python_interpreter"] = DEFAULT_PYTHON_INTERPRETER
 
     # -- options --------------------------------------------------------------------------
     def _session(self):

@@ -10,7 +10,7 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 module: session_fork
 short_description: Fork a microVM sandbox session into 1-4 independent copies
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - Forks a session (C(POST /v2/agents/sessions/{id}/fork)); each copy boots a fresh sandbox from a checkpoint of
     the source, with its workspace and root filesystem changes, and the source keeps running

@@ -10,7 +10,7 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 module: size_info
 short_description: List the sandbox sizes a microVM sandbox session can have
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - Returns the platform's size catalog (C(GET /v2/agents/sessions/sandbox/sizes)), smallest first. Every slug it
     lists is accepted as O(microvm.sandbox.session#module:size)

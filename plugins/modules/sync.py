@@ -10,7 +10,7 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 module: sync
 short_description: Push a directory tree into a sandbox or pull one out, sending only what changed (like rsync)
-version_added: 0.3.0
+version_added: 0.1.0
 description:
   - Makes a directory in a sandbox match a directory on the controller (O(mode=push)), or a directory on the
     controller match one in a sandbox (O(mode=pull)), with the semantics of C(rsync -a) - only what changed is

@@ -4,8 +4,8 @@
 """The mux's error vocabulary: every failure becomes one ERROR frame kind (mux_protocol.ERR_*) here.
 
 The worker turns a kind into the Ansible exception in one place (connection/agent.py, mux_error):
-unreachable, lost and gone make the host UNREACHABLE, whichever path (cold command, warm module,
-transfer) hit them; not_found is a missing file; the rest are task failures.
+unreachable, lost and gone (mux_protocol.UNREACHABLE_KINDS) make the host UNREACHABLE, whichever path
+(cold command, warm module, transfer) hit them; not_found is a missing file; the rest are task failures.
 """
 
 from __future__ import annotations

@@ -67,6 +67,8 @@ ERR_PATH = "path"                 # refused locally by the platform profile
 ERR_FAILED = "failed"             # anything else: a plain task failure
 ERR_PROTOCOL = "protocol"         # a bug or a version mismatch between worker and mux
 ERR_WARM = "warm_refused"         # the warm runner did not start the module: the worker runs it cold
+# The kinds that make the host UNREACHABLE rather than fail the task (the connection and the sync action alike).
+UNREACHABLE_KINDS = frozenset([ERR_UNREACHABLE, ERR_LOST, ERR_GONE, ERR_PROTOCOL])
 
 SOCKET_NAME = "mux.sock"
 PID_NAME = "mux.pid"

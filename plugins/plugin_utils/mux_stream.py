@@ -5,7 +5,7 @@
 
 The mux's `exec` op already relays both directions frame by frame; MuxClient.exec() collects the output
 into memory, which a manifest of a big tree must not be. This talks the same op over its own connection
-to the session's mux (stdlib only, like everything on the worker side), so an action plugin can run an
+to the mux (stdlib only, like everything on the worker side), so an action plugin can run an
 Exec, an Upload and a Download of the same session side by side.
 """
 

@@ -172,25 +172,6 @@ def sort_key(path):
     return () if path == ROOT else tuple(path.split(b"/"))
 
 
-def decode_records(chunks):
-    """Bytes chunks -> (path, meta, extra) triples, in a constant-size buffer."""
-    pending = []
-    tail = b""
-    for chunk in chunks:
-        if not chunk:
-            continue
-        parts = (tail + chunk).split(b"\0")
-        tail = parts.pop()
-        pending.extend(parts)
-        if len(pending) >= 3:
-            usable = len(pending) - len(pending) % 3
-            for i in range(0, usable, 3):
-                yield pending[i], pending[i + 1], pending[i + 2]
-            del pending[:usable]
-    if tail or pending:
-        raise SyncError("the manifest stream ended in the middle of a record")
-
-
 def parse_meta(path, meta, extra):
     kind = meta[:1]
     mode, size, mtime = meta[1:].split(b" ")

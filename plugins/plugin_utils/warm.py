@@ -3,8 +3,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The mux's side of the warm module runner (see warm_runner.py, which runs in the guest).
 
-Not to be confused with the local plane's warm helper processes (localplane), the guest agent
-(the gRPC service every command goes through) or the session's `agent` field (an AI agent spec).
+Not to be confused with the guest agent (the gRPC service every command goes through) or the
+session's `agent` field (an AI agent spec).
 
 One WarmRunner per (session, interpreter), held by the session's link over one long-lived
 Exec stream. Requests carry ids, so several tasks can run at once (each in its

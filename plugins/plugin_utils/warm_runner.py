@@ -63,12 +63,6 @@ MODULE_UTILS = re.compile(r"^(ansible\.module_utils|ansible_collections\.[^.]+\.
 ZIP_CACHE = 32  # verified zips kept on disk (about 130-300 KiB each)
 
 
-def payload_zip(payload):
-    """The AnsiballZ zip embedded in a module payload, or None."""
-    found = split_payload(payload)
-    return base64.b64decode(found[1]) if found else None
-
-
 def split_payload(payload):
     """(wrapper source with the zip literal replaced by a name, the zip's base64), or None.
 

@@ -9,13 +9,18 @@ import re
 import uuid
 
 
-def runner():
-    """run_playbook from this directory's conftest.py (module-scoped fixtures cannot use its function-scoped fixture)."""
+def conftest():
+    """This directory's conftest.py as a module (its helpers, outside the fixtures)."""
     spec = importlib.util.spec_from_file_location("microvm_integration_runner",
                                                   os.path.join(os.path.dirname(os.path.abspath(__file__)), "conftest.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.run_playbook
+    return mod
+
+
+def runner():
+    """run_playbook from this directory's conftest.py (module-scoped fixtures cannot use its function-scoped fixture)."""
+    return conftest().run_playbook
 
 
 def unique(prefix):

@@ -38,6 +38,7 @@ def test_tarball_leaves_development_files_out(installed):
     assert "plugins/plugin_utils/agent_pb/sandbox_agent_pb2.py" in names
     for unwanted in (".venv", ".local", ".git", "hack", "bench", "Makefile", "requirements-dev.txt"):
         assert not any(n == unwanted or n.startswith(unwanted + "/") for n in names), unwanted
+    assert not [n for n in names if ".egg-info" in n]  # setuptools' build leftovers of the local plane
 
 
 def test_installed_collection_lists_its_plugins(installed):

@@ -648,3 +648,37 @@ def test_a_user_missing_in_the_guest_fails_and_nothing_runs_as_root(plane, sandb
     out = plane.client().request("POST", "/sessions/%s/sandbox/exec" % sandbox["session_id"],
                                  body={"argv": ["ls", "/workspace"]})
     assert "ran-as-someone-else" not in out["stdout"]
+
+
+ADD_HOST = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - ansible.builtin.add_host:
+        name: box
+        ansible_connection: microvm.sandbox.agent
+        ansible_host: "%s"
+- hosts: box
+  gather_facts: false
+  tasks:
+    - ansible.builtin.command: echo ran
+      register: r
+    - ansible.builtin.debug: {msg: "PY={{ ansible_facts.discovered_interpreter_python | default('none') }}"}
+    - ansible.builtin.assert: {that: ["r.stdout == 'ran'"]}
+"""
+LOCALHOST = 'localhost ansible_connection=local ansible_python_interpreter="{{ ansible_playbook_python }}"\n'
+
+
+def test_a_host_without_an_interpreter_discovers_it_silently(plane, sandbox, env, playbook_runner):
+    """add_host with only the connection and the session: the guest's Python is found, with no warning; what the user
+    sets (a host var, ANSIBLE_PYTHON_INTERPRETER) still wins, and `auto` still warns."""
+    pb = ADD_HOST % sandbox["name"]
+    res = playbook_runner(pb, LOCALHOST, env)
+    assert res.rc == 0, res
+    assert "PY=/usr/bin/python3" in res.stdout, res  # discovered in the guest (once per host), silently
+    assert "[WARNING]" not in res.output and "interpreter" not in res.output.lower().replace("discovered_interpreter", ""), res
+    loud = playbook_runner(pb.replace('ansible_host: "', 'ansible_python_interpreter: auto\n        ansible_host: "'),
+                           LOCALHOST, env)
+    assert loud.rc == 0 and "discovered Python interpreter" in loud.output, loud  # the user's `auto` is kept
+    pinned = playbook_runner(pb, LOCALHOST, dict(env, ANSIBLE_PYTHON_INTERPRETER="/usr/bin/python3"))
+    assert pinned.rc == 0 and "PY=none" in pinned.stdout, pinned  # the user's setting: no discovery at all

@@ -236,7 +236,7 @@ def test_runner_replaces_only_the_zip_literal():
 
     data = payload()
     source, zip_b64 = wr.split_payload(data)
-    assert base64.b64decode(zip_b64) == wr.payload_zip(data) == make_zip("X = 1\n")
+    assert base64.b64decode(zip_b64) == make_zip("X = 1\n")
     assert source.count(b"\n") == data.count(b"\n")  # line numbers in tracebacks stay the same
     assert b"zip_data=__microvm_zip_data__,\n" in source and zip_b64.encode() not in source
     assert wr.split_payload(b"print('no wrapper')") is None

@@ -3,12 +3,17 @@
 Every test pins the pool to one process (MICROVM_MUX_PROCESSES=1), so all its sessions share it.
 """
 import glob
+import json
 import os
 import re
+import shutil
+import subprocess
+import tempfile
 
 import pytest
 
-from microvm_plane_testing import mux_pids
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
+from microvm_plane_testing import mux_pids, stop_muxes
 
 from test_connection import inventory, mux_dir, new_session  # noqa: F401  (fixtures are re-used)
 
@@ -155,3 +160,149 @@ def test_different_tokens_never_share_a_channel(plane, pair, env, mux_dir, playb
     assert res.rc != 0 and "UNREACHABLE!" in res.stdout, res
     assert "401" in res.stdout, res
     assert plane.token not in res.stdout + mux_log(mux_dir)
+
+
+def label(session: dict) -> str:
+    return "%s (%s)" % (session["name"], session["session_id"])
+
+
+def test_an_idle_link_closes_while_another_sessions_stays_open(pair, env, mux_dir, playbook_runner):  # noqa: F811
+    """a's link closes after its own persist time; b's (a longer persist) stays open through it, and both
+    sessions' next tasks work: a's on a fresh link, b's on the same one."""
+    a, b = pair
+    log_path = os.path.join(mp.process_dir(mux_dir, 0), "mux.log")
+    pb = """
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - ansible.builtin.command: echo first
+    - name: wait until a's link was closed as idle
+      ansible.builtin.wait_for:
+        path: "%(log)s"
+        search_regex: 'session %(a)s: link 1 closed \\(idle for 3s\\)'
+        timeout: 300
+      delegate_to: localhost
+      run_once: true
+      vars: {ansible_connection: local, ansible_python_interpreter: "{{ ansible_playbook_python }}"}
+    - ansible.builtin.command: echo "{{ inventory_hostname }} again"
+      register: again
+    - ansible.builtin.assert: {that: ["again.stdout == inventory_hostname + ' again'"]}
+""" % {"log": log_path, "a": re.escape(label(a))}
+    inv = inventory({"a": a["name"], "b": b["name"]}).replace(
+        "a ansible_host=%s" % a["name"], "a ansible_host=%s ansible_microvm_persist=3" % a["name"]).replace(
+        "b ansible_host=%s" % b["name"], "b ansible_host=%s ansible_microvm_persist=300" % b["name"])
+    res = playbook_runner(pb, inv, env, extra_args=["-f", "2"])
+    assert res.rc == 0, res
+    assert recap(res, "a") == dict(recap(res, "a"), ok=4, failed=0, unreachable=0), res  # the wait counts on a
+    assert recap(res, "b") == dict(recap(res, "b"), ok=3, failed=0, unreachable=0), res
+    log = mux_log(mux_dir)
+    assert "session %s: link 2 open" % label(a) in log, log  # a's last tasks opened a fresh link
+    assert "session %s: link 1 open" % label(b) in log, log
+    assert "session %s: link 1 closed" % label(b) not in log, log  # b's stayed open throughout
+    assert "session %s: link 2" % label(b) not in log, log
+    assert len(mux_pids(mux_dir)) == 1
+
+
+def test_each_session_of_a_run_gets_its_own_tmpdir_removed_after_the_run(pair, env, mux_dir, playbook_runner):  # noqa: F811
+    """One run, two sessions: each gets one TMPDIR for the whole run (same for every task), and the mux
+    removes both once ansible-playbook is gone."""
+    a, b = pair
+    pb = """
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - ansible.builtin.command: printenv TMPDIR
+      register: first
+    - ansible.builtin.shell: 'printenv TMPDIR; test -d "$TMPDIR" && echo exists'
+      register: second
+    - ansible.builtin.assert:
+        that:
+          - "first.stdout.startswith('/workspace/.scratch/run.')"
+          - "second.stdout_lines == [first.stdout, 'exists']"
+    - ansible.builtin.debug: {msg: "TMP {{ inventory_hostname }}={{ first.stdout }}="}
+"""
+    inv = inventory({"a": a["name"], "b": b["name"]})
+    res = playbook_runner(pb, inv, env, extra_args=["-f", "2"])
+    assert res.rc == 0, res
+    dirs = dict(re.findall(r"TMP (\w+)=(\S+?)=", res.stdout))
+    assert set(dirs) == {"a", "b"}, res
+    log = mux_log(mux_dir)
+    for host, session in (("a", a), ("b", b)):
+        created = re.findall(r"session %s: run (\S+): TMPDIR (\S+) created" % re.escape(label(session)), log)
+        assert len(created) == 1, log  # once per run and session, not per task
+        assert created[0][1] == dirs[host], log
+    check = """
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - ansible.builtin.stat: {path: "{{ tmp[inventory_hostname] }}"}
+      register: s
+      until: not s.stat.exists
+      retries: 60
+      delay: 1
+"""
+    res = playbook_runner(check, inv, env, extra_args=["-f", "2", "-e", json.dumps({"tmp": dirs})])
+    assert res.rc == 0, res
+    log = mux_log(mux_dir)
+    for host, session in (("a", a), ("b", b)):
+        assert "session %s: run" % label(session) in log
+        assert re.search(r"session %s: run \S+ ended: removed %s" % (re.escape(label(session)), re.escape(dirs[host])),
+                         log), log
+
+
+PEER = r"""
+import socket, struct, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+print("CONNECTED")
+body = b'{"op": "hello"}'
+got = b""
+try:
+    s.sendall(struct.pack("!IB", len(body), 1) + body)
+    s.settimeout(60)
+    while b'"version"' not in got:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+except (BrokenPipeError, ConnectionResetError):
+    pass
+print("ANSWERED" if b'"version"' in got else "REFUSED", len(got))
+"""
+
+
+def test_a_peer_of_another_uid_is_refused_by_the_mux_itself(sandbox, plane, playbook_runner):
+    """With the socket's file mode relaxed so another uid can connect at all, the mux still refuses it
+    (SO_PEERCRED): the peer check, not only the 0600 mode, keeps other local users out."""
+    if os.getuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to run a client as another uid")
+    # /var/tmp, not pytest's tmp dir: the other uid must be able to reach the socket through its parents
+    base = tempfile.mkdtemp(prefix="mux-peer-", dir="/var/tmp")
+    try:
+        env = dict(plane.env, MICROVM_MUX_DIR=base, MICROVM_PERSIST="600", MICROVM_MUX_PROCESSES="1")
+        pb = """
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - ansible.builtin.command: echo up
+"""
+        res = playbook_runner(pb, inventory({"box": sandbox["name"]}), env)
+        assert res.rc == 0, res
+        assert len(mux_pids(base)) == 1
+        proc_dir = mp.process_dir(base, 0)
+        sock = mp.socket_path(proc_dir)
+        assert sock.startswith(proc_dir + "/"), sock  # the test relaxes only its own dirs
+        for path, mode in ((base, 0o711), (proc_dir, 0o711), (sock, 0o666)):
+            os.chmod(path, mode)
+        ours = subprocess.run(["/usr/bin/python3", "-c", PEER, sock], capture_output=True, text=True, cwd="/",
+                              timeout=120, check=False)
+        assert ours.stdout.split()[:2] == ["CONNECTED", "ANSWERED"], ours  # the probe itself works
+        other = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                "/usr/bin/python3", "-c", PEER, sock], capture_output=True, text=True, cwd="/",
+                               timeout=120, check=False)
+        assert other.returncode == 0 and other.stdout.split() == ["CONNECTED", "REFUSED", "0"], other  # in, then dropped
+        assert "refused a connection from uid 65534" in mux_log(base)
+        assert len(mux_pids(base)) == 1  # and the mux serves on
+    finally:
+        stop_muxes(base)
+        shutil.rmtree(base, ignore_errors=True)

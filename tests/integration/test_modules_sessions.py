@@ -439,3 +439,65 @@ def test_an_edge_timeout_on_blocking_calls_is_reconciled_not_resent(plane, tmp_p
         assert len(plane.client().forks_of(sid)) == 2
     finally:
         proxy.stop()
+
+
+def failed_session(plane, tmp_path, name):
+    """A session the local plane really marks FAILED: its template's rootfs is lost before the boot.
+
+    The template builds (an empty OCI image, made here); its unpacked rootfs is then removed from the plane's
+    state dir, as a disk fault would, so the guest cannot be prepared and the plane's boot path records FAILED
+    ("the sandbox failed to boot"). No boot code is bypassed.
+    """
+    import glob
+    import shutil
+    import subprocess
+    import time
+
+    if plane.state_dir is None:
+        pytest.skip("needs the local plane's state dir")
+    if not shutil.which("umoci"):
+        pytest.skip("umoci is not installed (make system-deps)")
+    layout = tmp_path / "layout"
+    subprocess.run(["umoci", "init", "--layout", str(layout)], check=True)
+    subprocess.run(["umoci", "new", "--image", "%s:v1" % layout], check=True)
+    client = plane.client()
+    template = client.create_template(unique("lost-rootfs"), "oci:%s:v1" % layout, "sandbox")
+    deadline = time.time() + 120
+    while client.get_template(template["template_id"])["status"] != "TEMPLATE_STATUS_READY":
+        assert time.time() < deadline, client.get_template(template["template_id"])
+        time.sleep(0.2)
+    builds = glob.glob(os.path.join(plane.state_dir, "template-data", template["template_id"], "*"))
+    assert builds, "the template's unpacked rootfs is not where docs/localplane.md says"
+    for build in builds:
+        shutil.rmtree(build)
+    session = client.create_session({"name": name, "agent": "custom", "template": template["name"]})
+    return client.wait_session(session["session_id"], until={"FAILED"}, timeout=120, gone_ok=True), template
+
+
+def test_a_failed_session_is_deleted_by_state_absent(plane, tmp_path, cleanup):
+    name = unique("failed")
+    cleanup.append(name)
+    failed, template = failed_session(plane, tmp_path, name)
+    assert failed is not None and failed["status"] == "SESSION_STATUS_FAILED", failed
+    run = run_playbook(plane, tmp_path, """
+        - hosts: localhost
+          gather_facts: false
+          tasks:
+            - name: delete
+              microvm.sandbox.session: {name: "%(name)s", state: absent}
+            - name: delete again
+              microvm.sandbox.session: {name: "%(sid)s", state: absent}
+            - name: list
+              microvm.sandbox.session_info: {}
+    """ % {"name": name, "sid": failed["session_id"]})
+    assert run.rc == 0, run
+    assert run.changed("delete"), run.result("delete")
+    assert run.result("delete")["session"]["status"] == "SESSION_STATUS_DESTROYED", run.result("delete")
+    assert not run.changed("delete again"), run.result("delete again")
+    # gone: no longer FAILED (the plane keeps DESTROYED records queryable for an hour, docs/localplane.md)
+    listed = [s["status"] for s in run.result("list")["sessions"] if s["session_id"] == failed["session_id"]]
+    assert listed in ([], ["SESSION_STATUS_DESTROYED"]), listed
+    with pytest.raises(ApiError) as gone:
+        plane.client().delete_session(failed["session_id"])
+    assert gone.value.status == 404  # the plane agrees: already destroyed
+    plane.client().delete_template(template["template_id"])

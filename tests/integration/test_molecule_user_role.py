@@ -104,6 +104,8 @@ def test_molecule_test_of_a_users_role(user, plane):
         os.makedirs(os.path.dirname(os.path.join(role, path)), exist_ok=True)
         with open(os.path.join(role, path), "w") as f:
             f.write(textwrap.dedent(text))
+    outside = run(["git", "-C", role, "rev-parse", "--is-inside-work-tree"], env=user.env)
+    assert outside.returncode != 0, "the role must not be inside a git work tree: %s" % outside.stdout
     before = {s["session_id"] for s in plane.client().list_sessions()}
     res = run([os.path.join(BIN, "molecule"), "test"], env=user.with_plane(plane), cwd=role)
     output = re.sub(r"\x1b\[[0-9;]*m", "", res.stdout + res.stderr)

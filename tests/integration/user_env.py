@@ -1,15 +1,17 @@
 """A user's machine, as far as tests can make one: a home directory of its own
-under .local/ (never /tmp: guests mount their own), the built tarball installed
-there with a plain `ansible-galaxy collection install`, and an environment with
-nothing of this checkout in it (no ANSIBLE_COLLECTIONS_PATH, no PYTHONPATH)."""
+under /var/tmp (outside any git work tree, so nothing can lean on this checkout's
+git; never /tmp: guests mount their own), the built tarball installed there with a
+plain `ansible-galaxy collection install`, and an environment with nothing of this
+checkout in it (no ANSIBLE_COLLECTIONS_PATH, no PYTHONPATH)."""
 import os
 import shutil
 import subprocess
 import sys
-import uuid
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)
+USERS_DIR = "/var/tmp"
 # What a developer's shell or the Makefile may have set that a user would not have.
 CHECKOUT_VARS = ("ANSIBLE_COLLECTIONS_PATH", "ANSIBLE_COLLECTIONS_PATHS", "ANSIBLE_ROLES_PATH", "ANSIBLE_CONFIG",
                  "ANSIBLE_INVENTORY", "PYTHONPATH", "DO_AGENTS_API_URL", "DO_AGENTS_API_TOKEN")
@@ -25,7 +27,8 @@ class UserHome:
     def __init__(self, label):
         # Short: unix socket paths under ~/.ansible (the connection's multiplexer) must stay under 108 bytes.
         self.label = label
-        self.root = os.path.join(ROOT, ".local", "u", uuid.uuid4().hex[:8])
+        self.root = tempfile.mkdtemp(prefix="microvm-u-", dir=USERS_DIR)
+        os.chmod(self.root, 0o755)  # like a home's parent: guests' subordinate uids traverse it to plane state
         self.home = os.path.join(self.root, "home")
         os.makedirs(self.home)
         self.env = dict((k, v) for k, v in os.environ.items() if k not in CHECKOUT_VARS and not k.startswith("MOLECULE_"))
