@@ -107,8 +107,8 @@ class Bench:
         self.env = stage.env
         self.inventory = stage.inventory("agent")
         self.ssh_inventory = stage.inventory("ssh")
-        self.posix_env = dict(self.env, ANSIBLE_COLLECTIONS_PATH="%s:%s" % (benchlib.COLLECTIONS,
-                                                                          benchlib.posix_collection()))
+        posix_path = "%s:%s" % (benchlib.COLLECTIONS, benchlib.posix_collection())
+        self.posix_env = dict(self.env, ANSIBLE_COLLECTIONS_PATH=posix_path)
         self.rsync_ssh = "ssh -p %d %s" % (stage.sshd.port, " ".join(stage.sshd.options))
         self.client = stage.plane.client()
         self.n = 0
