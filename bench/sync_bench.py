@@ -256,6 +256,7 @@ def main():
     parser.add_argument("--copy-large", action="store_true", help="also time ansible.builtin.copy of 10,000 files")
     parser.add_argument("--big", action="store_true", help="also push and pull 50,000 files and --big-gib GiB once")
     parser.add_argument("--big-gib", type=int, default=2)
+    parser.add_argument("--big-only", action="store_true", help="with --big: only the big case, not the tables")
     parser.add_argument("--output", default=os.path.join(ROOT, "bench", "results", "sync.json"))
     args = parser.parse_args()
 
@@ -268,7 +269,7 @@ def main():
         bench.sync("push", trees["500"], "/workspace/warmup", False)  # the mux comes up here
         bench.rsync(trees["500"], os.path.join(stage.ssh_dir, "warmup"), False, bench.rsync_ssh)  # and the ControlMaster
         results = {"repeat": args.repeat, "ansible_noop_playbook_seconds": bench.noop(), "cases": {}}
-        for size, tree in trees.items():
+        for size, tree in ({} if args.big and args.big_only else trees).items():
             for delete in (False, True):
                 label = "push-%s%s" % (size, "-delete" if delete else "")
                 with_copy = size == "500" or args.copy_large

@@ -110,6 +110,7 @@ class TarWriter:
             with os.fdopen(fd, "rb") as f:
                 info.size = os.fstat(fd).st_size  # what is read now, even if it changed since the walk
                 self.tar.addfile(info, f)
+        self.tar.members = []  # tarfile keeps every header it wrote: memory would grow with the tree
         self.members += 1
 
     def close(self):

@@ -167,7 +167,8 @@ def check_archive(path, target="/workspace", limit=20):
     flagged = set()
     try:
         with tarfile.open(path, mode="r:*") as tar:
-            for member in tar:
+            for member in iter(tar.next, None):
+                tar.members = []  # tarfile keeps every header it read: memory would grow with the archive
                 summary["members"] += 1
                 problem = member_problem(member, target, links, symlinks)
                 if problem:

@@ -574,6 +574,7 @@ def tar_selected(root_fd, paths, out):
                     count += 1
             finally:
                 os.close(dir_fd)
+            tar.members = []  # tarfile keeps every header it wrote: memory would grow with the archive
     return count
 
 
@@ -610,7 +611,8 @@ def extract_checked(fileobj, stage_fd):
     import tarfile
     dirs = []
     with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
-        for member in tar:
+        for member in iter(tar.next, None):
+            tar.members = []  # tarfile keeps every header it read: memory would grow with the archive
             rel = os.fsencode(member.name.rstrip("/"))
             parents, name = split_rel(rel)
             dir_fd = open_dir_at(stage_fd, parents)

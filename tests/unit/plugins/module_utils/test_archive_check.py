@@ -142,3 +142,22 @@ def test_names_longer_than_the_file_system_allows_are_refused(tmp_path):
         check_archive(path, "/workspace")
     assert [o.split(" (")[1].split(",")[0] for o in err.value.offending] == ["a name of 256 bytes",
                                                                              "a path of 4231 bytes once extracted"]
+
+
+def test_checking_keeps_no_header_per_member(tmp_path):
+    """A tar of 5,000 files is checked without keeping its headers (tarfile would keep every one)."""
+    import tracemalloc
+    path = tmp_path / "many.tar"
+    with tarfile.open(str(path), mode="w") as tar:
+        for i in range(5_000):
+            info = tarfile.TarInfo("d/f%05d" % i)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    tracemalloc.start()
+    try:
+        summary = check_archive(str(path), "/workspace/x")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert summary["files"] == 5_000
+    assert peak < 1024 * 1024, "checking 5,000 members peaked at %d bytes" % peak
