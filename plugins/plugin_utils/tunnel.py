@@ -122,7 +122,6 @@ class Tunnel:
         self._lock = threading.Lock()
         self.connections = 0      # WebSockets opened so far
         self.active = 0           # WebSockets open now
-        self.last_close = None    # (code, reason) of the last WebSocket that closed
 
     def __repr__(self):
         return "Tunnel(%r, token=<hidden>)" % self.url
@@ -253,7 +252,6 @@ class Tunnel:
             writer.close()
         code = ws.close_code
         reason = ws.close_reason or ""
-        self.last_close = (code, reason)
         error = close_error(code, reason, self.label, self.port) if code is not None else None
         if error is not None:
             self._record(error)
