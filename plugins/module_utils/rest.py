@@ -30,7 +30,6 @@ import time
 
 from ansible.module_utils.six.moves.urllib.parse import quote, urlencode
 from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
-from ansible.module_utils.urls import open_url
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile, spec_yaml
 from ansible_collections.microvm.sandbox.plugins.module_utils.advice import hint_for
@@ -146,12 +145,21 @@ def error_message(body):
     return str(body or "").strip()[:500]
 
 
+def ansible_open(url, data, headers, method, timeout, validate_certs):
+    """One HTTP request through ansible-core's open_url (proxies, CA bundles, as every module does)."""
+    # Imported here: it pulls in ansible.module_utils.basic and cryptography (about 15 MB), which the
+    # connection's long-lived multiplexer, passing its own stdlib opener, never needs.
+    from ansible.module_utils.urls import open_url
+    return open_url(url, data=data, headers=headers, method=method, timeout=timeout, validate_certs=validate_certs,
+                    http_agent=USER_AGENT, follow_redirects="none")
+
+
 class ApiClient(object):
     """Talks to `<api_url><prefix>/...` with a bearer token."""
 
     def __init__(self, api_url=None, api_token=None, prefix=profile.DEFAULT_PREFIX, timeout=30.0,
                  retries=5, backoff=0.5, max_backoff=30.0, validate_certs=True,
-                 blocking_timeout=DEFAULT_BLOCKING_TIMEOUT, reconcile_timeout=300.0):
+                 blocking_timeout=DEFAULT_BLOCKING_TIMEOUT, reconcile_timeout=300.0, opener=None):
         if not api_token:
             raise ApiError("-", "-", 0, "no API token",
                            "Set option api_token or env %s" % profile.API_TOKEN_ENV)
@@ -171,6 +179,9 @@ class ApiClient(object):
         self.backoff = float(backoff)
         self.max_backoff = float(max_backoff)
         self.validate_certs = validate_certs
+        # opener(url, data, headers, method, timeout, validate_certs) -> a response with read() and getcode(),
+        # raising HTTPError for any status >= 300 (redirects are not followed)
+        self._open = opener or ansible_open
         self._sleep = time.sleep
         self._now = time.time
 
@@ -237,9 +248,7 @@ class ApiClient(object):
         while True:
             status, payload, answer_headers = 0, None, None
             try:
-                resp = open_url(url, data=data, headers=headers, method=method, timeout=timeout or self.timeout,
-                                validate_certs=self.validate_certs, http_agent=USER_AGENT,
-                                follow_redirects="none")
+                resp = self._open(url, data, headers, method, timeout or self.timeout, self.validate_certs)
                 payload = resp.read()
                 status = resp.getcode()
             except HTTPError as e:

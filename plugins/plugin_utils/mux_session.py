@@ -24,6 +24,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_clien
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_errors as errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
+from ansible_collections.microvm.sandbox.plugins.plugin_utils.http_stdlib import stdlib_open
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import SessionConfig
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_runs import RunDirs
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.tunnel import Tunnel
@@ -47,7 +48,7 @@ class SessionLink:
         self.generation = generation  # how many links this mux process opened for this key so far
         self.socket_dir = socket_dir  # private dir of this link's tunnel socket
         self.api = ApiClient(cfg.api_url, cfg.token, prefix=cfg.prefix, timeout=min(cfg.connect_timeout, 30.0),
-                             retries=3, validate_certs=cfg.validate_certs)
+                             retries=3, validate_certs=cfg.validate_certs, opener=stdlib_open)
         self.session_id: str | None = None
         self.label = cfg.session
         self.tunnel: Tunnel | None = None

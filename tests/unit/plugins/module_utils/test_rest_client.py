@@ -1,4 +1,4 @@
-"""The REST client's transport: retry policy, error shapes, lookups, waits (open_url mocked)."""
+"""The REST client's transport: retry policy, error shapes, lookups, waits (its opener mocked)."""
 import io
 import json
 
@@ -31,17 +31,18 @@ def http_error(status, body, retry_after=None, headers=None):
 
 @pytest.fixture
 def transport(monkeypatch):
-    """Queue answers for open_url; records the calls."""
+    """Queue answers for the client's opener; records the calls."""
     answers, calls = [], []
 
-    def fake_open_url(url, **kw):
-        calls.append((kw["method"], url, kw))
+    def fake_open(url, data, headers, method, timeout, validate_certs):
+        kw = {"data": data, "headers": headers, "method": method, "timeout": timeout, "validate_certs": validate_certs}
+        calls.append((method, url, kw))
         answer = answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
         return answer
 
-    monkeypatch.setattr(rest, "open_url", fake_open_url)
+    monkeypatch.setattr(rest, "ansible_open", fake_open)
     return answers, calls
 
 

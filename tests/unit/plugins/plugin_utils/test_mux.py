@@ -3,6 +3,7 @@ import os
 import socket
 import stat
 import threading
+import time
 
 import grpc
 import pytest
@@ -238,3 +239,29 @@ def test_a_failed_session_is_reported_with_its_warnings_not_an_error_text(tmp_pa
     with pytest.raises(errors.SessionGone) as e:
         link.check_session()
     assert str(e.value) == "session box (sid-1) is FAILED; it cannot run tasks any more"
+
+
+def test_the_heap_is_trimmed_after_requests_and_not_while_idle(served, monkeypatch):
+    client, server = served[1:]
+    trims = []
+    monkeypatch.setattr(mux_mod, "MALLOC_TRIM", trims.append)
+    monkeypatch.setattr(mux_mod, "WATCH_INTERVAL", 0.05)
+    time.sleep(1.2)  # the watch's current one-second wait ends
+    idle = len(trims)
+    client.exec(["echo", "x"], stdin=b"y")
+    deadline = time.monotonic() + 5
+    while len(trims) == idle and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    after = len(trims)
+    # attach and exec are two requests: one pass or two trim after them; idle passes never do
+    assert idle == 0 and after in (1, 2) and set(trims) == {0}
+    time.sleep(0.3)
+    assert len(trims) == after
+
+
+def test_glibc_malloc_trim_is_found_here():
+    if not os.path.exists("/lib/x86_64-linux-gnu/libc.so.6") and not os.path.exists("/lib/aarch64-linux-gnu/libc.so.6"):
+        pytest.skip("not a glibc machine")
+    assert mux_mod.MALLOC_TRIM is not None
+    assert mux_mod.MALLOC_TRIM(0) in (0, 1)
