@@ -23,21 +23,8 @@ import benchlib  # first: it puts the collection and localplane on sys.path
 from benchlib import (BIN, ROOT, PeakSampler, ansible_env, kib_per_additional_session, mib, playbook_argv, playbook_tree,
                       processes, timed_run, total, tree)
 
+from microvm_load import TASKS, incomplete_sessions, inventory, load_playbook
 from microvm_plane_testing import mux_pids, start_local_plane, stop_local_plane, stop_muxes
-
-TASKS = 30
-
-
-def playbook():
-    lines = ["- hosts: all", "  gather_facts: false", "  tasks:"]
-    n_cmd = 0
-    for n in range(TASKS):
-        if n % 3 == 2:
-            lines.append('    - ansible.builtin.copy: {content: "file %d\\n", dest: /workspace/load/f%d.txt}' % (n, n))
-        else:
-            lines.append('    - ansible.builtin.shell: "mkdir -p /workspace/load && echo %d >> /workspace/load.txt"' % n_cmd)
-            n_cmd += 1
-    return "\n".join(lines) + "\n", n_cmd
 
 
 WARMUP = "- hosts: all\n  gather_facts: false\n  tasks:\n    - ansible.builtin.command: 'true'\n"
@@ -110,9 +97,8 @@ def main():
         result["plane_before"] = snapshot(plane, mux_dir)
         inv = os.path.join(work, "inventory.ini")
         with open(inv, "w") as f:
-            f.write("[all]\n" + "".join("s%02d ansible_host=%s\n" % (i, sid) for i, sid in enumerate(ids)))
-            f.write("\n[all:vars]\nansible_connection=microvm.sandbox.agent\nansible_python_interpreter=/usr/bin/python3\n")
-        text, n_cmd = playbook()
+            f.write(inventory(ids))
+        text, n_cmd = load_playbook()
         result["commands"] = n_cmd
         with open(os.path.join(work, "load.yml"), "w") as f:
             f.write(text)
@@ -139,14 +125,7 @@ def main():
         recap = [line for line in proc.stdout.splitlines() if "ok=" in line and "failed=" in line]
         result["recap_all_ok"] = len(recap) == args.sessions and all(
             "ok=%d " % TASKS in line and "unreachable=0" in line and "failed=0" in line for line in recap)
-        # nothing lost, nothing run twice
-        want = "".join("%d\n" % i for i in range(n_cmd))
-        bad = []
-        for sid in ids:
-            got = client.request("POST", "/sessions/%s/sandbox/exec" % sid,
-                                 body={"argv": ["sh", "-c", "cat /workspace/load.txt; ls /workspace/load | wc -l"]})
-            if got.get("stdout") != want + "%d\n" % (TASKS - n_cmd):
-                bad.append(sid)
+        bad = incomplete_sessions(client, ids, n_cmd)  # nothing lost, nothing run twice
         result["sessions_complete"] = args.sessions - len(bad)
         result["sessions_bad"] = bad
         result["tasks_total"] = args.sessions * TASKS
