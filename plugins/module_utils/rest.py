@@ -147,7 +147,7 @@ def error_message(body):
 
 def ansible_open(url, data, headers, method, timeout, validate_certs):
     """One HTTP request through ansible-core's open_url (proxies, CA bundles, as every module does)."""
-    # Imported here: it pulls in ansible.module_utils.basic and cryptography (about 15 MB), which the
+    # Imported here: it pulls in ansible.module_utils.basic and cryptography (about 12 MB), which the
     # connection's long-lived multiplexer, passing its own stdlib opener, never needs.
     from ansible.module_utils.urls import open_url
     return open_url(url, data=data, headers=headers, method=method, timeout=timeout, validate_certs=validate_certs,

@@ -4,7 +4,7 @@
 """The multiplexer's HTTP opener for the REST client (module_utils/rest.py), on the standard library.
 
 The mux lives for hours and serves a fleet: ansible-core's open_url would cost each mux process
-about 15 MB (it imports ansible.module_utils.basic and cryptography) for the few REST calls it
+about 12 MB (it imports ansible.module_utils.basic and cryptography) for the few REST calls it
 makes (look a session up, check it, resume it). This opener keeps open_url's behaviour that the
 client relies on: proxies from the environment, certificate checks unless validate_certs is off,
 the client's User-Agent, and redirects never followed (a 3xx is an HTTPError, as with

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
-import ctypes.util
 import json
 import logging
 import os
@@ -62,8 +61,7 @@ def _malloc_trim():
     mark. Trimming once a watch pass after requests ended hands it back, at no cost to the byte path.
     """
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
+        trim = ctypes.CDLL(None).malloc_trim  # the process's own symbols: no ldconfig run at start-up
     except (OSError, AttributeError):
         return None
     trim.argtypes = [ctypes.c_size_t]
@@ -111,7 +109,7 @@ class MuxServer:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.connections = 0
-        self.requests_done = 0        # requests served so far; the watch trims the heap when it moved
+        self.requests_done = 0        # requests served so far (unlocked: a lost count only skips one trim)
         self.last_activity = time.monotonic()
         self.listener = None
         self.stopped = threading.Event()
