@@ -155,6 +155,31 @@ options:
     ini:
       - section: microvm_agent_connection
         key: command_timeout
+  become_timeout:
+    description:
+      - Seconds to wait for C(become) to succeed, from the start of the command until the become plugin's success
+        marker, its password prompt answered. A wrong password (a second prompt, or the become plugin's
+        "incorrect password" text) fails at once with ansible-core's words (C(Incorrect sudo password),
+        C(Duplicate become password prompt encountered)); a prompt that never comes or never matches (for example
+        a C(ansible_su_prompt_l10n) that does not fit the guest's language) fails after this many seconds, the
+        command stopped, like C(ssh)'s O(ansible.builtin.ssh#connection:timeout) and C(local)'s
+        C(become_success_timeout).
+      - Only used when the become plugin expects a password prompt. Values below 1 mean the default.
+    type: int
+    default: 10
+    env:
+      - name: ANSIBLE_TIMEOUT
+      - name: MICROVM_BECOME_TIMEOUT
+    ini:
+      - section: defaults
+        key: timeout
+      - section: microvm_agent_connection
+        key: become_timeout
+    vars:
+      - name: ansible_become_timeout
+      - name: ansible_microvm_become_timeout
+    cli:
+      - name: timeout
   persist:
     description:
       - Seconds the session's channel in the multiplexer stays open without any task before it is closed.
@@ -289,13 +314,17 @@ from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_stream  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import option_defs  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import MuxClient, host_tag, run_identity  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import (  # noqa: E402
+    InteractTimeout, MuxClient, host_tag, run_identity)
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import DEFAULT_POOL_SIZE, SessionConfig  # noqa: E402
 
 display = Display()
 option_defs.register("connection", __name__, DOCUMENTATION)  # saves core's slow parse in every worker
 
 DEFAULT_REMOTE_TMP = "~/.ansible/tmp"
+BECOME_TIMEOUT_DEFAULT = 10  # seconds, core's default for ssh's timeout and local's become_success_timeout
+# Tasks whose module runs without the run's TMPDIR: what they make must outlive the run (see _keeps_tmp).
+TASKS_KEEPING_TMP = frozenset(["tempfile", "ansible.builtin.tempfile", "ansible.legacy.tempfile"])
 DEFAULT_PYTHON_INTERPRETER = "auto_silent"  # for hosts that name none: see Connection.update_vars
 
 
@@ -313,17 +342,6 @@ printf '%s:%s:%s\n' "$(echo "$entry" | cut -d: -f3)" "$(echo "$entry" | cut -d: 
 
 def remote_tmp_for(scratch_dir):
     return posixpath.join(scratch_dir, "ansible-tmp")
-
-
-def check_remote_tmp(remote_tmp, scratch_dir):
-    """remote_tmp must be transferable too; '~' is the platform's home, inside /workspace."""
-    path = remote_tmp
-    if path == "~" or path.startswith("~/"):
-        path = profile.HOME_DIR + path[1:]
-    try:
-        profile.check_scratch_dir(path, what="remote_tmp")
-    except profile.TransferPathError as e:
-        raise profile.TransferPathError("%s (the default here is %s)" % (e, remote_tmp_for(scratch_dir)))
 
 
 def command_argv(executable, cmd):
@@ -384,6 +402,21 @@ def warm_shape(argv, in_data):
     return (interpreter, env), None
 
 
+def become_error_message(reason: str, stdout: bytes, stderr: bytes, prompted: list, become=None) -> str:
+    """Core's local connection's wording of a become failure, with what the become command printed.
+
+    The password is never in it: it went to the command's stdin, and the guest has no terminal to echo it.
+    """
+    message = "%s waiting for become success%s." % (reason, "" if prompted else " or become password prompt")
+    for title, data in (("Standard Output", stdout), ("Standard Error", stderr)):
+        if become is not None:
+            data = become.strip_become_prompt(data)
+        text = to_text(data, errors="surrogate_or_replace").strip()
+        if text:
+            message += "\n>>> %s\n%s" % (title, text[-2000:])
+    return message
+
+
 def mux_error(e):
     """A mux error as the Ansible exception that gives the right task outcome (the one place that decides)."""
     message = "microvm.sandbox.agent: %s" % e
@@ -407,6 +440,7 @@ class Connection(ConnectionBase):
         self._mux = None
         self._run = None
         self._user = None  # the guest user commands run as, once looked up: None = the agent's own user
+        self._task_action = ""  # the task's action, from the shell's task keys (see _keeps_tmp)
         self._wrap_shell()
 
     def update_vars(self, variables):
@@ -447,12 +481,16 @@ class Connection(ConnectionBase):
         shell = self._shell
         shell_set_options = shell.set_options
         shell_env_prefix = shell.env_prefix
+        shell_expand_user = shell.expand_user
 
         def set_options(*args, **kwargs):
             shell_set_options(*args, **kwargs)
+            self._task_action = ((kwargs.get("task_keys") or {}).get("action") or "")
             self._default_remote_tmp()
 
         def env_prefix(**kwargs):
+            if self._keeps_tmp():
+                return shell_env_prefix(**kwargs)  # the task's own TMPDIR, if it sets one, or the guest's
             kwargs.pop("TMPDIR", None)
             try:
                 kwargs["TMPDIR"] = self._run_info()["dir"]
@@ -460,8 +498,44 @@ class Connection(ConnectionBase):
                 pass  # options not set yet, or a bad scratch dir that _connect reports
             return shell_env_prefix(**kwargs)
 
+        def expand_user(user_home_path, username=""):
+            return shell_expand_user(self._own_home_alias(user_home_path), username=username)
+
         shell.set_options = set_options
         shell.env_prefix = env_prefix
+        shell.expand_user = expand_user
+
+    def _keeps_tmp(self) -> bool:
+        """True for a task whose files belong in the guest's own temporary dir, not in the run's (which goes).
+
+        ansible.builtin.tempfile makes files and directories for later tasks and later runs, as over SSH, where
+        they land in /tmp: its module runs without the run's TMPDIR. Everything else keeps the run's TMPDIR.
+        """
+        return self._task_action in TASKS_KEEPING_TMP
+
+    def _own_home_alias(self, path: str) -> str:
+        """'~<connection user>[/...]' as '~[/...]': the connection user's home is the HOME its commands run with.
+
+        ansible-core expands '~' as '~<remote_user>' (`echo ~root`), which reads the guest's passwd file, while
+        the agent runs its own user's commands with the platform's HOME (profile.HOME_DIR). Asking the shell for
+        plain '~' gives that HOME, so `~` in paths, the async job dir and the modules' HOME agree, whether the
+        inventory names the user (ansible_user: root) or not. A become user's '~name' is left to the passwd file,
+        which is where sudo and su take HOME from.
+        """
+        if not path.startswith("~") or path == "~":
+            return path
+        name, sep, rest = path[1:].partition("/")
+        user = self._requested_user() or "root"
+        if name != user:
+            return path
+        if self.become is not None:
+            try:
+                become_user = self.become.get_option("become_user") or "root"
+            except KeyError:
+                become_user = "root"
+            if become_user == name:
+                return path
+        return "~" + sep + rest
 
     def _default_remote_tmp(self):
         try:
@@ -473,13 +547,9 @@ class Connection(ConnectionBase):
             self._shell.set_option("remote_tmp", remote_tmp_for(scratch))
 
     def _check_paths(self):
-        scratch = self._scratch_dir()
+        """The scratch dir must be transferable; remote_tmp may be anywhere (its files are staged like any put)."""
+        self._scratch_dir()
         self._default_remote_tmp()
-        try:
-            remote_tmp = self._shell.get_option("remote_tmp")
-        except KeyError:
-            return
-        check_remote_tmp(remote_tmp, scratch)
 
     # -- connecting ------------------------------------------------------------------------
     def _connect(self):
@@ -610,15 +680,29 @@ class Connection(ConnectionBase):
                 return warm
         argv = self._as_user(argv)
         interact = None
-        prompted = []
+        prompted, succeeded = [], []
+        become_timeout = 0
         if sudoable and self.become and self.become.expect_prompt():
-            interact = self._become_interaction(prompted)
-        rc, stdout, stderr, info = self._call("a command", self._mux.exec, argv, env={"TMPDIR": run["dir"]},
-                                              timeout=timeout, stdin=stdin,
-                                              run=run, interact=interact)
+            interact = self._become_interaction(prompted, succeeded)
+            become_timeout = self._become_timeout()
+        try:
+            rc, stdout, stderr, info = self._call("a command", self._mux.exec, argv,
+                                                  env={} if self._keeps_tmp() else {"TMPDIR": run["dir"]},
+                                                  timeout=timeout, stdin=stdin, run=run, interact=interact,
+                                                  interact_timeout=become_timeout)
+        except InteractTimeout as e:
+            # core's local connection words it so (ssh: "Timeout (Ns) waiting for privilege escalation prompt")
+            raise AnsibleConnectionFailure(become_error_message(
+                "Timed out (%ds, option become_timeout)" % become_timeout, e.stdout, e.stderr, prompted))
         if info.get("timed_out"):
             raise AnsibleError("microvm.sandbox.agent: the command on session %s timed out after %ds "
                                "(option command_timeout) and was stopped" % (session, timeout))
+        if interact is not None and not succeeded:
+            # the become command gave up before its success marker (su exits after a refused password, in
+            # whatever language): nothing ran as the target user
+            if prompted and (self.become.check_incorrect_password(stdout) or self.become.check_incorrect_password(stderr)):
+                raise AnsibleError("Incorrect %s password" % self.become.name)
+            raise AnsibleError(become_error_message("Premature end of stream", stdout, stderr, prompted, self.become))
         if prompted:
             stdout = self.become.strip_become_prompt(stdout)
             stderr = self.become.strip_become_prompt(stderr)
@@ -647,15 +731,40 @@ class Connection(ConnectionBase):
         display.vvv("WARM RUNNER ran the module with %s (rc %s)" % (interpreter, rc), host=session)
         return rc, stdout, stderr
 
-    def _become_interaction(self, prompted):
-        """Answer the become password prompt once, then release stdin when become succeeded."""
+    def _become_timeout(self) -> int:
+        """Seconds allowed until become succeeds; below 1 means the default, as core's local connection has it."""
+        try:
+            value = int(self.get_option("become_timeout") or 0)
+        except (KeyError, TypeError, ValueError):
+            value = 0
+        return value if value >= 1 else BECOME_TIMEOUT_DEFAULT
+
+    def _become_interaction(self, prompted, succeeded):
+        """Answer the become password prompt once, release stdin when become succeeded, and refuse a wrong password.
+
+        As ansible-core's ssh and local connections do: the plugin's "incorrect password" text fails with
+        "Incorrect <method> password", its "missing password" text with "Missing <method> password", and a prompt
+        seen again after the answer with "Duplicate become password prompt encountered". Prompts are looked for
+        only in output that arrived after the last answered one.
+        """
         become = self.become
+        offsets = [0, 0]  # where the output after the last answered prompt begins (stdout, stderr)
 
         def interact(out, err):
             if become.check_success(out):
+                succeeded.append(True)
                 return True
-            if not prompted and (become.check_password_prompt(out) or become.check_password_prompt(err)):
+            new_out, new_err = out[offsets[0]:], err[offsets[1]:]
+            if prompted and (become.check_incorrect_password(new_out) or become.check_incorrect_password(new_err)):
+                raise AnsibleError("Incorrect %s password" % become.name)
+            if become.check_missing_password(out) or become.check_missing_password(err):
+                raise AnsibleError("Missing %s password" % become.name)
+            if become.check_password_prompt(new_out) or become.check_password_prompt(new_err):
+                if prompted:
+                    raise AnsibleError(become_error_message("Duplicate become password prompt encountered", out, err,
+                                                            prompted, become))
                 prompted.append(True)
+                offsets[:] = [len(out), len(err)]
                 return to_bytes(become.get_option("become_pass") or "") + b"\n"
             return None
         return interact

@@ -61,6 +61,15 @@ def _is_our_mux(pid):
         return False
 
 
+class InteractTimeout(Exception):
+    """Stdin was held back (a become prompt) longer than the caller allowed; carries the output so far."""
+
+    def __init__(self, stdout: bytes, stderr: bytes) -> None:
+        super().__init__("no answer within the time allowed")
+        self.stdout = stdout
+        self.stderr = stderr
+
+
 class MuxClient:
     """One connection to the mux serving `session`, started on demand and attached to that session."""
 
@@ -278,18 +287,21 @@ class MuxClient:
                 raise mp.MuxError(mp.ERR_PROTOCOL, "unexpected frame %d from the mux" % kind)
         return self._retrying(attempt)
 
-    def exec(self, argv, env=None, workdir="", timeout=0, stdin=b"", run=None, interact=None):
+    def exec(self, argv, env=None, workdir="", timeout=0, stdin=b"", run=None, interact=None, interact_timeout=0.0):
         """Run a command; returns (rc, stdout, stderr, exit info).
 
         `interact(stdout_so_far, stderr_so_far)` (optional) is called as output arrives while
         stdin is held back. It returns None (keep waiting), bytes (send them now, keep holding:
-        a become password) or True (release stdin).
+        a become password) or True (release stdin); an exception it raises ends the command.
+        With `interact_timeout`, stdin held back longer than that many seconds raises
+        InteractTimeout(stdout_so_far, stderr_so_far). Either way the connection to the mux is
+        closed, which stops the command in the guest.
         """
         request = {"op": "exec", "argv": list(argv), "env": env or {}, "workdir": workdir, "timeout": timeout,
                    "run": run}
-        return self._retrying(lambda: self._exec_once(request, stdin or b"", interact))
+        return self._retrying(lambda: self._exec_once(request, stdin or b"", interact, interact_timeout))
 
-    def _exec_once(self, request, stdin, interact):
+    def _exec_once(self, request, stdin, interact, interact_timeout=0.0):
         self.connect()
         sock = self.sock
         try:
@@ -318,8 +330,20 @@ class MuxClient:
         if interact is None:
             release()
         out, err = bytearray(), bytearray()
+        deadline = time.monotonic() + interact_timeout if interact is not None and interact_timeout else None
+        frames = self._frames(sock)
         try:
-            for kind, payload in self._frames(sock):
+            while True:
+                if deadline is not None and not state["released"]:
+                    sock.settimeout(max(0.001, deadline - time.monotonic()))
+                try:
+                    kind, payload = next(frames)
+                except (TimeoutError, socket.timeout):
+                    self.close()  # the mux sees the worker go and stops the command in the guest
+                    raise InteractTimeout(bytes(out), bytes(err))
+                finally:
+                    if sock.gettimeout() is not None and self.sock is sock:
+                        sock.settimeout(None)
                 if kind == mp.STDOUT:
                     out += payload
                 elif kind == mp.STDERR:
@@ -331,13 +355,17 @@ class MuxClient:
                 else:
                     raise mp.MuxError(mp.ERR_PROTOCOL, "unexpected frame %d from the mux" % kind)
                 if not state["released"]:
-                    answer = interact(bytes(out), bytes(err))
+                    try:
+                        answer = interact(bytes(out), bytes(err))
+                    except Exception:
+                        self.close()  # a refused become: stop the command rather than wait for it
+                        raise
                     if answer is True:
                         release()
                     elif answer:
                         mp.send_frame(sock, mp.STDIN, answer)
         finally:
-            if not state["released"]:
+            if not state["released"] and self.sock is sock:
                 try:  # the command ended before stdin was released: end it so the connection stays in step
                     mp.send_frame(sock, mp.STDIN_EOF)
                 except OSError:

@@ -55,11 +55,12 @@ def test_remote_tmp_follows_a_custom_scratch_dir():
     assert c._shell.get_option("remote_tmp") == "/workspace/my-scratch/ansible-tmp"
 
 
-def test_user_remote_tmp_is_kept_and_checked(conn):
+def test_user_remote_tmp_outside_the_workspace_is_kept(conn):
+    """remote_tmp may be anywhere in the guest: its files are staged through the scratch dir like any put."""
     conn._shell.set_options(var_options={"ansible_remote_tmp": "/tmp/elsewhere"})
     assert conn._shell.get_option("remote_tmp") == "/tmp/elsewhere"
-    with pytest.raises(profile.TransferPathError, match=r"remote_tmp '/tmp/elsewhere' must be .* inside /workspace"):
-        conn._check_paths()
+    conn._check_paths()
+    assert conn._shell.get_option("remote_tmp") == "/tmp/elsewhere"
 
 
 def test_home_relative_remote_tmp_is_inside_the_workspace(conn):
@@ -110,6 +111,8 @@ class FakeMux:
         self.calls.append(("exec", argv, kw))
         if self.error:
             raise self.error
+        if kw.get("interact"):  # as the real client does: the output is shown to the become interaction
+            kw["interact"](self.result[1], self.result[2])
         return self.result
 
     def put(self, local, remote, run=None):
@@ -191,6 +194,10 @@ def test_put_and_fetch_pass_any_guest_path(conn, tmp_path):
     assert mux.calls[1] == ("fetch", "/var/log/x", str(tmp_path / "y"))
 
 
+def enc(text):
+    return text.encode()
+
+
 def become(conn, method, password):
     b = become_loader.get(method)
     b.set_options(direct={"become_pass": password} if password else {})
@@ -201,16 +208,59 @@ def become(conn, method, password):
 
 def test_sudo_password_prompt_is_answered_once_then_stdin_released(conn):
     bp = become(conn, "ansible.builtin.sudo", "pw")
-    prompted = []
-    interact = conn._become_interaction(prompted)
+    prompted, succeeded = [], []
+    interact = conn._become_interaction(prompted, succeeded)
+    prompt = enc("[sudo via ansible, key=%s] password:" % bp._id)
     assert interact(b"", b"") is None
-    assert interact(b"", enc("[sudo via ansible, key=%s] password:" % bp._id)) == b"pw\n"
-    assert interact(b"", enc("[sudo via ansible, key=%s] password:" % bp._id)) is None  # never twice
-    assert interact(enc("%s\n" % bp.success), b"") is True
+    assert interact(b"", prompt) == b"pw\n"
+    assert interact(b"", prompt) is None  # the same output again: the prompt was answered
+    assert interact(enc("%s\n" % bp.success), prompt) is True
+    assert prompted and succeeded
 
 
-def enc(text):
-    return text.encode()
+def test_a_second_sudo_prompt_is_a_duplicate_and_sorry_is_an_incorrect_password(conn):
+    bp = become(conn, "ansible.builtin.sudo", "wrong")
+    prompt = enc("[sudo via ansible, key=%s] password:" % bp._id)
+    interact = conn._become_interaction([], [])
+    assert interact(b"", prompt) == b"wrong\n"
+    with pytest.raises(AnsibleError, match="^Duplicate become password prompt encountered waiting for become success"):
+        interact(b"", prompt + prompt)
+    interact = conn._become_interaction([], [])
+    assert interact(b"", prompt) == b"wrong\n"
+    with pytest.raises(AnsibleError, match="^Incorrect sudo password$"):
+        interact(b"", prompt + b"\nSorry, try again.\n" + prompt)
+
+
+def test_a_refused_su_password_is_an_incorrect_su_password(conn):
+    become(conn, "ansible.builtin.su", "wrong")
+    interact = conn._become_interaction([], [])
+    assert interact(b"Password: ", b"") == b"wrong\n"
+    with pytest.raises(AnsibleError, match="^Incorrect su password$"):
+        interact(b"Password: ", b"su: Authentication failure\n")
+
+
+def test_a_become_command_that_ends_before_success_fails_with_its_output(conn):
+    become(conn, "ansible.builtin.su", "pw")
+    mux = FakeMux(result=(1, b"Passwort: ", b"su: Fehler bei der Authentifizierung\n", {"rc": 1}))
+    with pytest.raises(AnsibleError, match=r"(?s)^Premature end of stream waiting for become success\..*"
+                                           r"Fehler bei der Authentifizierung"):
+        connected(conn, mux).exec_command("su ...", in_data=b"x")
+
+
+def test_become_timeout_is_unreachable_in_cores_words(conn):
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import InteractTimeout
+    become(conn, "ansible.builtin.su", "pw")
+    conn.set_options(var_options={"ansible_become_timeout": 3})
+    mux = FakeMux(error=InteractTimeout(b"Passwort: ", b""))
+    with pytest.raises(AnsibleConnectionFailure, match=r"(?s)^Timed out \(3s, option become_timeout\) waiting for "
+                                                       r"become success or become password prompt\..*Passwort:"):
+        connected(conn, mux).exec_command("su ...", in_data=b"x")
+    assert mux.calls[0][2]["interact_timeout"] == 3
+
+
+def test_become_timeout_below_one_means_the_default(conn):
+    conn.set_options(var_options={"ansible_become_timeout": 0})
+    assert conn._become_timeout() == agent_plugin.BECOME_TIMEOUT_DEFAULT == 10
 
 
 def test_become_without_password_needs_no_interaction(conn):
@@ -221,10 +271,40 @@ def test_become_without_password_needs_no_interaction(conn):
 
 
 def test_become_with_password_interacts(conn):
-    become(conn, "ansible.builtin.sudo", "pw")
-    mux = FakeMux()
+    bp = become(conn, "ansible.builtin.sudo", "pw")
+    mux = FakeMux(result=(0, enc("%s\nout" % bp.success), b"", {"rc": 0}))
     connected(conn, mux).exec_command("sudo ...", in_data=b"x")
     assert mux.calls[0][2]["interact"] is not None
+
+
+@pytest.mark.parametrize("user, become_user, path, shown", [
+    (None, None, "~root", "~"),              # ansible_user unset: core asks for ~root (play_context's user) too
+    ("root", None, "~root", "~"),
+    ("root", None, "~", "~"),
+    ("root", None, "~sandbox", "~sandbox"),  # someone else's home: their passwd entry
+    ("sandbox", None, "~sandbox", "~"),      # it runs with HOME from its passwd entry anyway
+    ("root", "root", "~root", "~root"),      # sudo and su set HOME from the passwd entry
+    ("root", "sandbox", "~root", "~"),
+])
+def test_the_connection_users_home_is_the_home_its_commands_run_with(conn, user, become_user, path, shown):
+    if user:
+        conn.set_options(var_options={"inventory_hostname": "box", "ansible_host": "s", "ansible_user": user})
+    if become_user:
+        b = become_loader.get("ansible.builtin.sudo")
+        b.set_options(direct={"become_user": become_user})
+        conn.set_become_plugin(b)
+    assert conn._shell.expand_user(path) == "echo %s" % shown
+
+
+@pytest.mark.parametrize("action, keeps", [("tempfile", True), ("ansible.builtin.tempfile", True),
+                                           ("ansible.legacy.tempfile", True), ("ansible.builtin.command", False)])
+def test_tempfile_runs_without_the_runs_tmpdir(conn, action, keeps):
+    conn._shell.set_options(task_keys={"action": action}, var_options={})
+    prefix = conn._shell.env_prefix(FOO="1")
+    assert ("TMPDIR=" in prefix) is not keeps
+    mux = FakeMux()
+    connected(conn, mux).exec_command("/bin/sh -c 'true'")
+    assert ("TMPDIR" in mux.calls[0][2]["env"]) is not keeps
 
 
 def test_documentation_parses():
