@@ -8,7 +8,6 @@ from ansible.playbook.play_context import PlayContext
 from ansible.plugins.loader import become_loader, connection_loader, init_plugin_loader
 
 from ansible_collections.microvm.sandbox.plugins.connection import agent as agent_plugin
-from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
 
 init_plugin_loader()
