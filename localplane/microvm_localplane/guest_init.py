@@ -25,6 +25,9 @@ REQUEST_MAX = 64
 REQUEST_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 5.0
 RESPAWN_MIN, RESPAWN_MAX = 0.2, 5.0
+# PID 1's name in /proc/1/comm, which tools read to tell the init system (ansible's service_mgr fact); without it
+# the name is that of the dynamic loader the plane's Python is started through ("ld-linux-x86-64").
+PID1_NAME = "guest_init"
 
 
 def log(msg):
@@ -132,6 +135,14 @@ class Supervisor:
         return max(0.0, self.respawn_at - time.monotonic())
 
 
+def name_self(name=PID1_NAME):
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(name)
+    except OSError:
+        pass  # a name is a courtesy: PID 1 works without it
+
+
 def inherited_listener(fd):
     sock = socket.socket(fileno=fd)
     os.set_inheritable(fd, False)  # nothing PID 1 starts may hold the bridge
@@ -150,6 +161,7 @@ def main(argv=None):
         elif opt == "--":
             break
     agent_argv = argv or [sys.executable, "-m", "microvm_localplane.agent"]
+    name_self()
 
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)

@@ -35,7 +35,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
-from . import baseimage, disk, idmap, netns, oci, portdial
+from . import baseimage, disk, guestproc, idmap, netns, oci, portdial
 from . import limits as limits_mod
 from . import rootfs as rootfs_mod
 from .errors import DialError, GuestError
@@ -107,6 +107,7 @@ class Guest:
         self.hostname = hostname
         self.pid = pid
         self._pid_start = pid_start
+        self.limits = None  # its size's limits, when this plane booted or adopted it (guestproc refreshes them)
 
     async def dial(self, port):
         """TCP connection to 127.0.0.1:port inside the guest; DialError on refusal."""
@@ -161,6 +162,8 @@ class GuestManager:
         self._hostlib_ready = threading.Thread(target=self._find_hostlib, daemon=True)
         self._hostlib_ready.start()
         _become_subreaper()
+        self._proc_views = guestproc.Refresher(lambda: [(g._layout.host, g.limits, g._cgroup)
+                                                        for g in list(self._guests.values()) if g.limits])
 
     def _find_hostlib(self):
         self.code.compile_package()
@@ -281,6 +284,7 @@ class GuestManager:
         proc_env.update(self.code.env())
         binds = [(layout.workspace, rootfs_mod.WORKSPACE, False), (layout.run, rootfs_mod.GUEST_RUN_DIR, False)]
         binds += [(h, g, True) for h, g in self.code.binds(hostlib)]
+        binds += guestproc.prepare(layout.host, limits)
         config = oci.config(rootfs=layout.merged, hostname=hostname, args=args, env=proc_env, ids=ids, binds=binds,
                             limits=limits, cgroups_path=self._cgroup(layout.session_id).runc_path,
                             tmp_size=limits.tmp, masked=self.code.masked_paths())
@@ -318,6 +322,7 @@ class GuestManager:
                 "booted_at": time.time()}
         layout.write_meta(meta)
         guest = Guest(self, layout, session_id, sandbox_id, hostname, init_pid, pid_start)
+        guest.limits = _limits
         self._guests[session_id] = guest
         return guest
 
@@ -395,6 +400,7 @@ class GuestManager:
                     int(meta.get("pid") or -1):
                 guest = Guest(self, layout, session_id, meta.get("sandbox_id", sandbox_id), meta.get("hostname", hostname),
                               int(meta["pid"]), meta.get("pid_start"))
+                guest.limits = limits_mod.for_size(meta.get("size", size))
                 if guest.alive() and (guest.frozen or await self._answers(layout)):
                     if guest.sandbox_id != sandbox_id:
                         guest.sandbox_id = sandbox_id
