@@ -18,12 +18,13 @@ import time
 
 SUITE = "bookworm"
 PACKAGES = ("python3", "sudo")
-VERSION = "1"                     # bump when _finish or the package list changes
+VERSION = "2"                     # bump when _finish or the package list changes
 CACHE_ENV = "MICROVM_LOCALPLANE_CACHE"
 BUILD_TIMEOUT = 1800
 # The unprivileged user a guest's commands can switch to, with a password: `become` with sudo and su.
 GUEST_USER = "sandbox"
 GUEST_UID = 1000
+ROOT_HOME = "/workspace/home"     # the agent's HOME (agent.HOME): root's passwd entry says the same
 # The session variables (secrets, or env) that give that user and root a password at every boot (the agent sets
 # them), so that become with sudo (the user's own password) and su (root's) can be answered. Without them a
 # password stays as the template has it: this one's are locked. (Decision: the platform documents no such user.)
@@ -97,6 +98,9 @@ def _finish(root):
             p = os.path.join(root, d, entry)
             if os.path.isfile(p) and not entry.startswith("lock"):
                 os.unlink(p)
+    # root's home is the platform's HOME (the agent's, /workspace/home), as in the images the template_image role
+    # builds: `~`, HOME, sudo's and su's HOME and ansible_user_dir then name one directory.
+    subprocess.run(["chroot", root, "usermod", "--home", ROOT_HOME, "root"], check=True, capture_output=True)
     subprocess.run(["chroot", root, "useradd", "--create-home", "--uid", str(GUEST_UID), "--user-group",
                     "--shell", "/bin/bash", GUEST_USER], check=True, capture_output=True)
     # The sandbox user may sudo, with its password (locked here; a session sets it: ACCOUNT_PASSWORD_VARS).

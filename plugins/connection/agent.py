@@ -24,7 +24,12 @@ description:
     other paths are staged through the run's scratch directory with commands in the guest.
   - Each C(ansible-playbook) run gets its own E(TMPDIR) under O(scratch_dir), set last in the environment
     of every command, so files made with C(mktemp) or Python's C(tempfile) can be fetched by later tasks.
-    It is removed when the run ends.
+    It is removed when the run ends. M(ansible.builtin.tempfile) is the exception: its files are meant to outlive
+    the run, so it runs without that E(TMPDIR) and they land in the guest's C(/tmp), as over SSH.
+  - C(remote_tmp) may be any guest path (for example C(/tmp/.ansible/tmp)); files ansible-core puts there are
+    staged through the scratch dir like any transfer outside C(/workspace).
+  - C(~) of the connection user is the C(HOME) its commands run with (the platform's C(/workspace/home) for the
+    agent's own user, with or without C(ansible_user=root)), so C(~) paths, C($HOME) and the async job dir agree.
   - A PAUSED session is woken by the first task; a deleted session makes the host UNREACHABLE with a message
     naming the session and its status. A command whose stream is lost is reported and never re-run.
   - A host that sets no C(ansible_python_interpreter) gets V(auto_silent) from this connection, when neither
@@ -37,7 +42,9 @@ notes:
   - "C(meta: reset_connection) closes this session's channel in the multiplexer (other sessions keep theirs);
     the next task opens a new one."
   - The guest agent has no terminal. C(become) with C(sudo) and with C(su) works with and without a password
-    (the connection answers the prompt once).
+    (the connection answers the prompt once). A wrong password fails at once in ansible-core's words
+    (C(Incorrect sudo password), C(Duplicate become password prompt encountered)), and a prompt that never comes
+    fails after O(become_timeout); the command is stopped.
   - See docs/connection.md in the collection for the scratch rules and what survives what.
 options:
   remote_addr:
@@ -281,7 +288,7 @@ EXAMPLES = r"""
       ansible.builtin.command: uname -a
       changed_when: false
 
-    - name: Make a temporary file; TMPDIR points into the run's scratch dir
+    - name: Make a temporary file in the guest's /tmp; it outlives the run, as over SSH
       ansible.builtin.tempfile:
         state: file
       register: tmp
