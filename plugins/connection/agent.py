@@ -24,7 +24,7 @@ description:
     other paths are staged through the run's scratch directory with commands in the guest.
   - Each C(ansible-playbook) run gets its own E(TMPDIR) under O(scratch_dir), set last in the environment
     of every command, so files made with C(mktemp) or Python's C(tempfile) can be fetched by later tasks.
-    It is removed when the run ends. M(ansible.builtin.tempfile) is the exception: its files are meant to outlive
+    It is removed when the run ends. M(ansible.builtin.tempfile) is the exception, since its files are meant to outlive
     the run, so it runs without that E(TMPDIR) and they land in the guest's C(/tmp), as over SSH.
   - C(remote_tmp) may be any guest path (for example C(/tmp/.ansible/tmp)); files ansible-core puts there are
     staged through the scratch dir like any transfer outside C(/workspace).
