@@ -66,10 +66,17 @@ def become_box(plane, passwords):
         client.delete_session(session["session_id"])
 
 
+def failures(res):
+    """The failed tasks' lines of a run's output (pytest cuts long messages in the middle)."""
+    lines = res.output.splitlines()
+    picked = [i for i, line in enumerate(lines) if line.startswith(("fatal:", "failed:", "[ERROR]", "ERROR!"))]
+    return "\n".join("\n".join(lines[max(0, i - 2):i + 12]) for i in picked)[-8000:] or res.output[-4000:]
+
+
 def ok(res, ignored=0):
-    assert res.rc == 0, res
-    assert "failed=0" in res.stdout and "unreachable=0" in res.stdout, res
-    assert ("ignored=%d" % ignored) in res.stdout, res
+    assert res.rc == 0, failures(res)
+    assert "failed=0" in res.stdout and "unreachable=0" in res.stdout, failures(res)
+    assert ("ignored=%d" % ignored) in res.stdout, failures(res)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -84,6 +91,7 @@ FILES_AND_COMMANDS = r"""
     w: "/workspace/habits-{{ p }}"
     o: "/opt/habits-{{ p }}"
   tasks:
+    - ansible.builtin.file: {path: "{{ w }}", state: directory}
     # -- command_shell
     - name: command takes argv, chdir and stdin
       ansible.builtin.command:
@@ -567,8 +575,8 @@ def test_become_sudo_su_and_unprivileged(become_box, passwords, env, playbook_ru
                           extra_args=["-e", "ansible_pipelining=%s" % pipelining,
                                       "-e", "user_password=%s" % passwords["user"],
                                       "-e", "root_password=%s" % passwords["root"]])
-    assert res.rc == 0, res
-    assert "failed=0" in res.stdout, res
+    assert res.rc == 0, failures(res)
+    assert "failed=0" in res.stdout, failures(res)
     for secret in passwords.values():
         assert secret not in res.stdout + res.stderr
     assert not re.search(r"Duplicate become password prompt", res.stdout), res
