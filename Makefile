@@ -27,7 +27,7 @@ DEB_PACKAGES := runc uidmap umoci skopeo buildah docker-registry debootstrap ope
 SUBID_START := 1000000000
 SUBID_COUNT := 1073741824
 PYTEST_ARGS ?=
-NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py tests/unit/plugins/plugin_utils/test_option_defs.py tests/unit/plugins/plugin_utils/test_warm.py
+NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_ssh_habits.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py tests/unit/plugins/plugin_utils/test_option_defs.py tests/unit/plugins/plugin_utils/test_warm.py
 
 .PHONY: help venv system-deps collection base-rootfs proto proto-check lint sanity ansible-lint docs-lint docs \
         unit localplane-test integration molecule galaxy-import ee-test test test-live demo local-up local-down build clean clean-images bench
