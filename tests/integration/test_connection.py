@@ -362,10 +362,10 @@ def test_scratch_outside_workspace_fails_clearly(plane, sandbox, env, playbook_r
     res = playbook_runner(pb, inventory({"box": sandbox["name"]}, ansible_microvm_scratch_dir="/tmp/scratch"), env)
     assert res.rc != 0
     assert "scratch dir '/tmp/scratch' must be an absolute directory inside /workspace" in res.output, res
+    # remote_tmp may be anywhere (its files are staged like any transfer): tests/integration/test_ssh_habits.py
     res = playbook_runner(pb, inventory({"box": sandbox["name"]}, ansible_remote_tmp="/tmp/ansible"), env,
                           extra_args=["-e", "ansible_pipelining=false"])
-    assert res.rc != 0
-    assert "remote_tmp '/tmp/ansible' must be an absolute directory inside /workspace" in res.output, res
+    assert res.rc == 0, res
 
 
 def test_token_never_printed(plane, sandbox, env, mux_dir, playbook_runner):
