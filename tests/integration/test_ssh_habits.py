@@ -376,8 +376,7 @@ HOME_AND_ASYNC = r"""
 """
 
 
-@pytest.mark.parametrize("user", ["root", None])
-@PIPELINING
+@pytest.mark.parametrize("pipelining, user", [("true", "root"), ("false", "root"), ("true", None)])
 def test_one_home_async_and_facts(plane, box, env, playbook_runner, pipelining, user):
     """`ansible_user: root` (as in inventories copied from SSH) and no user at all give one home."""
     from microvm_localplane import contract
@@ -412,8 +411,8 @@ REMOTE_TMP = r"""
 """
 
 
-@pytest.mark.parametrize("remote_tmp", ["/tmp/.ansible/tmp", "./ansible"])
-@PIPELINING
+@pytest.mark.parametrize("pipelining, remote_tmp", [("true", "/tmp/.ansible/tmp"), ("false", "/tmp/.ansible/tmp"),
+                                                    ("false", "./ansible")])
 def test_remote_tmp_outside_the_workspace(box, env, tmp_path, playbook_runner, pipelining, remote_tmp):
     (tmp_path / "t.j2").write_text("{{ ansible_pipelining }}\n")
     res = playbook_runner(REMOTE_TMP, inventory(box["name"]), dict(env, ANSIBLE_REMOTE_TMP=remote_tmp),
