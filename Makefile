@@ -158,18 +158,12 @@ build: setup
 bench: setup
 	bash bench/run.sh
 
-# Images this project put into the containers store (buildah's and podman's):
-# the demo's and template_image's (localhost:5000/microvm/..., localhost/microvm-base),
-# the execution environment's (localhost/microvm-...), their build
-# containers, and the dangling layers of superseded builds.
-IMAGE_PATTERN := ^localhost(:[0-9]+)?/microvm
+# Images this checkout put into the containers store (buildah's and podman's): the
+# demo's template and base images and the execution environment's, found by the
+# label every build of this checkout carries (hack/checkout-label.sh), with their
+# build containers and superseded builds. Other checkouts' images are left alone.
 clean-images:
-	@command -v buildah >/dev/null || exit 0; \
-	for c in $$(buildah containers --format '{{.ContainerID}} {{.ImageName}}' | awk '$$2 ~ /$(subst /,\/,$(IMAGE_PATTERN))/ {print $$1}'); do \
-	  buildah rm "$$c" >/dev/null; done; \
-	refs=$$(buildah images --format '{{.Name}}:{{.Tag}}' | grep -E '$(IMAGE_PATTERN)' | sort -u); \
-	for r in $$refs; do buildah rmi -f "$$r" >/dev/null && echo "removed image $$r"; done; \
-	buildah rmi --prune >/dev/null 2>&1 || true
+	@bash hack/clean-images.sh
 
 clean: clean-images
 	rm -rf .local tests/output docs/build
