@@ -30,7 +30,7 @@ PYTEST_ARGS ?=
 NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py tests/unit/plugins/plugin_utils/test_option_defs.py tests/unit/plugins/plugin_utils/test_warm.py
 
 .PHONY: help venv system-deps collection base-rootfs proto proto-check lint sanity ansible-lint docs-lint docs \
-        unit localplane-test integration molecule galaxy-import ee-test test test-live demo local-up local-down build clean clean-images bench
+        unit localplane-test integration molecule galaxy-import ee-test test test-live demo local-up local-down build clean clean-images bench docsite
 
 help:
 	@echo "make demo   - set up everything and run the demo end to end on the local control plane"
@@ -38,6 +38,7 @@ help:
 	@echo "make docs   - build the HTML docsite into docs/build/html"
 	@echo "make local-up / local-down - start / stop the local control plane (.local/env)"
 	@echo "make proto  - regenerate the guest agent stubs from protos/"
+	@echo "make docsite - regenerate the docsite's extra docs (docs/docsite/rst) from docs/*.md and the README"
 	@echo "make bench  - run the benchmarks in bench/"
 	@echo "make clean  - remove .local (planes, caches, results) and this project's images (make clean-images)"
 	@echo "make ee-test - build an execution environment (ansible-builder, podman) and run a playbook in it"
@@ -95,6 +96,10 @@ proto: venv
 
 proto-check: venv
 	$(PY) hack/gen_proto.py --check
+
+# The guides (docs/*.md, the README's quick start) as the docsite's extra docs (docs/docsite/rst/).
+docsite: venv
+	$(PY) hack/gen_docsite.py
 
 lint: venv
 	$(BIN)/ruff check .
