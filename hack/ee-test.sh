@@ -97,7 +97,8 @@ state="$work/plane"
 stop_plane() { "$bin/python" -m microvm_localplane down --state-dir "$state" >/dev/null 2>&1 || true; }
 trap stop_plane EXIT
 trap 'exit 130' INT TERM
-mkdir -p "$state"
+# A plane of its own with no state from an earlier run, so what is left afterwards is this run's.
+stop_plane; rm -rf "$state"; mkdir -p "$state"
 "$bin/python" -m microvm_localplane up --state-dir "$state" --env-file "$work/plane.env" >/dev/null || fail "the local control plane did not start"
 # shellcheck disable=SC1091
 source "$work/plane.env"
@@ -130,10 +131,18 @@ left=$(leftovers); [ -z "$left" ] || fail "left behind on the plane by ansible-r
 # (stdout mode, the image as built, never pulled). The plane's URL and token reach the
 # container as passed-through environment variables, never on a command line.
 t1=$SECONDS
+# ansible-navigator refuses podman without a POSIX message queue mount point; some hosts have none.
+if [ ! -d /dev/mqueue ]; then
+  [ "$(id -u)" = 0 ] || fail "ansible-navigator needs /dev/mqueue: as root, mkdir /dev/mqueue && mount -t mqueue mqueue /dev/mqueue"
+  echo "ee-test: creating /dev/mqueue (POSIX message queues), which ansible-navigator needs with podman"
+  mkdir -p /dev/mqueue && { mount -t mqueue mqueue /dev/mqueue 2>/dev/null || true; }
+fi
 mkdir -p "$work/navigator-home"
-export DO_AGENTS_API_URL DO_AGENTS_API_TOKEN
-( cd "$pdd/project" && HOME="$work/navigator-home" ANSIBLE_NOCOLOR=1 \
-  "$bin/ansible-navigator" run session.yml -i "$pdd/inventory" --mode stdout \
+# A clean environment, as a user's shell would be: make's ANSIBLE_COLLECTIONS_PATH and PYTHONPATH name
+# host paths that mean nothing in the image.
+( cd "$pdd/project" && env -i PATH="$bin:/usr/local/bin:/usr/bin:/bin" HOME="$work/navigator-home" LANG=C.UTF-8 \
+  CONTAINERS_CONF="$CONTAINERS_CONF" DO_AGENTS_API_URL="$DO_AGENTS_API_URL" DO_AGENTS_API_TOKEN="$DO_AGENTS_API_TOKEN" \
+  ANSIBLE_NOCOLOR=1 "$bin/ansible-navigator" run session.yml -i "$pdd/inventory" --mode stdout \
     --execution-environment true --container-engine podman --eei "$ee_image" --pull-policy never \
     --co=--network=host --co=--user=root \
     --penv DO_AGENTS_API_URL --penv DO_AGENTS_API_TOKEN --penv ANSIBLE_NOCOLOR \
