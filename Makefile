@@ -30,7 +30,7 @@ PYTEST_ARGS ?=
 NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_ssh_habits.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py tests/unit/plugins/plugin_utils/test_option_defs.py tests/unit/plugins/plugin_utils/test_warm.py
 
 .PHONY: help venv system-deps collection base-rootfs proto proto-check lint sanity ansible-lint docs-lint docs \
-        unit localplane-test integration molecule galaxy-import ee-test test test-live demo local-up local-down build clean clean-images bench
+        unit localplane-test integration molecule galaxy-import ee-test test test-live demo local-up local-down build clean clean-images bench docsite
 
 help:
 	@echo "make demo   - set up everything and run the demo end to end on the local control plane"
@@ -38,6 +38,7 @@ help:
 	@echo "make docs   - build the HTML docsite into docs/build/html"
 	@echo "make local-up / local-down - start / stop the local control plane (.local/env)"
 	@echo "make proto  - regenerate the guest agent stubs from protos/"
+	@echo "make docsite - regenerate the docsite's extra docs (docs/docsite/rst) from docs/*.md and the README"
 	@echo "make bench  - run the benchmarks in bench/"
 	@echo "make clean  - remove .local (planes, caches, results) and this project's images (make clean-images)"
 	@echo "make ee-test - build an execution environment (ansible-builder, podman) and run a playbook in it"
@@ -95,6 +96,10 @@ proto: venv
 
 proto-check: venv
 	$(PY) hack/gen_proto.py --check
+
+# The guides (docs/*.md, the README's quick start) as the docsite's extra docs (docs/docsite/rst/).
+docsite: venv
+	$(PY) hack/gen_docsite.py
 
 lint: venv
 	$(BIN)/ruff check .
@@ -158,18 +163,12 @@ build: setup
 bench: setup
 	bash bench/run.sh
 
-# Images this project put into the containers store (buildah's and podman's):
-# the demo's and template_image's (localhost:5000/microvm/..., localhost/microvm-base),
-# the execution environment's (localhost/microvm-...), their build
-# containers, and the dangling layers of superseded builds.
-IMAGE_PATTERN := ^localhost(:[0-9]+)?/microvm
+# Images this checkout put into the containers store (buildah's and podman's): the
+# demo's template and base images and the execution environment's, found by the
+# label every build of this checkout carries (hack/checkout-label.sh), with their
+# build containers and superseded builds. Other checkouts' images are left alone.
 clean-images:
-	@command -v buildah >/dev/null || exit 0; \
-	for c in $$(buildah containers --format '{{.ContainerID}} {{.ImageName}}' | awk '$$2 ~ /$(subst /,\/,$(IMAGE_PATTERN))/ {print $$1}'); do \
-	  buildah rm "$$c" >/dev/null; done; \
-	refs=$$(buildah images --format '{{.Name}}:{{.Tag}}' | grep -E '$(IMAGE_PATTERN)' | sort -u); \
-	for r in $$refs; do buildah rmi -f "$$r" >/dev/null && echo "removed image $$r"; done; \
-	buildah rmi --prune >/dev/null 2>&1 || true
+	@bash hack/clean-images.sh
 
 clean: clean-images
 	rm -rf .local tests/output docs/build

@@ -12,6 +12,11 @@ export PYTHONPATH="${PYTHONPATH:-$root/.local/collections:$root/localplane}"
 # output (the exported workspace) live under .local/.
 export MICROVM_SANDBOX_STATE_DIR="${MICROVM_SANDBOX_STATE_DIR:-$root/.local}"
 export ANSIBLE_FORCE_COLOR="${ANSIBLE_FORCE_COLOR:-1}"
+# The images the demo builds carry this checkout's label (make clean-images removes them).
+if [ -z "${MICROVM_DEMO_IMAGE_LABELS:-}" ]; then
+  label=$(bash "$root/hack/checkout-label.sh")
+  export MICROVM_DEMO_IMAGE_LABELS="{\"${label%%=*}\": \"${label#*=}\"}"
+fi
 
 python=python3
 [ -x "$root/.venv/bin/python" ] && python="$root/.venv/bin/python"

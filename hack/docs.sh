@@ -9,14 +9,7 @@ cp docs/docsite/conf.py docs/docsite/antsibull-docs.cfg "$work/"
 cd "$work"
 "$root/.venv/bin/antsibull-docs" --config-file antsibull-docs.cfg collection --cleanup everything --fail-on-error \
   --use-current --squash-hierarchy --dest-dir rst microvm.sandbox
-# The guides beside the plugin reference: docs/*.md under guides/, listed on the index page.
-guides=(connection modules roles playbooks molecule execution-environment localplane localplane-guests guarantees
-        platform-contract)
-mkdir -p rst/guides
-{ printf '\n.. toctree::\n   :maxdepth: 1\n   :caption: Guides\n\n'
-  for g in "${guides[@]}"; do
-    cp "$root/docs/$g.md" rst/guides/
-    printf '   guides/%s\n' "$g"
-  done; } >> rst/index.rst
+# The guides come in as the collection's extra docs (docs/docsite/extra-docs.yml, written by
+# hack/gen_docsite.py from docs/*.md and the README's quick start).
 "$root/.venv/bin/sphinx-build" -M html rst . -c . -q  # no -W: links into the Ansible docs need intersphinx, which is offline here
 echo "docsite: $work/html/index.html"

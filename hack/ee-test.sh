@@ -25,6 +25,8 @@ ee_image=localhost/microvm-sandbox-ee:test
 mkdir -p "$work" .local/results
 report=.local/results/ee-test.txt
 start=$SECONDS
+# Every image this script builds carries the checkout's label (make clean-images).
+label=$(bash "$root/hack/checkout-label.sh")
 fail() { echo "ee-test: $*" | tee "$report" >&2; exit 1; }
 command -v podman >/dev/null || fail "podman is missing (make system-deps installs it)"
 # podman's settings for this machine, for the build and for ansible-runner's
@@ -54,7 +56,8 @@ if ! podman image exists "$base_image"; then
     tar -C "$work/rootfs" -cf "$work/base-bookworm.tar.partial" . && mv "$work/base-bookworm.tar.partial" "$work/base-bookworm.tar"
     rm -rf "$work/rootfs"
   fi
-  podman import --quiet "$work/base-bookworm.tar" "$base_image" >/dev/null || fail "podman import of the base failed"
+  podman import --quiet --change "LABEL $label" "$work/base-bookworm.tar" "$base_image" >/dev/null \
+    || fail "podman import of the base failed"
 fi
 echo "ee-test: base image $base_image ready ($((SECONDS - start)) s)"
 
@@ -73,9 +76,12 @@ cp -p "$work/collection.tar.gz" "$def/collections/microvm-sandbox.tar.gz"
 "$bin/python" hack/ee/pip_config.py "$def/pip" || fail "could not write the pip configuration"
 "$bin/ansible-builder" create -f "$def/execution-environment.yml" -c "$work/context" >/dev/null || fail "ansible-builder create failed"
 t0=$SECONDS
-podman build --network host --layers -f "$work/context/Containerfile" -t "$ee_image" "$work/context" >"$work/build.log" 2>&1 \
+podman build --network host --layers --label "$label" -f "$work/context/Containerfile" -t "$ee_image" "$work/context" >"$work/build.log" 2>&1 \
   || { tail -n 30 "$work/build.log"; fail "podman build failed, see $work/build.log"; }
 echo "ee-test: built $ee_image in $((SECONDS - t0)) s"
+# make clean-images finds this checkout's images by their label: the image must carry it.
+[ "$(podman image inspect --format "{{index .Labels \"${label%%=*}\"}}" "$ee_image")" = "${label#*=}" ] \
+  || fail "$ee_image does not carry the checkout's label $label"
 # Superseded builds stay in podman's store as cache: `make clean-images` removes them.
 
 # The image holds what the collection's plugins need, and not the local plane's.
@@ -91,10 +97,22 @@ state="$work/plane"
 stop_plane() { "$bin/python" -m microvm_localplane down --state-dir "$state" >/dev/null 2>&1 || true; }
 trap stop_plane EXIT
 trap 'exit 130' INT TERM
-mkdir -p "$state"
+# A plane of its own with no state from an earlier run, so what is left afterwards is this run's.
+stop_plane; rm -rf "$state"; mkdir -p "$state"
 "$bin/python" -m microvm_localplane up --state-dir "$state" --env-file "$work/plane.env" >/dev/null || fail "the local control plane did not start"
 # shellcheck disable=SC1091
 source "$work/plane.env"
+# Nothing may be left on the plane after a run.
+leftovers() {
+  "$bin/python" - <<'PY' || echo "(listing failed)"
+import os
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient
+
+client = ApiClient(os.environ["DO_AGENTS_API_URL"], os.environ["DO_AGENTS_API_TOKEN"])
+gone = ("SESSION_STATUS_DESTROYING", "SESSION_STATUS_DESTROYED")
+print(" ".join(s.get("name", "?") for s in client.list_sessions() if s.get("status") not in gone))
+PY
+}
 pdd="$work/runner"
 rm -rf "$pdd"; mkdir -p "$pdd/env"; chmod 700 "$pdd/env"
 cp -r tests/ee/project tests/ee/inventory "$pdd/"
@@ -106,17 +124,34 @@ t0=$SECONDS
 rc=$?
 cat "$work/run.log"
 recap=$(grep -E '^localhost|^ee-sandbox' "$work/run.log" | tr -s ' ' | tr '\n' ';')
-# Nothing may be left on the plane.
-leftovers=$("$bin/python" - <<'PY'
-import os
-from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient
-
-client = ApiClient(os.environ["DO_AGENTS_API_URL"], os.environ["DO_AGENTS_API_TOKEN"])
-gone = ("SESSION_STATUS_DESTROYING", "SESSION_STATUS_DESTROYED")
-print(" ".join(s.get("name", "?") for s in client.list_sessions() if s.get("status") not in gone))
-PY
-) || leftovers="(listing failed)"
 [ "$rc" = 0 ] || fail "the playbook failed in the execution environment (ansible-runner exit $rc, $((SECONDS - t0)) s)"
-[ -z "$leftovers" ] || fail "left behind on the plane: $leftovers"
-echo "ee-test: playbook ran in $ee_image in $((SECONDS - t0)) s, nothing left behind; $((SECONDS - start)) s in all" | tee "$report"
+left=$(leftovers); [ -z "$left" ] || fail "left behind on the plane by ansible-runner's run: $left"
+
+# The same playbook the way users run an execution environment: ansible-navigator
+# (stdout mode, the image as built, never pulled). The plane's URL and token reach the
+# container as passed-through environment variables, never on a command line.
+t1=$SECONDS
+# ansible-navigator refuses podman without a POSIX message queue mount point; some hosts have none.
+if [ ! -d /dev/mqueue ]; then
+  [ "$(id -u)" = 0 ] || fail "ansible-navigator needs /dev/mqueue: as root, mkdir /dev/mqueue && mount -t mqueue mqueue /dev/mqueue"
+  echo "ee-test: creating /dev/mqueue (POSIX message queues), which ansible-navigator needs with podman"
+  mkdir -p /dev/mqueue && { mount -t mqueue mqueue /dev/mqueue 2>/dev/null || true; }
+fi
+mkdir -p "$work/navigator-home"
+# A clean environment, as a user's shell would be: make's ANSIBLE_COLLECTIONS_PATH and PYTHONPATH name
+# host paths that mean nothing in the image.
+( cd "$pdd/project" && env -i PATH="$bin:/usr/local/bin:/usr/bin:/bin" HOME="$work/navigator-home" LANG=C.UTF-8 \
+  CONTAINERS_CONF="$CONTAINERS_CONF" DO_AGENTS_API_URL="$DO_AGENTS_API_URL" DO_AGENTS_API_TOKEN="$DO_AGENTS_API_TOKEN" \
+  ANSIBLE_NOCOLOR=1 "$bin/ansible-navigator" run session.yml -i "$pdd/inventory" --mode stdout \
+    --execution-environment true --container-engine podman --eei "$ee_image" --pull-policy never \
+    --co=--network=host --co=--user=root \
+    --penv DO_AGENTS_API_URL --penv DO_AGENTS_API_TOKEN --penv ANSIBLE_NOCOLOR \
+    --playbook-artifact-enable false --log-file "$work/navigator.log" ) >"$work/navigator-run.log" 2>&1
+nrc=$?
+cat "$work/navigator-run.log"
+grep -qF "$DO_AGENTS_API_TOKEN" "$work/navigator-run.log" "$work/navigator.log" && fail "the API token appeared in ansible-navigator's output or log"
+[ "$nrc" = 0 ] || fail "the playbook failed under ansible-navigator (exit $nrc, $((SECONDS - t1)) s; log $work/navigator.log)"
+grep -qE '^localhost .*failed=0' "$work/navigator-run.log" || fail "ansible-navigator's run shows no clean recap"
+left=$(leftovers); [ -z "$left" ] || fail "left behind on the plane by ansible-navigator's run: $left"
+echo "ee-test: playbook ran in $ee_image with ansible-runner and ansible-navigator in $((SECONDS - t0)) s, nothing left behind; $((SECONDS - start)) s in all" | tee "$report"
 echo "recap: $recap"

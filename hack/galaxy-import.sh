@@ -15,12 +15,15 @@ start=$SECONDS
 "$bin/ansible-galaxy" collection build --force --output-path "$out/dist" . >/dev/null || {
   echo "galaxy-import: ansible-galaxy collection build failed" | tee "$report"; exit 1; }
 tarball=$(ls "$out"/dist/microvm-sandbox-*.tar.gz)
-# The importer runs ansible-doc and ansible-lint from PATH, on a copy it
-# unpacks under tmp_root_dir.
+# As Galaxy runs it: a clean environment (no PYTHONPATH or ANSIBLE_* from make,
+# a private HOME), the venv's tools first on PATH (the importer runs ansible-doc
+# and ansible-lint from PATH on a copy it unpacks under tmp_root_dir), and its
+# working directory under .local, where it writes importer_result.json.
+mkdir -p "$out/home"
 import_once() {
-  PATH="$bin:$PATH" GALAXY_IMPORTER_CONFIG="$root/hack/galaxy-importer.cfg" \
-    GALAXY_IMPORTER_TMP_ROOT_DIR="$out/tmp" \
-    "$bin/python" -m galaxy_importer.main --print-result "$tarball" >"$out/log" 2>&1
+  (cd "$out" && env -i PATH="$bin:/usr/local/bin:/usr/bin:/bin" HOME="$out/home" LANG=C.UTF-8 \
+    GALAXY_IMPORTER_CONFIG="$root/hack/galaxy-importer.cfg" GALAXY_IMPORTER_TMP_ROOT_DIR="$out/tmp" \
+    "$bin/python" -m galaxy_importer.main --print-result "$tarball" >"$out/log" 2>&1)
 }
 import_once
 rc=$?

@@ -47,6 +47,19 @@ def ready(state_dir):
     return os.path.isfile(os.path.join(rootfs_path(state_dir), "usr", "bin", "python3.11"))
 
 
+def build_log_path(state_dir: str) -> str:
+    """debootstrap's output while the base rootfs is built."""
+    return os.path.join(os.path.dirname(rootfs_path(state_dir)), "build.log")
+
+
+def pending_note(state_dir: str) -> str | None:
+    """What a user waiting on the first `base` session should read, or None once the rootfs is built."""
+    if ready(state_dir):
+        return None
+    return ("the local control plane builds the `base` template's Debian %s root filesystem before this session "
+            "boots (once per cache dir, about a minute); debootstrap's log: %s" % (SUITE, build_log_path(state_dir)))
+
+
 def ensure(state_dir, log=lambda msg: None):
     """-> the base rootfs dir, building it first if needed (minutes, once per cache dir)."""
     path = rootfs_path(state_dir)
@@ -63,17 +76,18 @@ def ensure(state_dir, log=lambda msg: None):
         if not shutil.which("debootstrap"):
             raise BaseImageError("the `base` template needs debootstrap: apt-get install debootstrap "
                                  "(or `make system-deps`)")
-        log("building the base template's Debian %s root filesystem (once; a few minutes)" % SUITE)
+        log("building the base template's Debian %s root filesystem (once; a few minutes); log: %s"
+            % (SUITE, build_log_path(state_dir)))
         started = time.monotonic()
         argv = ["debootstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES), SUITE, build]
-        with open(os.path.join(top, "build.log"), "wb") as out:
+        with open(build_log_path(state_dir), "wb") as out:
             try:
                 proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT, check=False)
             except subprocess.TimeoutExpired:
                 raise BaseImageError("debootstrap took more than %d s; see %s" % (BUILD_TIMEOUT, out.name))
         if proc.returncode != 0:
             raise BaseImageError("debootstrap failed (exit %d); see %s"
-                                 % (proc.returncode, os.path.join(top, "build.log")))
+                                 % (proc.returncode, build_log_path(state_dir)))
         _finish(build)
         shutil.rmtree(path, ignore_errors=True)
         os.rename(build, path)

@@ -229,6 +229,11 @@ def cmd_up(args):
             print("the local control plane did not answer within %ds; see %s" % (START_TIMEOUT, log_path))
             return 1
         print("started the local control plane at %s (pid %d, log %s)" % (url, child.pid, log_path))
+        from .baseimage import pending_note
+        from .sessions import guest_state_dir
+        note = pending_note(guest_state_dir(state_dir))
+        if note:
+            print("note: %s" % note.replace("before this session boots", "when the first session on it boots"))
     if args.env_file:
         write_env_file(args.env_file, url, token)
         print("wrote %s: source it to point the collection at the local plane" % args.env_file)

@@ -26,6 +26,7 @@ import contextlib
 import ctypes
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -55,6 +56,7 @@ BOOT_TIMEOUT = 60.0        # generous: a loaded 2-core machine; a healthy boot t
 BOOT_CONCURRENCY = 2 * (os.cpu_count() or 1)
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,62})$")
+_logger = logging.getLogger("microvm_localplane.guests")
 RUNC = "runc"
 BRIDGE_FD = 3              # runc --preserve-fds 1 hands fd 3 to the guest's PID 1
 LAUNCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -258,7 +260,7 @@ class GuestManager:
         """Everything before runc starts: ids, dirs, mounts, config. -> (limits, ids)."""
         if not shutil.which(RUNC, path=LAUNCH_PATH):
             raise GuestError("guests need runc: apt-get install runc uidmap (or `make system-deps`)")
-        base_dir = baseimage.ensure(self.state_dir) if rootfs.kind == "base" else None
+        base_dir = baseimage.ensure(self.state_dir, log=_logger.info) if rootfs.kind == "base" else None
         os.makedirs(layout.root, mode=0o700, exist_ok=True)
         ids = self._ids(layout, size)
         lowers = rootfs_mod.lower_dirs(self.state_dir, rootfs, self.code, base_dir)

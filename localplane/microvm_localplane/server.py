@@ -6,7 +6,7 @@ import os
 
 from aiohttp import web
 
-from . import agentrpc, contract, portforward
+from . import agentrpc, baseimage, contract, portforward
 from .checkpoints import Checkpoints
 from .checkpoints import public_view as checkpoint_view
 from .createspec import parse_config_form, parse_create
@@ -30,7 +30,9 @@ class Plane:
             guests = GuestManager(guest_state_dir(self.state_dir))
         if disk_reserve is not None:
             guests.disk_reserve = disk_reserve
-        self.templates = Templates(self.store, self._live_sessions_using)
+        guests_dir = getattr(guests, "state_dir", None)
+        self.templates = Templates(self.store, self._live_sessions_using,
+                                   base_pending=lambda: baseimage.pending_note(guests_dir) if guests_dir else None)
         self.sessions = Sessions(self.store, guests, self.templates)
         self.sessions.archive_limits = dict(archive_limits or {})
         self.checkpoints = Checkpoints(self.store, self.sessions)

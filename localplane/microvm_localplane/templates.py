@@ -74,9 +74,11 @@ def base_rootfs(base_template):
 
 
 class Templates:
-    def __init__(self, store, sessions_in_use):
+    def __init__(self, store, sessions_in_use, base_pending=lambda: None):
         self.store = store
         self.sessions_in_use = sessions_in_use  # callable(template name) -> number of live sessions using it
+        # callable() -> a note while the built-in template's rootfs is still to be built (the first boot waits), or None
+        self.base_pending = base_pending
         self.build_slot = asyncio.Semaphore(1)
         self.tasks = set()
 
@@ -131,7 +133,8 @@ class Templates:
             known = ", ".join(sorted([contract.BUILTIN_TEMPLATE] + [r["name"] for r in self.store.templates.values()]))
             raise ApiFailure(400, "unknown template %r: no template with that name exists (known: %s)" % (name, known))
         if rec.get("builtin"):
-            return {"kind": "base", "path": None}, []
+            note = self.base_pending()
+            return {"kind": "base", "path": None}, [note] if note else []
         if rec["status"] == contract.TEMPLATE_FAILED:
             raise ApiFailure(400, "template %r failed to build: %s" % (name, self._last_error(rec)))
         if rec["status"] != contract.TEMPLATE_READY or not rec.get("rootfs"):

@@ -344,3 +344,32 @@ def test_a_session_whose_disk_the_host_cannot_hold_is_refused_and_leaves_nothing
         assert not os.listdir(os.path.join(guest_state_dir(state2), "sessions"))
     finally:
         stop_local_plane(handle)
+
+
+def test_the_first_base_session_says_the_rootfs_is_being_built(tmp_path):
+    """On a fresh cache the first `base` session waits for debootstrap: `up` and the create's warnings say so and
+    name the build log. (PATH without debootstrap, so the build fails at once instead of taking a minute: the
+    session goes FAILED naming what is missing.)"""
+    state, cache = str(tmp_path / "plane"), str(tmp_path / "empty-cache")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PKG_ROOT] + sys.path), MICROVM_LOCALPLANE_CACHE=cache,
+               PATH="/usr/bin:/bin")
+    up = subprocess.run([sys.executable, "-m", "microvm_localplane", "up", "--state-dir", state, "--env-file",
+                         str(tmp_path / "env"), "--listen", "127.0.0.1:0"], capture_output=True, text=True, env=env,
+                        timeout=120, check=False)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        log = os.path.join(cache, "base-bookworm-v")
+        assert "note: the local control plane builds the `base` template's Debian bookworm root filesystem" in up.stdout
+        assert log in up.stdout and "build.log" in up.stdout
+        values = dict(line.replace("export ", "").split("=", 1) for line in open(tmp_path / "env").read().splitlines())
+        rest = Rest(values["DO_AGENTS_API_URL"], values["DO_AGENTS_API_TOKEN"])
+        body = "name: first-base\nagent: custom\n"
+        r = requests.post(rest.url + "/sessions", data=body, headers=dict(rest.h, **{"Content-Type": "application/yaml"}))
+        assert r.status_code == 201, r.text
+        session = r.json()["session"]
+        assert any("before this session boots" in w and "build.log" in w for w in session["warnings"]), session
+        failed = rest.wait(session["session_id"], "FAILED")
+        assert any("debootstrap" in w for w in failed["warnings"]), failed
+    finally:
+        down = cli("down", "--state-dir", state)
+    assert down.returncode == 0, down.stdout + down.stderr

@@ -122,6 +122,8 @@ def describe_error(error, client=None):
         msg = advice.capitalize(error.server_message) + "."
     elif status == 0 and error.path == "-":
         msg = "No API token: set the option api_token or the environment variable %s." % profile.API_TOKEN_ENV
+    elif getattr(error, "not_api", False):
+        msg = "%s failed with HTTP %d: %s. %s." % (call, status, error.server_message, error.hint)
     elif status == 0:
         msg = "%s failed: %s (after %d attempt%s). Check the option api_url or the environment variable %s." % (
             call, error.server_message, error.attempts, "" if error.attempts == 1 else "s", profile.API_URL_ENV)

@@ -53,7 +53,7 @@ _EPOCH_THRESHOLD = 1000000000
 class ApiError(Exception):
     """An API call failed. `status` is the HTTP status (0 for a connection error)."""
 
-    def __init__(self, method, path, status, message, hint=None, what=None, ident=None, attempts=1):
+    def __init__(self, method, path, status, message, hint=None, what=None, ident=None, attempts=1, not_api=False):
         self.method = method
         self.path = path
         self.status = status
@@ -64,6 +64,8 @@ class ApiError(Exception):
         self.what = what
         self.ident = ident
         self.attempts = attempts
+        # The answer was not the API's (an HTML page from some other web server): its 404 says nothing of objects.
+        self.not_api = not_api
         text = "%s %s failed" % (method, path)
         text += (" with HTTP %d" % status) if status else " (no response)"
         if message:
@@ -74,7 +76,7 @@ class ApiError(Exception):
 
     @property
     def gone(self):
-        return self.status in (404, 410)
+        return self.status in (404, 410) and not self.not_api
 
     @property
     def no_response(self):
@@ -285,8 +287,23 @@ class ApiClient(object):
                 decoded = json.loads(payload.decode("utf-8")) if payload else {}
             except ValueError:
                 decoded = payload
+            if status < 500 and not isinstance(decoded, dict):
+                raise self._not_the_api(method, path, status, answer_headers, payload, what, ident, attempt + 1)
             raise ApiError(method, path, status, error_message(decoded), hint_for(status, what, ident, attempt + 1),
                            what=what, ident=ident, attempts=attempt + 1)
+
+    def _not_the_api(self, method: str, path: str, status: int, headers, payload: bytes, what, ident,
+                     attempts: int) -> ApiError:
+        """A 4xx whose body is not the API's JSON: the URL points at some other web server (or a wrong path)."""
+        ctype = (headers.get("Content-Type") if headers is not None else "") or ""
+        head = payload[:64].lstrip().lower()
+        kind = ("an HTML page" if "html" in ctype or head.startswith((b"<!doctype", b"<html")) else
+                "%d bytes of %s" % (len(payload), ctype.split(";")[0] or "unknown content"))
+        message = "the server answered with %s, not the platform API's JSON error body" % kind
+        hint = ("%s (option api_url or env %s) does not answer like the platform's API: set it to the API's base "
+                "URL (https://api.digitalocean.com, or the local control plane's URL) and the route_prefix to the "
+                "API's (%s)" % (self.api_url, profile.API_URL_ENV, self.prefix))
+        return ApiError(method, path, status, message, hint, what=what, ident=ident, attempts=attempts, not_api=True)
 
     # -- sessions ----------------------------------------------------------
     def create_session(self, spec, resume_on_topoff=None):

@@ -18,7 +18,18 @@ def run(args, env=None, cwd=None):
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
-    built = run([os.path.join(BIN, "ansible-galaxy"), "collection", "build", "--output-path", str(out), ROOT])
+    # A leftover of Galaxy's importer (it writes importer_result.json into its working directory)
+    # must never be shipped: build with one present, as a checkout may have it.
+    stray = os.path.join(ROOT, "importer_result.json")
+    made_stray = not os.path.exists(stray)
+    if made_stray:
+        with open(stray, "w") as f:
+            f.write("{}")
+    try:
+        built = run([os.path.join(BIN, "ansible-galaxy"), "collection", "build", "--output-path", str(out), ROOT])
+    finally:
+        if made_stray:
+            os.unlink(stray)
     assert built.returncode == 0, built.stderr
     tarball = next(p for p in out.iterdir() if p.name.endswith(".tar.gz"))
     path = tmp_path_factory.mktemp("collections")
@@ -36,7 +47,8 @@ def test_tarball_leaves_development_files_out(installed):
         names = tar.getnames()
     assert "plugins/connection/agent.py" in names
     assert "plugins/plugin_utils/agent_pb/sandbox_agent_pb2.py" in names
-    for unwanted in (".venv", ".local", ".git", "hack", "bench", "Makefile", "requirements-dev.txt"):
+    for unwanted in (".venv", ".local", ".git", "hack", "bench", "Makefile", "requirements-dev.txt",
+                     "importer_result.json"):
         assert not any(n == unwanted or n.startswith(unwanted + "/") for n in names), unwanted
     assert not [n for n in names if ".egg-info" in n]  # setuptools' build leftovers of the local plane
 
