@@ -596,15 +596,23 @@ def record_pid(run_dir=RUN_DIR):
         pass
 
 
+def split_passwords(env: dict) -> tuple:
+    """The session env -> (the commands' part, the account passwords). The passwords are consumed at boot
+    (set_passwords) and never reach a command's environment: a command run as the unprivileged user would
+    otherwise read root's password there, and `su` would make it root."""
+    passwords = {var: env[var] for var, _user in ACCOUNT_PASSWORD_VARS if var in env}
+    return {k: v for k, v in env.items() if k not in passwords}, passwords
+
+
 def serve(listen=LISTEN):
-    env = session_env()
+    env, passwords = split_passwords(session_env())
     try:
         os.makedirs(HOME, exist_ok=True)
     except OSError:
         pass  # the guest may have replaced its home with anything; commands still run
     accounts_ready = threading.Event()
-    if any(env.get(var) for var, _user in ACCOUNT_PASSWORD_VARS):
-        threading.Thread(target=set_passwords, args=(env, accounts_ready), daemon=True).start()
+    if any(passwords.values()):
+        threading.Thread(target=set_passwords, args=(passwords, accounts_ready), daemon=True).start()
     else:
         accounts_ready.set()
     server = build_server(listen, env, accounts_ready=accounts_ready)
