@@ -66,3 +66,61 @@ def test_su_needs_roots_password_which_the_user_cannot_read(stub):
     # sudo takes the user's own password (its documented use), never root's from the environment
     r = as_user(stub, "printf '%s\\n' | sudo -S -k id -u" % USER_PASSWORD)
     assert r.stdout.strip() == b"0", r.stderr
+
+
+# ------------------------------------------------------------------ socket families (seccomp)
+
+# Each way into socket(): the libc call (64-bit), the 32-bit direct syscall and the socketcall multiplexer through
+# `int 0x80`, and the x32 ABI. The 32-bit ones run a few bytes of machine code mapped below 4 GiB.
+SOCKETS = r"""
+import ctypes, errno, mmap, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+MAP_32BIT = 0x40
+page = libc.mmap(None, 4096, 7, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_32BIT, -1, 0)
+args = page + 2048
+
+def int80(nr, ebx, ecx, edx):
+    # push rbx; mov eax, nr; mov ebx, ..; mov ecx, ..; mov edx, ..; int 0x80; pop rbx; ret
+    code = (b"\x53\xb8" + nr.to_bytes(4, "little") + b"\xbb" + ebx.to_bytes(4, "little") + b"\xb9" +
+            ecx.to_bytes(4, "little") + b"\xba" + edx.to_bytes(4, "little") + b"\xcd\x80\x5b\xc3")
+    ctypes.memmove(page, code, len(code))
+    rc = ctypes.CFUNCTYPE(ctypes.c_int)(page)()
+    return "ok" if rc >= 0 else errno.errorcode.get(-rc, str(-rc))
+
+def libc_socket(family, kind):
+    try:
+        socket.socket(family, kind).close()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+
+def x32(family, kind):
+    rc = libc.syscall(0x40000000 | 41, family, kind, 0)
+    return "ok" if rc >= 0 else errno.errorcode.get(ctypes.get_errno(), "?")
+
+def socketcall(family, kind):
+    ctypes.memmove(args, (ctypes.c_uint32 * 3)(family, kind, 0), 12)
+    return int80(102, 1, args, 0)
+
+for family, kind in ((40, 1), (38, 5), (30, 5), (2, 1), (10, 2), (1, 1), (16, 3)):
+    print(family, libc_socket(family, kind), int80(359, family, kind, 0), socketcall(family, kind), x32(family, kind))
+"""
+
+
+def test_socket_families_are_filtered_on_every_syscall_path(stub):
+    """AF_VSOCK (40), AF_ALG (38), AF_TIPC (30) refused; AF_INET, AF_INET6, AF_UNIX and AF_NETLINK work."""
+    for runner in (lambda code: run(stub, ["python3", "-c", code]),
+                   lambda code: run(stub, ["runuser", "-u", baseimage.GUEST_USER, "--", "python3", "-c", code])):
+        r = runner(SOCKETS)
+        assert r.code == 0, r.stderr
+        got = {int(line.split()[0]): line.split()[1:] for line in r.stdout.decode().splitlines()}
+        refused = {"EAFNOSUPPORT", "EPERM"}
+        for family in (40, 38, 30):
+            libc_call, direct32, socketcall, x32 = got[family]
+            assert libc_call in refused and direct32 in refused and socketcall in refused, (family, got[family])
+            assert x32 in refused | {"ENOSYS"}, (family, got[family])  # a kernel without x32 answers ENOSYS
+        for family in (2, 10, 1, 16):
+            assert got[family][:2] == ["ok", "ok"], (family, got[family])
+
