@@ -4,10 +4,13 @@ Real runc guests and the real agent over gRPC (guestkit). The guest's unprivileg
 `sandbox`; commands run as it with `runuser` (no password needed from root). See docs/guarantees.md, "Hostile
 guest".
 """
+import io
+import tarfile
+import threading
 
 import grpc
 import pytest
-from guestkit import Plane, guests_supported, run, sh
+from guestkit import Plane, download, guests_supported, run, sh, upload
 
 from microvm_localplane import baseimage
 
@@ -124,3 +127,75 @@ def test_socket_families_are_filtered_on_every_syscall_path(stub):
         for family in (2, 10, 1, 16):
             assert got[family][:2] == ["ok", "ok"], (family, got[family])
 
+
+
+# ------------------------------------------------------------------ the agent's paths, raced by the unprivileged user
+
+SWAPPER = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+os.chdir(sys.argv[1])
+n = 0
+while not os.path.exists("stop"):
+    if libc.renameat2(-100, b"d", -100, b"alt", 2) != 0:   # RENAME_EXCHANGE: d <-> alt (a link to /etc)
+        raise OSError(ctypes.get_errno(), "renameat2")
+    n += 1
+print(n)
+"""
+# What /etc holds, with contents: nothing an Upload, Download or archive does may change it.
+ETC_STATE = "cd /etc && find . -xdev \\( -type f -o -type l -o -type d \\) -printf '%p %y %s %m\\n' | sort | sha256sum;" \
+            " find . -xdev -type f -exec cat {} + 2>/dev/null | sha256sum"
+
+
+def _tar(name, data):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_the_unprivileged_user_swapping_a_directory_for_a_link_to_etc_moves_no_transfer(stub):
+    """The guest's `sandbox` user swaps /workspace/race/d with a link to /etc (renameat2 RENAME_EXCHANGE) as fast as
+    it can while root's agent uploads files, files in new directories and archives into d and downloads from it:
+    /etc is unchanged afterwards, nothing of it is read, and each transfer either lands in d or is refused."""
+    user = baseimage.GUEST_USER
+    sh(stub, "rm -rf /workspace/race && mkdir -p /workspace/race/d && echo inside > /workspace/race/d/secret"
+             " && echo outside-etc > /etc/secret && ln -s /etc /workspace/race/alt"
+             " && chown -hR %s: /workspace/race" % user)
+    etc_before = sh(stub, ETC_STATE).stdout
+    swapped = {}
+    swapper = threading.Thread(target=lambda: swapped.update(r=run(
+        stub, ["runuser", "-u", user, "--", "python3", "-c", SWAPPER, "/workspace/race"], timeout_seconds=500)))
+    swapper.start()
+    outcomes = {"ok": 0, "refused": 0}
+    unexpected = []
+    try:
+        for i in range(150):
+            steps = [lambda i=i: upload(stub, "/workspace/race/d/f%d" % i, b"x"),
+                     lambda i=i: upload(stub, "/workspace/race/d/sub%d/f" % i, b"x"),
+                     lambda i=i: upload(stub, "/workspace/race/d/arch%d" % i, _tar("m", b"x"), is_archive=True),
+                     lambda: download(stub, "/workspace/race/d/secret")[1],
+                     lambda: download(stub, "/workspace/race/d", as_archive=True)[1]]
+            for step in steps:
+                try:
+                    got = step()
+                except grpc.RpcError as e:
+                    if e.code() not in (CODE.PERMISSION_DENIED, CODE.FAILED_PRECONDITION, CODE.NOT_FOUND):
+                        unexpected.append((e.code(), e.details()))
+                    outcomes["refused"] += 1
+                    continue
+                outcomes["ok"] += 1
+                if isinstance(got, bytes):
+                    assert b"outside-etc" not in got and b"root:x:0:0" not in got, "read a file of /etc"
+    finally:
+        sh(stub, "touch /workspace/race/stop")
+        swapper.join()
+    assert swapped["r"].code == 0 and int(swapped["r"].stdout) > 0, swapped["r"].stderr
+    assert sh(stub, ETC_STATE).stdout == etc_before, "/etc changed"
+    # what landed, landed in d (wherever d is now): only the names the transfers used
+    names = set(sh(stub, "cd /workspace/race && for x in d alt; do [ -L $x ] || ls -A $x; done").stdout.split())
+    assert names <= {b"secret"} | {b"%s%d" % (p, i) for p in (b"f", b"sub", b"arch") for i in range(150)}, names
+    assert outcomes["ok"] and outcomes["refused"], outcomes
+    assert not unexpected, unexpected[:5]
