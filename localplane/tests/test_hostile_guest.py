@@ -199,3 +199,33 @@ def test_the_unprivileged_user_swapping_a_directory_for_a_link_to_etc_moves_no_t
     assert names <= {b"secret"} | {b"%s%d" % (p, i) for p in (b"f", b"sub", b"arch") for i in range(150)}, names
     assert outcomes["ok"] and outcomes["refused"], outcomes
     assert not unexpected, unexpected[:5]
+
+
+# ------------------------------------------------------------------ checkpoint copies on the host
+
+def test_a_checkpoint_copy_holds_no_set_id_file_and_a_restore_puts_the_bits_back(plane, tmp_path):
+    """Guest root makes set-uid and set-gid copies of `id` in /workspace and the root filesystem; the checkpoint
+    copy on the host (canonical ids: 0 is host root) has no set-id bit anywhere, and a restore gives the guest its
+    files back exactly, bits and owners included (the guest's own set-gid `id` still gives its user egid 0)."""
+    g = plane.boot("setid")
+    stub = plane.stub(g)
+    sh(stub, "cp /usr/bin/id /workspace/suid-id && chmod 4755 /workspace/suid-id"
+             " && cp /usr/bin/id /opt/sgid-id && chown 0:0 /opt/sgid-id && chmod 2755 /opt/sgid-id"
+             " && mkdir -p /workspace/deep/er && cp /usr/bin/id /workspace/deep/er/both && chmod 6750 /workspace/deep/er/both")
+    modes = b"4755 0 0\n2755 0 0\n6750 0 0\n"
+    listing = "stat -c '%a %u %g' /workspace/suid-id /opt/sgid-id /workspace/deep/er/both"
+    assert sh(stub, listing).stdout == modes
+    dest = tmp_path / "cp"
+    plane.run(plane.manager.checkpoint("setid", str(dest)))
+    setid_on_host = [str(p) for p in dest.rglob("*") if not p.is_symlink() and p.lstat().st_mode & 0o6000
+                     and p.is_file()]
+    assert not setid_on_host, setid_on_host
+    assert (dest / "workspace" / "suid-id").lstat().st_uid == 0  # canonical ids: why the bits must not be there
+
+    sh(stub, "rm /workspace/suid-id /opt/sgid-id; rm -r /workspace/deep")
+    plane.run(plane.manager.stop("setid"))
+    plane.run(plane.manager.restore("setid", str(dest)))
+    stub = plane.stub(plane.boot("setid"))
+    assert sh(stub, listing).stdout == modes
+    assert as_user(stub, "/opt/sgid-id -g").stdout == b"0\n"  # the root filesystem is not nosuid, /workspace is
+    plane.run(plane.manager.stop("setid"))
