@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from . import baseimage, disk, idmap, netns, oci, portdial
 from . import limits as limits_mod
 from . import rootfs as rootfs_mod
+from .agentfs import AgentFs, AgentFsError
 from .errors import DialError, GuestError
 from .freezer import GuestCgroup
 from .hostpaths import AGENT_LIB, HostPathsError, code_paths
@@ -155,6 +156,7 @@ class GuestManager:
         self._guests = {}
         self._locks = {}
         self._hostlib = None
+        self._agentfs = AgentFs(self.state_dir)
         self._starting = asyncio.Semaphore(BOOT_CONCURRENCY)
         # ldd over the agent's runtime takes seconds on a busy machine, and so does byte-compiling the agent's
         # modules: do both now, not in the first boot
@@ -280,7 +282,10 @@ class GuestManager:
         proc_env = {"PATH": LAUNCH_PATH, "LANG": "C.UTF-8", "HOME": "/root"}
         proc_env.update(self.code.env())
         binds = [(layout.workspace, rootfs_mod.WORKSPACE, False), (layout.run, rootfs_mod.GUEST_RUN_DIR, False)]
-        binds += [(h, g, True) for h, g in self.code.binds(hostlib)]
+        try:  # from read-only overlays, so the guest's mountinfo shows no host path (agentfs.py)
+            binds += [(h, g, True) for h, g in self._agentfs.binds(self.code.binds(hostlib))]
+        except (AgentFsError, OSError) as e:
+            raise GuestError(str(e))
         config = oci.config(rootfs=layout.merged, hostname=hostname, args=args, env=proc_env, ids=ids, binds=binds,
                             limits=limits, cgroups_path=self._cgroup(layout.session_id).runc_path,
                             tmp_size=limits.tmp, masked=self.code.masked_paths())
@@ -522,6 +527,7 @@ class GuestManager:
                 if SESSION_ID_RE.match(session_id) and not await asyncio.to_thread(self._running, session_id):
                     await asyncio.to_thread(disk.release, self._layout(session_id))
         self._guests.clear()
+        await asyncio.to_thread(self._agentfs.close)
 
 
 PLANE_LOG_MAX = 1 << 20     # the plane's notes about one guest: a few lines a boot; emptied past this

@@ -5,6 +5,7 @@ Real runc guests and the real agent over gRPC (guestkit). The guest's unprivileg
 guest".
 """
 import io
+import os
 import tarfile
 import threading
 
@@ -229,3 +230,26 @@ def test_a_checkpoint_copy_holds_no_set_id_file_and_a_restore_puts_the_bits_back
     assert sh(stub, listing).stdout == modes
     assert as_user(stub, "/opt/sgid-id -g").stdout == b"0\n"  # the root filesystem is not nosuid, /workspace is
     plane.run(plane.manager.stop("setid"))
+
+
+# ------------------------------------------------------------------ what a guest learns of the host's paths
+
+def test_mountinfo_shows_no_host_path(plane, stub):
+    """The guest's mount tables (mountinfo, mounts, mountstats; its own and PID 1's) name no path of the host: not
+    the state dir, the checkout, the Python runtime the agent runs on, or the plane's mount dir."""
+    import sys
+
+    from microvm_localplane import hostpaths, rootfs
+
+    code = hostpaths.code_paths()
+    host_paths = {os.path.realpath(plane.state_dir), os.path.realpath(code.package_dir), code.stdlib,
+                  os.path.dirname(code.python), os.path.realpath(code.grpc_dir), os.path.realpath(sys.prefix),
+                  rootfs.MOUNT_ROOT}
+    tables = sh(stub, "cat /proc/self/mountinfo /proc/self/mounts /proc/self/mountstats /proc/1/mountinfo").stdout
+    assert b"overlay" in tables and b"/opt/localplane-agent" in tables  # the tables are there: only the host is not
+    leaks = sorted(p for p in host_paths if p.encode() in tables)
+    assert not leaks, (leaks, tables.decode(errors="replace")[:3000])
+    # every mount's root within its file system is "/" or a name the guest already knows, never a host directory
+    for line in sh(stub, "cat /proc/self/mountinfo").stdout.decode().splitlines():
+        root = line.split()[3]
+        assert root.count("/") <= 2, line
