@@ -7,9 +7,10 @@ new file system whose root is that directory; its options name relative paths on
 directory holding the link `s` to the source and an empty dir `e`: overlayfs wants two lower layers when it has no
 upper one), and guests bind from those overlays: their mountinfo shows `/`, or a file's name below it.
 
-One overlay per source directory and plane (state dir), mounted when a guest first needs it, re-mounted at a
-plane's start (a crashed plane's are stale: the checkout may have changed), and unmounted at shutdown. Nothing
-under them can be written (no upper layer), so removing a state dir never reaches a source through them.
+One overlay per source directory and plane (state dir), under MOUNT_ROOT (a tmpfs, never the state dir, so a
+crashed plane's overlays cannot get in the way of removing its state dir), mounted when a guest first needs it and
+unmounted at shutdown; a plane starting on the same state dir first unmounts what a crashed one left (the checkout
+may have changed since). Nothing under them can be written (no upper layer).
 """
 import hashlib
 import os
@@ -17,6 +18,8 @@ import subprocess
 import threading
 
 from . import idmap
+
+MOUNT_ROOT = "/run/microvm-localplane/agentfs"
 
 SOURCE_LINK, EMPTY_DIR, MOUNT_DIR = "s", "e", "m"
 
@@ -27,9 +30,21 @@ class AgentFsError(Exception):
 
 class AgentFs:
     def __init__(self, state_dir: str) -> None:
-        self.root = os.path.join(state_dir, "agentfs")
+        self.root = os.path.join(MOUNT_ROOT, hashlib.sha256(os.path.abspath(state_dir).encode()).hexdigest()[:12])
         self._mounted: dict = {}          # source dir -> its overlay's mount point
         self._lock = threading.Lock()      # boots prepare their binds in threads
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Unmount what a plane on this state dir left mounted (it crashed, or was killed)."""
+        try:
+            with open("/proc/self/mounts") as f:
+                points = [line.split()[1] for line in f]
+        except OSError:
+            return
+        for point in points:
+            if point.startswith(self.root + "/"):
+                idmap.unmount(point)
 
     def binds(self, binds: list) -> list:
         """[(host path, guest path)] -> the same binds, each from a read-only overlay of its source's directory."""
@@ -54,7 +69,7 @@ class AgentFs:
         base = os.path.join(self.root, hashlib.sha256(source.encode()).hexdigest()[:16])
         mount = os.path.join(base, MOUNT_DIR)
         idmap.unmount(mount)  # a crashed plane's overlay: its source may have changed since
-        for d in (self.root, base, os.path.join(base, EMPTY_DIR), mount):
+        for d in (MOUNT_ROOT, self.root, base, os.path.join(base, EMPTY_DIR), mount):
             os.makedirs(d, exist_ok=True)
             os.chmod(d, 0o755)  # runc binds from inside the guest's user namespace: it must traverse
         link = os.path.join(base, SOURCE_LINK)
