@@ -32,7 +32,9 @@ class AgentFs:
     def __init__(self, state_dir: str) -> None:
         self.root = os.path.join(MOUNT_ROOT, hashlib.sha256(os.path.abspath(state_dir).encode()).hexdigest()[:12])
         self._mounted: dict = {}          # source dir -> its overlay's mount point
+        self._binds: dict = {}            # the binds asked for -> the binds from the overlays (every boot asks)
         self._lock = threading.Lock()      # boots prepare their binds in threads
+        self._closed = False
         self._sweep()
 
     def _sweep(self) -> None:
@@ -48,17 +50,24 @@ class AgentFs:
 
     def binds(self, binds: list) -> list:
         """[(host path, guest path)] -> the same binds, each from a read-only overlay of its source's directory."""
+        key = tuple(binds)
+        cached = self._binds.get(key)
+        if cached is not None:
+            return cached
         out = []
         for host, guest in binds:
             if os.path.isdir(host):
                 out.append((self._overlay(host), guest))
             else:  # a file: bound from the overlay of its directory
                 out.append((os.path.join(self._overlay(os.path.dirname(host)), os.path.basename(host)), guest))
+        self._binds[key] = out
         return out
 
     def _overlay(self, source: str) -> str:
         source = os.path.realpath(source)
         with self._lock:
+            if self._closed:  # the plane is shutting down (a mount made now would outlive it)
+                raise AgentFsError("the plane is shutting down: no new guest")
             mount = self._mounted.get(source)
             if mount is None:
                 mount = self._mount(source)
@@ -88,6 +97,7 @@ class AgentFs:
     def close(self) -> None:
         """Unmount every overlay (lazily: running guests keep their own binds of them)."""
         with self._lock:
-            mounts, self._mounted = list(self._mounted.values()), {}
+            self._closed = True
+            mounts, self._mounted, self._binds = list(self._mounted.values()), {}, {}
         for mount in mounts:
             idmap.unmount(mount)

@@ -166,8 +166,9 @@ class GuestManager:
 
     def _find_hostlib(self):
         self.code.compile_package()
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
+        with contextlib.suppress(OSError, subprocess.SubprocessError, AgentFsError):
             self._hostlib = self.code.hostlib(self.state_dir)
+            self._agentfs.binds(self.code.binds(self._hostlib))  # mounted now, not in the first boot
 
     # ------------------------------------------------------------ helpers
 
