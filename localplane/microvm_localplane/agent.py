@@ -45,7 +45,7 @@ import grpc  # noqa: E402
 from . import agentarchive  # noqa: E402
 from .agentarchive import tar_stream  # noqa: E402
 from .baseimage import ACCOUNT_PASSWORD_VARS  # noqa: E402
-from .beneath import DIR, MISSING, Outside, TooLong, Walk, check_lengths  # noqa: E402
+from .beneath import DIR, MISSING, Outside, TooLong, Walk, check_lengths, open_beneath  # noqa: E402
 from .pb import pb2, pb2_grpc  # noqa: E402
 
 WORKSPACE = "/workspace"
@@ -422,8 +422,7 @@ class AgentService(pb2_grpc.SandboxAgentServiceServicer):
         try:
             parent = walk.parent_fd(target)
             tmp = ".%s.upload-%s" % (name[:100], os.urandom(6).hex())
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                         dir_fd=parent)
+            fd = open_beneath(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, parent, 0o600)
         except OSError as e:
             raise oserror_refusal(e, header.path)
         try:
@@ -452,8 +451,7 @@ class AgentService(pb2_grpc.SandboxAgentServiceServicer):
         spool_dir = [e.fd for e in target.entries if e.kind == DIR and e.fd is not None][-1]
         try:
             tmp = ".upload-archive-%s" % os.urandom(6).hex()
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                         dir_fd=spool_dir)
+            fd = open_beneath(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, spool_dir, 0o600)
             os.unlink(tmp, dir_fd=spool_dir)
         except OSError as e:
             raise oserror_refusal(e, given)
@@ -500,8 +498,8 @@ class AgentService(pb2_grpc.SandboxAgentServiceServicer):
                                   'is a directory (use as_archive): "%s"' % request.path)
                 try:
                     # O_NOFOLLOW: the name checked is the file read; O_NONBLOCK: a FIFO cannot hang the agent.
-                    fd = os.open(target.final.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                                 dir_fd=walk.parent_fd_existing(target))
+                    fd = open_beneath(target.final.name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC,
+                                      walk.parent_fd_existing(target))
                 except OSError as e:
                     raise oserror_refusal(e, request.path)
                 f = os.fdopen(fd, "rb")
@@ -596,15 +594,23 @@ def record_pid(run_dir=RUN_DIR):
         pass
 
 
+def split_passwords(env: dict) -> tuple:
+    """The session env -> (the commands' part, the account passwords). The passwords are consumed at boot
+    (set_passwords) and never reach a command's environment: a command run as the unprivileged user would
+    otherwise read root's password there, and `su` would make it root."""
+    passwords = {var: env[var] for var, _user in ACCOUNT_PASSWORD_VARS if var in env}
+    return {k: v for k, v in env.items() if k not in passwords}, passwords
+
+
 def serve(listen=LISTEN):
-    env = session_env()
+    env, passwords = split_passwords(session_env())
     try:
         os.makedirs(HOME, exist_ok=True)
     except OSError:
         pass  # the guest may have replaced its home with anything; commands still run
     accounts_ready = threading.Event()
-    if any(env.get(var) for var, _user in ACCOUNT_PASSWORD_VARS):
-        threading.Thread(target=set_passwords, args=(env, accounts_ready), daemon=True).start()
+    if any(passwords.values()):
+        threading.Thread(target=set_passwords, args=(passwords, accounts_ready), daemon=True).start()
     else:
         accounts_ready.set()
     server = build_server(listen, env, accounts_ready=accounts_ready)

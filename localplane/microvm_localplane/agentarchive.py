@@ -14,7 +14,7 @@ import posixpath
 import stat
 import tarfile
 
-from .beneath import DIR, FILE, LINK, MISSING, Entry, TooLong, Walk, check_lengths
+from .beneath import DIR, FILE, LINK, MISSING, Entry, TooLong, Walk, check_lengths, open_beneath
 
 LIMITS_FILE = "agent-limits.json"   # in the guest's run dir, written by the plane (`up --archive-max-*`)
 # The platform documents 50 GiB as the largest transfer; it documents no member count.
@@ -242,7 +242,7 @@ def extract(tar, members, target, given, walk):
 
 
 def _write_file(tar, m, parent, tmp):
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent)
+    fd = open_beneath(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, parent, 0o600)
     with os.fdopen(fd, "wb") as out:
         src = tar.extractfile(m)
         if src is not None:
@@ -302,7 +302,7 @@ def file_payload(dir_fd, name, size):
     """Exactly `size` bytes then tar padding, even if the file changes (or is swapped for a link) while it is read."""
     sent = 0
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        fd = open_beneath(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd)
         with os.fdopen(fd, "rb") as f:
             while sent < size:
                 data = f.read(min(READ_SIZE, size - sent))

@@ -11,6 +11,7 @@ import binascii
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import posixpath
 import shutil
@@ -23,6 +24,8 @@ from . import contract
 from .bridge import pipe
 from .httputil import ApiFailure
 from .pb import pb2, pb2_grpc
+
+log = logging.getLogger("microvm_localplane.agentrpc")
 
 GRPC_TO_HTTP = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -225,11 +228,25 @@ async def download(guest, request, start_response):
             if e.code() == grpc.StatusCode.INTERNAL and "404" in (e.details() or ""):
                 raise ApiFailure(404, "download failed: %s" % e.details())
             raise rpc_failure(e, "download")
+        if first.WhichOneof("output") == "header" and first.header.size_bytes > contract.MAX_DOWNLOAD_BYTES:
+            call.cancel()
+            raise ApiFailure(413, "%s is %d bytes; the REST download streams at most %d bytes "
+                                  "(contract.MAX_DOWNLOAD_BYTES): fetch it over the guest agent (microvm.sandbox.agent "
+                                  "connection) or split it" % (json.dumps(path), first.header.size_bytes,
+                                                               contract.MAX_DOWNLOAD_BYTES))
         response = await start_response()
+        sent = 0
         try:
             frame = first
             while True:
                 if frame.WhichOneof("output") == "chunk":
+                    sent += len(frame.chunk)
+                    if sent > contract.MAX_DOWNLOAD_BYTES:
+                        # an archive past the bound (its size is known only as it is made): cut, no footer
+                        log.warning("download of %s cut at %d bytes (contract.MAX_DOWNLOAD_BYTES)",
+                                    json.dumps(path), contract.MAX_DOWNLOAD_BYTES)
+                        call.cancel()
+                        return response
                     digest.update(frame.chunk)
                     await response.write(frame.chunk)
                 try:

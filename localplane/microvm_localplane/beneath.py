@@ -7,15 +7,19 @@ same rules as the kernel and realpath: relative to the link's directory, absolut
 caller gets the fd of the directory that was checked: the openat/mkdirat/renameat/symlinkat that follow happen in
 that very directory, whatever happens to the names meanwhile.
 
-Why not openat2(RESOLVE_BENEATH): it refuses every absolute symbolic link, also one that points inside /workspace,
-which the contract's confinement (resolve as the guest does, then check) accepts; this walk gives realpath's answers
-and needs no kernel feature.
+Why not one openat2(RESOLVE_BENEATH) for the whole path: it refuses every absolute symbolic link, also one that
+points inside /workspace, which the contract's confinement (resolve as the guest does, then check) accepts; this walk
+gives realpath's answers. Each single step, though, is an openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+RESOLVE_NO_MAGICLINKS) where the kernel has it (Linux 5.6+, called through ctypes): the kernel itself then refuses to
+leave the held directory or to follow any link, whatever name reaches it; where it has not, openat(O_NOFOLLOW) of a
+name without "/" is the same step (`open_beneath`).
 
 An `overlay` (logical path tuple -> Entry) lets the archive planner resolve names against "the existing tree plus
 what the archive will have created", before anything is written.
 """
 import errno
 import os
+import struct
 from collections import deque
 
 NAME_MAX_DEFAULT = 255
@@ -24,6 +28,50 @@ MAX_LINKS = 40         # symbolic links followed in one resolution (Linux's limi
 DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 DIR, FILE, LINK, MISSING = "dir", "file", "link", "missing"
+
+SYS_OPENAT2 = 437      # the same number on every architecture (asm-generic table)
+RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
+RESOLVE_STEP = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
+_openat2 = None        # the libc syscall() entry once openat2 is known to work; False when the kernel lacks it
+
+
+def _probe_openat2():
+    """syscall() when this kernel (and the guest's seccomp profile) has openat2, else False."""
+    global _openat2
+    if _openat2 is None:
+        try:
+            import ctypes  # here, not at the top: the agent's boot needs no ctypes, only its first transfer
+            call = ctypes.CDLL(None, use_errno=True).syscall
+            call.restype = ctypes.c_long
+            how = struct.pack("QQQ", os.O_PATH | os.O_CLOEXEC, 0, RESOLVE_STEP)
+            fd = call(SYS_OPENAT2, ctypes.c_int(-100), b".", how, ctypes.c_size_t(len(how)))
+            if fd >= 0:
+                os.close(fd)
+            _openat2 = call if fd >= 0 or ctypes.get_errno() not in (errno.ENOSYS, errno.EPERM) else False
+        except (OSError, AttributeError):
+            _openat2 = False
+    return _openat2
+
+
+def open_beneath(name: str, flags: int, dir_fd: int, mode: int = 0o777) -> int:
+    """Open the one entry `name` of the directory `dir_fd`, never through a symbolic link -> fd.
+
+    openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS) where the kernel has it: a name that
+    tried to leave dir_fd (`..`, an absolute path) is EXDEV and any link on the way ELOOP, by the kernel's own
+    check. Elsewhere openat(O_NOFOLLOW), which is the same for a name without "/" (the only kind passed here).
+    """
+    if "/" in name or name in ("", ".."):
+        raise OSError(errno.EXDEV, "not a single name below its directory", name)
+    call = _probe_openat2()
+    if not call:
+        return os.open(name, flags | os.O_NOFOLLOW, mode, dir_fd=dir_fd)
+    how = struct.pack("QQQ", flags | os.O_NOFOLLOW, mode if flags & os.O_CREAT else 0, RESOLVE_STEP)
+    import ctypes
+    fd = call(SYS_OPENAT2, ctypes.c_int(dir_fd), os.fsencode(name), how, ctypes.c_size_t(len(how)))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), name)
+    return fd
 
 
 class Outside(Exception):
@@ -130,11 +178,11 @@ class Walk:
         if parent.fd is None:  # below something missing or not a directory
             return Entry(name, MISSING)
         try:
-            return Entry(name, DIR, fd=self._track(os.open(name, DIR_FLAGS, dir_fd=parent.fd)))
+            return Entry(name, DIR, fd=self._track(open_beneath(name, DIR_FLAGS, parent.fd)))
         except FileNotFoundError:
             return Entry(name, MISSING)
         except OSError as e:
-            if e.errno != errno.ENOTDIR:
+            if e.errno not in (errno.ENOTDIR, errno.ELOOP):  # a file, or a link (openat2 says ELOOP)
                 raise
         try:
             return Entry(name, LINK, link=os.readlink(name, dir_fd=parent.fd))
@@ -199,15 +247,16 @@ class Walk:
                 os.mkdir(e.name, mode, dir_fd=fd)
             except FileExistsError:
                 pass  # created meanwhile: opened with O_NOFOLLOW below, so a link put there is refused
-            fd = self._track(os.open(e.name, DIR_FLAGS, dir_fd=fd))
+            fd = self._track(open_beneath(e.name, DIR_FLAGS, fd))
             e.kind, e.fd = DIR, fd
         return fd
 
     def open_readable_dir(self, resolved):
         """An O_RDONLY fd of the final component (a directory), opened without following a link."""
-        parent = self.parent_fd_existing(resolved)
-        return self._track(os.open(resolved.final.name or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW |
-                                   os.O_CLOEXEC, dir_fd=parent))
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        if len(resolved.entries) == 1:  # "/" itself (never inside a boundary, but keep the walk total)
+            return self._track(os.open("/", flags))
+        return self._track(open_beneath(resolved.final.name, flags, self.parent_fd_existing(resolved)))
 
     def parent_fd_existing(self, resolved):
         if len(resolved.entries) == 1:

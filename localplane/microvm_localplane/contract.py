@@ -5,6 +5,7 @@ are our choices where the public record is silent; change them here when the
 platform publishes more.
 """
 import re
+import reprlib
 import secrets
 
 PREFIXES = ("/v2/agents", "/v2/harness-runtime")
@@ -56,6 +57,9 @@ PATCH_SESSION_KEYS = frozenset(["resume_on_topoff"])
 QUERY_TRUE = frozenset(["1", "t", "T", "TRUE", "true", "True"])
 QUERY_FALSE = frozenset(["0", "f", "F", "FALSE", "false", "False"])
 MAX_BODY_BYTES = 1024 * 1024
+# Decision: a YAML body's nodes once its aliases are expanded (the largest spec the other bounds allow has a few
+# thousand); past this it is refused, so an alias bomb never becomes a structure of billions of nodes.
+MAX_YAML_NODES = 20_000
 # Agent Adapters page: the values of `agent`.
 ADAPTERS = ("codex", "claude-code", "opencode", "hermes", "langgraph", "codex-agentapi", "custom")
 # The one adapter the local plane can run: `custom` ("a container image you supply"), a bare sandbox.
@@ -140,6 +144,12 @@ EXEC_STREAM_CAP = 1024 * 1024
 EXEC_DEFAULT_TIMEOUT = 60
 EXEC_MAX_TIMEOUT = 240
 MAX_UPLOAD_BYTES = 500 * 1024 * 1024
+# Decision: the REST download streams at most this much payload. The platform's streaming path "supports" about
+# 50 MiB; larger payloads go through staged, object-storage-backed transfers (pydo create_session_workspace_transfer),
+# which the local plane does not offer. A file over it is a 413 before anything is sent; an archive (whose size is
+# known only as it is made: a sparse 3 GiB file is 3 GiB of tar) is cut there, without the footer, which clients
+# treat as a failed transfer.
+MAX_DOWNLOAD_BYTES = 50 * 1024 * 1024
 TRANSFER_ROOT = "/workspace"
 DEFAULT_WORKDIR = "/workspace"
 DOWNLOAD_FOOTER_MAGIC = b"DOWSSHA1"
@@ -172,17 +182,36 @@ def parse_status_filter(value):
     return s if s in STATUSES else None
 
 
+SHOWN_MAX = 80   # characters of a submitted value an error message echoes
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxdict, _SHOWN.maxlist, _SHOWN.maxtuple, _SHOWN.maxset = 2, 4, 4, 4, 4
+_SHOWN.maxstring = _SHOWN.maxother = _SHOWN.maxlong = SHOWN_MAX
+
+
+def shown(value) -> str:
+    """A submitted value as an error message may echo it: repr-like, at most about SHOWN_MAX characters.
+
+    Never `%r` of a value from a request: a YAML body's aliases can make a 361-byte document a structure whose
+    repr is gigabytes, and a 1 MiB string is no better in a message. reprlib stops at a few levels and items
+    without walking the rest.
+    """
+    text = _SHOWN.repr(value)
+    return text if len(text) <= SHOWN_MAX + 10 else text[:SHOWN_MAX] + "..."
+
+
 def name_problem(name, what="session"):
     """Why a name breaks the platform's rules, or None when it is fine."""
     if name is None or name == "":
         return "%s name is required: 1-64 characters of [A-Za-z0-9._-]" % what
     if not isinstance(name, str):
-        return "%s name must be a string (quote it), got %s %r" % (what, type(name).__name__, name)
+        return "%s name must be a string (quote it), got %s %s" % (what, type(name).__name__, shown(name))
     if len(name) > 64:
-        return "%s name %r is too long (%d characters, at most 64)" % (what, name[:80], len(name))
+        return "%s name %s is too long (%d characters, at most 64)" % (what, shown(name), len(name))
     if not NAME_RE.match(name):
-        return ("%s name %r is invalid: use 1-64 characters of [A-Za-z0-9._-], "
-                "starting and ending with a letter or digit" % (what, name))
+        return ("%s name %s is invalid: use 1-64 characters of [A-Za-z0-9._-], "
+                "starting and ending with a letter or digit" % (what, shown(name)))
     if UUID_RE.match(name):
         return "%s name %r is invalid: a name must not look like a UUID" % (what, name)
     return None

@@ -1,6 +1,7 @@
 """Validate the flat session create body (the environment spec) at least as strictly as the platform does."""
 from . import contract
 from .baseimage import ACCOUNT_PASSWORD_VARS
+from .contract import SHOWN_MAX, shown
 from .httputil import ApiFailure
 
 
@@ -13,13 +14,13 @@ def _string_map(doc, field):
         raise ApiFailure(400, "%s has %d entries; at most %d are accepted" % (field, len(values), contract.MAX_ENV_ENTRIES))
     for k, v in values.items():
         if not isinstance(k, str) or not contract.ENV_KEY_RE.match(k):
-            raise ApiFailure(400, "%s key %r is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)" % (field, k))
+            raise ApiFailure(400, "%s key %s is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)" % (field, shown(k)))
         if not isinstance(v, str):
             # Never echo a secret's value.
-            shown = "" if field == "secrets" else " %r" % (v,)
-            raise ApiFailure(400, "%s value of %s must be a string, got %s%s (quote it)" % (field, k, type(v).__name__, shown))
+            echoed = "" if field == "secrets" else " " + shown(v)
+            raise ApiFailure(400, "%s value of %s must be a string, got %s%s (quote it)" % (field, k[:SHOWN_MAX], type(v).__name__, echoed))
         if "\x00" in v:
-            raise ApiFailure(400, "%s value of %s contains a NUL byte" % (field, k))
+            raise ApiFailure(400, "%s value of %s contains a NUL byte" % (field, k[:SHOWN_MAX]))
         if k in dict(ACCOUNT_PASSWORD_VARS) and (not v or "\n" in v or "\r" in v):
             raise ApiFailure(400, "%s value of %s is a password of the guest's user %s: it must be one line, not empty"
                              % (field, k, dict(ACCOUNT_PASSWORD_VARS)[k]))
@@ -42,7 +43,7 @@ def parse_create(doc):
     if agent is None:
         raise ApiFailure(400, "agent is required: one of %s (custom is a bare sandbox)" % ", ".join(contract.ADAPTERS))
     if agent not in contract.ADAPTERS:
-        raise ApiFailure(400, "unknown agent %r: use one of %s" % (agent, ", ".join(contract.ADAPTERS)))
+        raise ApiFailure(400, "unknown agent %s: use one of %s" % (shown(agent), ", ".join(contract.ADAPTERS)))
     if agent not in contract.LOCAL_ADAPTERS:
         raise ApiFailure(400, "agent %r is a platform adapter the local control plane cannot run: use agent: custom "
                               "(a bare sandbox)" % (agent,))
@@ -51,30 +52,30 @@ def parse_create(doc):
     if persistent is None:
         persistent = False
     if not isinstance(persistent, bool):
-        raise ApiFailure(400, "persistent_workspace must be true or false, got %r" % (persistent,))
+        raise ApiFailure(400, "persistent_workspace must be true or false, got %s" % (shown(persistent),))
 
     template = doc.get("template", contract.DEFAULT_TEMPLATE)
     if template is None:
         template = contract.DEFAULT_TEMPLATE
     if not isinstance(template, str) or not template:
-        raise ApiFailure(400, "template must be a template name (a string), got %r" % (template,))
+        raise ApiFailure(400, "template must be a template name (a string), got %s" % (shown(template),))
 
     size = doc.get("size", contract.DEFAULT_SIZE)
     if size is None:
         size = contract.DEFAULT_SIZE
     if size not in contract.SIZE_SLUGS:
-        raise ApiFailure(400, "unknown size %r: use a slug of GET /v2/agents/sessions/sandbox/sizes (%s)"
-                         % (size, ", ".join(contract.SIZE_SLUGS)))
+        raise ApiFailure(400, "unknown size %s: use a slug of GET /v2/agents/sessions/sandbox/sizes (%s)"
+                         % (shown(size), ", ".join(contract.SIZE_SLUGS)))
 
     idle = contract.DEFAULT_IDLE_TIMEOUT_SECONDS
     if doc.get("idle_timeout") is not None:
         raw = doc["idle_timeout"]
         seconds = contract.parse_duration(raw) if isinstance(raw, str) else None
         if seconds is None:
-            raise ApiFailure(400, "idle_timeout must be a duration string such as \"600s\" or \"10m\", got %r" % (raw,))
+            raise ApiFailure(400, "idle_timeout must be a duration string such as \"600s\" or \"10m\", got %s" % (shown(raw),))
         if seconds != int(seconds) or not contract.MIN_IDLE_TIMEOUT_SECONDS <= seconds <= contract.MAX_IDLE_TIMEOUT_SECONDS:
-            raise ApiFailure(400, "idle_timeout %r must be a whole number of seconds between %ds and %ds" % (
-                raw, contract.MIN_IDLE_TIMEOUT_SECONDS, contract.MAX_IDLE_TIMEOUT_SECONDS))
+            raise ApiFailure(400, "idle_timeout %s must be a whole number of seconds between %ds and %ds" % (
+                shown(raw), contract.MIN_IDLE_TIMEOUT_SECONDS, contract.MAX_IDLE_TIMEOUT_SECONDS))
         idle = int(seconds)
 
     env = _string_map(doc, "env")
@@ -91,10 +92,10 @@ def parse_create(doc):
             raise ApiFailure(400, "egress lists %d hosts; at most %d are accepted" % (len(egress), contract.MAX_EGRESS_HOSTS))
         for host in egress:
             if not isinstance(host, str) or not contract.HOST_RE.match(host):
-                raise ApiFailure(400, "egress entry %r is not a host name" % (host,))
+                raise ApiFailure(400, "egress entry %s is not a host name" % (shown(host),))
         egress = [h.lower() for h in egress]
     else:
-        raise ApiFailure(400, "egress must be omitted, \"unrestricted\" or a list of hosts, got %r" % (egress,))
+        raise ApiFailure(400, "egress must be omitted, \"unrestricted\" or a list of hosts, got %s" % (shown(egress),))
 
     check_repos(doc.get("repos"))
 
@@ -114,8 +115,8 @@ def check_repos(repos):
         raise ApiFailure(400, "repos must be a list of GitHub repositories (owner/repo), got %s" % type(repos).__name__)
     for repo in repos:
         if not isinstance(repo, str) or not contract.REPO_RE.match(repo):
-            raise ApiFailure(400, "repos entry %r is not a GitHub repository: use owner/repo, for example "
-                                  "your-org/your-service" % (repo,))
+            raise ApiFailure(400, "repos entry %s is not a GitHub repository: use owner/repo, for example "
+                                  "your-org/your-service" % (shown(repo),))
     raise ApiFailure(400, "repos (%s): the local control plane has no network to clone GitHub repositories from, "
                           "so it refuses them rather than start a sandbox without the code; remove repos and put the "
                           "code into the sandbox yourself (microvm.sandbox.sync, or a workspace archive)"

@@ -31,7 +31,7 @@ from .freezer import GuestCgroup
 
 KiB = 1024
 REFRESH_SECONDS = 1.0
-DIR_NAME = "proc"            # in the session's host dir (rootfs.SessionLayout.host)
+DIR_NAME = "proc"            # on the session's own disk (SessionLayout.disk; its mountinfo root names no host path)
 WIDTH = 12                   # digits of every kB figure (fixed: in-place rewrites keep the length)
 MEMINFO_KEYS = ("MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "SwapCached", "Active", "Inactive",
                 "Shmem", "SwapTotal", "SwapFree")

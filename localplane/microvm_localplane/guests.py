@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 from . import baseimage, disk, guestproc, idmap, netns, oci, portdial
 from . import limits as limits_mod
 from . import rootfs as rootfs_mod
+from .agentfs import AgentFs, AgentFsError
 from .errors import DialError, GuestError
 from .freezer import GuestCgroup
 from .hostpaths import AGENT_LIB, HostPathsError, code_paths
@@ -158,19 +159,21 @@ class GuestManager:
         self._guests = {}
         self._locks = {}
         self._hostlib = None
+        self._agentfs = AgentFs(self.state_dir)
         self._starting = asyncio.Semaphore(BOOT_CONCURRENCY)
         # ldd over the agent's runtime takes seconds on a busy machine, and so does byte-compiling the agent's
         # modules: do both now, not in the first boot
         self._hostlib_ready = threading.Thread(target=self._find_hostlib, daemon=True)
         self._hostlib_ready.start()
         _become_subreaper()
-        self._proc_views = guestproc.Refresher(lambda: [(g._layout.host, g.limits, g._cgroup)
+        self._proc_views = guestproc.Refresher(lambda: [(g._layout.disk, g.limits, g._cgroup)
                                                         for g in list(self._guests.values()) if g.limits])
 
     def _find_hostlib(self):
         self.code.compile_package()
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
+        with contextlib.suppress(OSError, subprocess.SubprocessError, AgentFsError):
             self._hostlib = self.code.hostlib(self.state_dir)
+            self._agentfs.binds(self.code.binds(self._hostlib))  # mounted now, not in the first boot
 
     # ------------------------------------------------------------ helpers
 
@@ -285,8 +288,11 @@ class GuestManager:
         proc_env = {"PATH": LAUNCH_PATH, "LANG": "C.UTF-8", "HOME": "/root"}
         proc_env.update(self.code.env())
         binds = [(layout.workspace, rootfs_mod.WORKSPACE, False), (layout.run, rootfs_mod.GUEST_RUN_DIR, False)]
-        binds += [(h, g, True) for h, g in self.code.binds(hostlib)]
-        binds += guestproc.prepare(layout.host, limits)
+        try:  # from read-only overlays, so the guest's mountinfo shows no host path (agentfs.py)
+            binds += [(h, g, True) for h, g in self._agentfs.binds(self.code.binds(hostlib))]
+        except (AgentFsError, OSError) as e:
+            raise GuestError(str(e))
+        binds += guestproc.prepare(layout.disk, limits)  # from the session's disk: mountinfo shows /proc/<name>
         config = oci.config(rootfs=layout.merged, hostname=hostname, args=args, env=proc_env, ids=ids, binds=binds,
                             limits=limits, cgroups_path=self._cgroup(layout.session_id).runc_path,
                             tmp_size=limits.tmp, masked=self.code.masked_paths())
@@ -530,6 +536,7 @@ class GuestManager:
                 if SESSION_ID_RE.match(session_id) and not await asyncio.to_thread(self._running, session_id):
                     await asyncio.to_thread(disk.release, self._layout(session_id))
         self._guests.clear()
+        await asyncio.to_thread(self._agentfs.close)
 
 
 PLANE_LOG_MAX = 1 << 20     # the plane's notes about one guest: a few lines a boot; emptied past this

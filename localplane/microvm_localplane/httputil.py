@@ -47,6 +47,62 @@ async def read_limited(request, limit=contract.MAX_BODY_BYTES):
     return b"".join(chunks)
 
 
+class _TooManyNodes(Exception):
+    pass
+
+
+def _expanded_nodes(root: yaml.Node, limit: int) -> int:
+    """How many nodes the document has once every alias is expanded (a shared node counts once per use).
+
+    Sizes are memoized per node, so a billion-node alias bomb is counted in a few hundred steps; a node that
+    contains itself (an anchor used inside its own value) would expand forever and is refused too.
+    """
+    sizes: dict = {}
+    in_progress: set = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in in_progress:
+            raise _TooManyNodes("an anchor is used inside its own value (a recursive alias)")
+        in_progress.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        else:
+            children = ()
+        for child in children:
+            total += size(child)
+            if total > limit:
+                raise _TooManyNodes("it expands to more than %d nodes once its aliases are expanded" % limit)
+        in_progress.discard(key)
+        sizes[key] = total
+        return total
+
+    return size(root)
+
+
+def load_yaml(text: str, what: str):
+    """yaml.safe_load with the expansion of aliases bounded (contract.MAX_YAML_NODES): nested anchors make a body
+    of a few hundred bytes a structure of billions of nodes, which any later walk, copy or message would expand."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        try:
+            _expanded_nodes(node, contract.MAX_YAML_NODES)
+        except _TooManyNodes as e:
+            raise ApiFailure(400, "%s body refused: %s (the limit is %d nodes; write the values out instead of "
+                                  "using YAML anchors and aliases)" % (what, e, contract.MAX_YAML_NODES))
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def _refuse_constant(name):
     raise ValueError("%s is not JSON" % name)
 
@@ -68,7 +124,7 @@ def parse_body(raw, ctype, what):
             raise ApiFailure(400, "malformed %s body (JSON): %s" % (what, e))
     else:
         try:
-            doc = yaml.safe_load(text)
+            doc = load_yaml(text, what)
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = " at line %d column %d" % (mark.line + 1, mark.column + 1) if mark else ""

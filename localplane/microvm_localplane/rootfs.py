@@ -189,9 +189,15 @@ def mount_root(layout, lowers, ids):
             mapped.append(target)
     finally:
         os.close(ns)
-    opts = "lowerdir=%s,upperdir=%s,workdir=%s" % (
-        ":".join(mapped), check_mount_path(layout.upper("root")), check_mount_path(layout.work("root")))
-    proc = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, layout.merged],
+    # The overlay's options are what the guest's /proc/self/mountinfo shows of its root: names relative to the
+    # mount dir (links there to the upper and work dirs), never the host's paths of the state dir.
+    for name, target in (("upper", layout.upper("root")), ("work", layout.work("root"))):
+        link = os.path.join(layout.mount_dir, name)
+        if os.path.lexists(link):
+            os.unlink(link)
+        os.symlink(check_mount_path(target), link)
+    opts = "lowerdir=%s,upperdir=upper,workdir=work" % ":".join(os.path.basename(m) for m in mapped)
+    proc = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, layout.merged], cwd=layout.mount_dir,
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         unmount_root(layout)

@@ -24,6 +24,18 @@ default profiles (which allow-list instead; the effect on this list is the same)
   _sysctl, nfsservctl, lookup_dcookie, userfaultfd
 - personality flags that weaken memory protections (READ_IMPLIES_EXEC,
   MMAP_PAGE_ZERO, ADDR_COMPAT_LAYOUT, ADDR_NO_RANDOMIZE)
+- socket families other than AF_UNIX, AF_INET, AF_INET6, AF_NETLINK and
+  AF_PACKET (which the kernel then refuses for want of CAP_NET_RAW): socket()
+  and socketpair() answer EAFNOSUPPORT, as a kernel without the family would.
+  Docker's default profile refuses AF_VSOCK only (a guest must never reach the
+  host's vsock services); the rest (AF_ALG, AF_TIPC, AF_RDS, AF_XDP,
+  Bluetooth...) is kernel code a sandbox has no use for, and a classic route to
+  a kernel bug. The x86 `socketcall` multiplexer passes the family in memory,
+  where seccomp cannot read it, so its socket and socketpair calls are refused
+  the same way; the direct 32-bit calls are filtered by family like the 64-bit
+  ones. (Docker allows socketcall, which reaches AF_VSOCK from 32-bit code.) A
+  32-bit x86 program whose libc creates sockets through socketcall (glibc
+  built for kernels before 4.3) cannot create sockets in a guest.
 
 ptrace stays allowed: a guest only sees its own processes (PID namespace), and
 they all belong to its own user namespace, so nothing else can be traced.
@@ -58,6 +70,12 @@ DENIED = (
     "iopl", "ioperm", "vm86", "vm86old", "uselib", "ustat", "sysfs", "_sysctl", "nfsservctl", "lookup_dcookie",
 )
 
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, AF_PACKET = 1, 2, 10, 16, 17
+ALLOWED_SOCKET_FAMILIES = (AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, AF_PACKET)
+AF_MAX = 46             # Linux 6.x; every family at or above it is refused too, known or not
+EAFNOSUPPORT = 97
+SYS_SOCKET, SYS_SOCKETPAIR = 1, 8   # socketcall(2) call numbers
+
 # personality(2) flags a guest may not set.
 PERSONALITY_DENIED_FLAGS = (0x0400000, 0x0100000, 0x0200000, 0x0040000)
 
@@ -65,6 +83,27 @@ PERSONALITY_DENIED_FLAGS = (0x0400000, 0x0100000, 0x0200000, 0x0040000)
 def _masked(index, bits):
     """Matches when all `bits` are set in argument `index` (OCI: value = mask, valueTwo = expected)."""
     return {"index": index, "value": bits, "valueTwo": bits, "op": "SCMP_CMP_MASKED_EQ"}
+
+
+def socket_rules() -> list:
+    """socket(family, ...) and socketpair(family, ...): EAFNOSUPPORT unless the family is allowed.
+
+    With a default of "allow", each refused family is one rule (rules for one call are ORed; the arguments of
+    one rule are ANDed); the comparison is on the whole 64-bit argument, so a family with high bits set is caught
+    by the GE rule rather than truncated by the kernel into an allowed one.
+    """
+    refused = [f for f in range(AF_MAX) if f not in ALLOWED_SOCKET_FAMILIES]
+    rules = []
+    for name in ("socket", "socketpair"):
+        for family in refused:
+            rules.append({"names": [name], "action": "SCMP_ACT_ERRNO", "errnoRet": EAFNOSUPPORT,
+                          "args": [{"index": 0, "value": family, "op": "SCMP_CMP_EQ"}]})
+        rules.append({"names": [name], "action": "SCMP_ACT_ERRNO", "errnoRet": EAFNOSUPPORT,
+                      "args": [{"index": 0, "value": AF_MAX, "op": "SCMP_CMP_GE"}]})
+    for call in (SYS_SOCKET, SYS_SOCKETPAIR):
+        rules.append({"names": ["socketcall"], "action": "SCMP_ACT_ERRNO", "errnoRet": EAFNOSUPPORT,
+                      "args": [{"index": 0, "value": call, "op": "SCMP_CMP_EQ"}]})
+    return rules
 
 
 def profile():
@@ -78,6 +117,7 @@ def profile():
     for flag in PERSONALITY_DENIED_FLAGS:
         syscalls.append({"names": ["personality"], "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM,
                          "args": [_masked(0, flag)]})
+    syscalls += socket_rules()
     return {"defaultAction": "SCMP_ACT_ALLOW",
             "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
             "syscalls": syscalls}

@@ -205,7 +205,7 @@ class Sessions:
                 sorted(contract.PATCH_SESSION_KEYS)))
         value = doc["resume_on_topoff"]
         if not isinstance(value, bool):
-            raise ApiFailure(400, "resume_on_topoff must be true or false, got %r" % (value,))
+            raise ApiFailure(400, "resume_on_topoff must be true or false, got %s" % (contract.shown(value),))
         # Decision: the docs say terminal sessions cannot be patched, not with which status.
         if rec["status"] in (contract.DESTROYED, contract.FAILED):
             raise ApiFailure(409, "session %s is %s: a terminal session cannot be updated" % (

@@ -43,13 +43,13 @@ def parse_oci_ref(ref):
         registry, repo = first, remainder
     else:
         # No default registry: the platform builds from the team's own registry, so the host must be named.
-        raise ValueError("source_oci_ref %r names no registry host: use registry.example.com/repo:tag, "
-                         "localhost:5000/repo:tag or oci:/path/to/layout:tag" % ref)
+        raise ValueError("source_oci_ref %s names no registry host: use registry.example.com/repo:tag, "
+                         "localhost:5000/repo:tag or oci:/path/to/layout:tag" % contract.shown(ref))
     tag = ""
     if ":" in repo.rsplit("/", 1)[-1]:
         repo, tag = repo.rsplit(":", 1)
     if not repo or not all(part for part in repo.split("/")):
-        raise ValueError("source_oci_ref %r has no repository" % ref)
+        raise ValueError("source_oci_ref %s has no repository" % contract.shown(ref))
     if not tag and not digest:
         tag = "latest"
     source = "docker://%s/%s%s" % (registry, repo, ("@" + digest) if digest else (":" + tag))
@@ -131,7 +131,7 @@ class Templates:
         rec = self.by_name(name)
         if rec is None:
             known = ", ".join(sorted([contract.BUILTIN_TEMPLATE] + [r["name"] for r in self.store.templates.values()]))
-            raise ApiFailure(400, "unknown template %r: no template with that name exists (known: %s)" % (name, known))
+            raise ApiFailure(400, "unknown template %s: no template with that name exists (known: %s)" % (contract.shown(name), known))
         if rec.get("builtin"):
             note = self.base_pending()
             return {"kind": "base", "path": None}, [note] if note else []
@@ -154,7 +154,7 @@ class Templates:
         if base is None or base == "":
             raise ApiFailure(400, "base_template is required: one of %s" % ", ".join(contract.BASE_TEMPLATES))
         if base_rootfs(base) is None:
-            raise ApiFailure(400, "unknown base_template %r: use one of %s" % (base, ", ".join(contract.BASE_TEMPLATES)))
+            raise ApiFailure(400, "unknown base_template %s: use one of %s" % (contract.shown(base), ", ".join(contract.BASE_TEMPLATES)))
         return base
 
     def create(self, doc):

@@ -353,18 +353,19 @@ def test_only_the_agent_runtime_of_the_host_is_visible(plane, attacker):
     assert listing[top + "/lib/google"] == ["_upb", "protobuf"]
     for sub in ("site-packages", "dist-packages"):
         assert listing.get("%s/python/lib/%s/%s" % (top, version, sub), []) == []  # the host's installed packages
-    # every mount there is one of the runtime's own paths on the host: nothing else of the host's home or /usr
-    allowed = {os.path.realpath(h) for h, _g in code.binds(plane.manager._hostlib)}
-    # (mountinfo's root is the path inside the source's file system: the tail of the host path)
-    sources = {src for _dst, src, fstype in view["mounts"] if fstype != "tmpfs"}
-    assert sources and "/" not in sources, view
-    stray = sorted(src for src in sources if not any(a.endswith(src) for a in allowed))
-    assert not stray, stray
+    # every mount there is exactly one of the runtime's own binds, each from a read-only overlay of its source
+    # (agentfs.py): its root in that file system is "/" (a directory) or the bound file's name, never a host path
+    binds = code.binds(plane.manager._hostlib)
+    expected = {g: "/" if os.path.isdir(h) else "/" + os.path.basename(h) for h, g in binds}
+    mounted = {dst: src for dst, src, fstype in view["mounts"] if fstype != "tmpfs"}
+    assert mounted == expected, view["mounts"]
+    assert all(fstype in ("overlay", "tmpfs") for _dst, _src, fstype in view["mounts"]), view["mounts"]
     masks = [dst for dst, _src, fstype in view["mounts"] if fstype == "tmpfs"]
     assert all(dst.endswith(("/site-packages", "/dist-packages")) for dst in masks), masks
+    # and no source is a whole prefix: each is a path of the runtime itself
     home = os.path.expanduser("~")
-    for src in sources:
-        assert src not in ("/usr", "/usr/lib", "/usr/local", home, os.path.realpath(sys.base_prefix)), src
+    for h, _g in binds:
+        assert os.path.realpath(h) not in ("/usr", "/usr/lib", "/usr/local", home, os.path.realpath(sys.base_prefix)), h
 
 
 # ------------------------------------------------------------------ the host's disk, through PID 1's output

@@ -224,6 +224,22 @@ options:
     ini:
       - section: microvm_agent_connection
         key: mux_processes
+  max_output_bytes:
+    description:
+      - The most output (stdout and stderr together) of one command that a task holds in memory. A command that
+        prints more is stopped in the sandbox and the task fails naming this option; V(0) means no limit.
+      - Output from a sandbox is untrusted, and Ansible keeps several copies of a task's output, so without a
+        limit a command printing gigabytes would take the controller's memory. Send big output to a file in
+        the sandbox and fetch it (M(ansible.builtin.fetch)) instead.
+    type: int
+    default: 67108864
+    env:
+      - name: MICROVM_MAX_OUTPUT_BYTES
+    vars:
+      - name: ansible_microvm_max_output_bytes
+    ini:
+      - section: microvm_agent_connection
+        key: max_output_bytes
   validate_certs:
     description:
       - Whether to verify the TLS certificate of O(api_url) (REST and WebSocket).
@@ -602,9 +618,14 @@ class Connection(ConnectionBase):
 
     def _mux_client(self, cfg):
         session = cfg.session
+        max_output = int(self.get_option("max_output_bytes") or 0)
+        if max_output < 0:
+            raise AnsibleError("microvm.sandbox.agent: max_output_bytes must be 0 (no limit) or a number of bytes, "
+                               "got %d" % max_output)
         return MuxClient(os.path.expanduser(self.get_option("mux_dir")), cfg,
                          pool_size=int(self.get_option("mux_processes") or 0) or DEFAULT_POOL_SIZE,
-                         log=lambda msg: display.vvvv(msg, host=session))
+                         log=lambda msg: display.vvvv(msg, host=session),
+                         max_output=max_output)
 
     # -- the requested user ------------------------------------------------------------------
     def _requested_user(self):

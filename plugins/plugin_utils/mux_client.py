@@ -20,7 +20,7 @@ import threading
 import time
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import DEFAULT_POOL_SIZE, ProcessConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import DEFAULT_MAX_OUTPUT, DEFAULT_POOL_SIZE, ProcessConfig
 
 MUX_MODULE = "ansible_collections.microvm.sandbox.plugins.plugin_utils.mux"
 PYTHON_START_GRACE = 20.0  # python + grpc start-up on a loaded machine, on top of connect_timeout
@@ -73,8 +73,9 @@ class InteractTimeout(Exception):
 class MuxClient:
     """One connection to the mux serving `session`, started on demand and attached to that session."""
 
-    def __init__(self, base_dir, session, pool_size=DEFAULT_POOL_SIZE, log=None):
+    def __init__(self, base_dir, session, pool_size=DEFAULT_POOL_SIZE, log=None, max_output=DEFAULT_MAX_OUTPUT):
         self.session = session  # a SessionConfig
+        self.max_output = max_output  # bytes of one command's stdout + stderr held in memory; 0 = no limit
         self.key = session.key
         self.base_dir = base_dir
         self.slot = mp.pool_slot(self.key, pool_size)
@@ -344,10 +345,10 @@ class MuxClient:
                 finally:
                     if sock.gettimeout() is not None and self.sock is sock:
                         sock.settimeout(None)
-                if kind == mp.STDOUT:
-                    out += payload
-                elif kind == mp.STDERR:
-                    err += payload
+                if kind in (mp.STDOUT, mp.STDERR):
+                    (out if kind == mp.STDOUT else err).extend(payload)
+                    if self.max_output and len(out) + len(err) > self.max_output:
+                        self._output_over_limit(len(out) + len(err))
                 elif kind == mp.EXIT:
                     return payload.get("rc"), bytes(out), bytes(err), payload
                 elif kind == mp.ERROR:
@@ -372,6 +373,16 @@ class MuxClient:
                     pass
             for t in sender:
                 t.join()
+
+    def _output_over_limit(self, held):
+        """A command printed more than this task may hold in memory: hang up (the mux stops the command in the
+        guest, as for a task timeout) and fail naming the limit and how to change it."""
+        self.close()
+        raise mp.MuxError(mp.ERR_FAILED, "the command on session %s printed more than %d bytes (%d held), the most "
+                          "one task keeps in memory (option max_output_bytes of the microvm.sandbox.agent connection: "
+                          "MICROVM_MAX_OUTPUT_BYTES or ansible_microvm_max_output_bytes, 0 for no limit); it was "
+                          "stopped. Send big output to a file in the sandbox and fetch it instead"
+                          % (self.session.session, self.max_output, held))
 
     def warm(self, interpreter, env, payload, run=None):
         """Run a pipelined module payload in the session's warm runner; like exec().

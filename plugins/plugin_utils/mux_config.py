@@ -15,6 +15,9 @@ from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
 
 DEFAULT_POOL_SIZE = min(os.cpu_count() or 1, 4)
+# The most stdout + stderr of one command a task holds in memory (option max_output_bytes): a guest printing
+# 200 MB took the task's process to 838 MB, as Ansible copies and decodes the output several times over.
+DEFAULT_MAX_OUTPUT = 64 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True)

@@ -247,3 +247,50 @@ def test_a_guest_password_that_is_not_one_line_is_400_naming_the_variable_not_th
     message = error_message(resp)
     assert "SANDBOX_ROOT_PASSWORD" in message and "root" in message
     assert not value or value not in message
+
+
+def _alias_bomb(levels=9, width=9):
+    """Nested anchors: each level a list of `width` aliases of the one before, so width**levels leaves."""
+    names = "abcdefghijklmnop"
+    parts = ["&a [%s]" % ",".join(["lol"] * width)]
+    for i in range(1, levels):
+        parts.append("&%s [%s]" % (names[i], ",".join(["*" + names[i - 1]] * width)))
+    return "name: [%s]\nagent: custom\n" % ", ".join(parts)
+
+
+@local_only
+def test_a_yaml_alias_bomb_is_a_small_400_naming_the_bound(api):
+    """A few hundred bytes expanding to 387 million nodes: refused before anything walks or echoes the value."""
+    body = _alias_bomb()
+    assert len(body) <= 361
+    resp = api.create(body)
+    assert resp.status_code == 400, resp.text[:300]
+    assert len(resp.content) < 2048
+    message = error_message(resp)
+    assert "aliases" in message and "20000 nodes" in message, message
+    # and the plane still answers
+    assert api.create("name: %s\nagent: [unknown]\n" % unique()).status_code == 400
+
+
+@local_only
+def test_a_recursive_yaml_alias_is_a_400(api):
+    resp = api.create("name: &a [x, *a]\nagent: custom\n")
+    assert resp.status_code == 400 and "recursive alias" in error_message(resp), resp.text[:300]
+
+
+def test_a_benign_yaml_alias_is_still_accepted(api):
+    name = unique()
+    resp = api.create("name: &n %s\nagent: custom\nenv: {SESSION_NAME: *n}\n" % name)
+    assert resp.status_code in (200, 201), resp.text
+    api.call("DELETE", "/sessions/%s" % resp.json()["session"]["session_id"])
+
+
+@local_only
+@pytest.mark.parametrize("field", ["name", "template", "size", "idle_timeout", "egress", "repos", "agent"])
+def test_an_echoed_value_is_bounded(api, field):
+    """A 100 KB value (or a large list) in a field whose error names the value: the message quotes a bounded part."""
+    doc = {"name": unique(), "agent": "custom"}
+    doc[field] = ["x" * 1000] * 100 if field in ("egress", "repos") else "x" * 100_000
+    resp = api.create(doc)
+    assert resp.status_code == 400, resp.text[:300]
+    assert len(error_message(resp)) < 600, error_message(resp)[:300]

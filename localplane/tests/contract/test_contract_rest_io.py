@@ -7,7 +7,9 @@ import uuid
 
 import pytest
 
-from contract_support import error_message
+from contract_support import error_message, local_only
+
+from microvm_localplane.contract import MAX_DOWNLOAD_BYTES
 
 FOOTER = 73
 
@@ -140,3 +142,35 @@ def test_upload_over_500_mib_is_413(plane, sandbox):
     resp = conn.getresponse()
     assert resp.status == 413
     conn.close()
+
+
+@local_only
+def test_a_sparse_file_over_the_download_bound_is_413_before_any_byte(api, sandbox):
+    """A 3 GiB sparse file (no blocks on the guest's disk): the REST download answers 413 naming the bound."""
+    sid = sandbox["session_id"]
+    assert exec_(api, sid, {"argv": ["sh", "-c", "mkdir -p /workspace/sparse && truncate -s 3G /workspace/sparse/big"]}
+                 ).json()["exit_code"] == 0
+    resp = api.call("GET", "/sessions/%s/workspace/download" % sid,
+                    params={"path": "/workspace/sparse/big", "as_archive": "false"}, stream=True)
+    assert resp.status_code == 413, resp.status_code
+    assert "MAX_DOWNLOAD_BYTES" in error_message(resp) and "3221225472" in error_message(resp)
+
+
+@local_only
+def test_an_archive_over_the_download_bound_is_cut_without_its_footer(api, sandbox):
+    """The same file as a tar (as_archive): the stream stops at the bound, without the footer a client checks."""
+    sid = sandbox["session_id"]
+    exec_(api, sid, {"argv": ["sh", "-c", "mkdir -p /workspace/sparse && truncate -s 3G /workspace/sparse/big"]})
+    resp = api.call("GET", "/sessions/%s/workspace/download" % sid,
+                    params={"path": "/workspace/sparse", "as_archive": "true"}, stream=True)
+    assert resp.status_code == 200
+    received = 0
+    tail = b""
+    for chunk in resp.iter_content(1 << 20):
+        received += len(chunk)
+        tail = (tail + chunk)[-FOOTER:]
+        assert received <= MAX_DOWNLOAD_BYTES + FOOTER, "streamed past the bound"
+    assert received <= MAX_DOWNLOAD_BYTES
+    assert not tail.startswith(b"DOWSSHA1"), "a cut archive must not carry a valid-looking footer"
+    # the session still serves
+    assert exec_(api, sid, {"argv": ["true"]}).json()["exit_code"] == 0
