@@ -71,14 +71,22 @@ STATUS_ALL = STATUS_PREFIX + "ALL"
 def list_status_filter(statuses):
     """The `status` query of a session list that returns every session in `statuses` (a set of short names).
 
-    One status is asked for by name; several, or none (None = every session), need SESSION_STATUS_ALL
-    whenever one of them is hidden by default, else the default listing has them all.
+    None (no statuses) is the platform's default listing, which hides DESTROYED and FAILED sessions. One status
+    is asked for by name; several need SESSION_STATUS_ALL when one of them is hidden by default.
     """
-    if statuses is not None and len(statuses) == 1:
+    if statuses is None:
+        return None
+    if len(statuses) == 1:
         return STATUS_PREFIX + next(iter(statuses))
-    if statuses is None or set(statuses) & HIDDEN_BY_DEFAULT:
-        return STATUS_ALL
-    return None
+    return STATUS_ALL if set(statuses) & HIDDEN_BY_DEFAULT else None
+
+
+def hitl_rejected_message(session):
+    """Why a command came back `hitl_rejected`, and what to change."""
+    return ("the command on session %s was held for human approval and rejected (hitl_rejected): the session's "
+            "permission policy asks before running it. permissions.default resolves to ask when omitted; create "
+            "the session with permissions: {default: allow} (option permissions of microvm.sandbox.session), or "
+            "rules that allow the commands your tasks run" % session)
 
 
 def token_destination_problem(api_url, token):

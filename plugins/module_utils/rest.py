@@ -533,7 +533,7 @@ class ApiClient(object):
             try:
                 return self.get_checkpoint(session_id, checkpoint_id)
             except ApiError as e:
-                if e.gone:
+                if e.gone or e.status == 400:  # no such id, or a value the platform refuses as one (a label)
                     return None
                 raise
         # The list is newest first, so the first match is the newest one.
