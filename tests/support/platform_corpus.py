@@ -107,6 +107,8 @@ def match(examples: List[Example], method: str, route: str) -> Optional[tuple]:
     found = []
     for op, exs in operations(examples).items():
         ex = exs[0]
+        if ex.status >= 400:
+            continue  # an error example shows the error shape, not an operation
         if ex.method != method.upper():
             continue
         m = route_regex(ex.route).match(route)
