@@ -109,8 +109,9 @@ options:
     elements: str
   permissions:
     description:
-      - The spec's permission policy (U(https://docs.digitalocean.com/products/managed-agents/agent-harness-runtime/concepts/permissions/)):
-        what the sandbox's agent may do without asking, what waits for a person's approval and what is refused.
+      - The spec's permission policy, which decides what the sandbox's agent may do without asking, what waits for
+        a person's approval and what is refused
+        (U(https://docs.digitalocean.com/products/managed-agents/agent-harness-runtime/concepts/permissions/)).
       - An omitted O(permissions.default) resolves to V(ask) on the platform, so a command can be held for approval;
         a command nobody approves ends rejected (C(hitl_rejected)), and a task that ran it fails naming this setting.
         A sandbox driven by Ansible has nobody to approve, so give it V(allow) (or rules that allow what its tasks

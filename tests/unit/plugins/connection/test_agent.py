@@ -37,7 +37,7 @@ def test_defaults(conn):
     assert conn.has_pipelining and conn.get_option("pipelining") is True
     assert conn.is_pipelining_enabled()
     assert conn.get_option("remote_addr") == "my-session"
-    assert conn.get_option("route_prefix") == "/v2/agents"
+    assert conn.get_option("route_prefix") == "/v2/harness-runtime"
     assert conn.get_option("agent_port") == 8443
     assert conn.get_option("scratch_dir") == "/workspace/.scratch"
     assert conn.get_option("command_timeout") == 0
