@@ -36,9 +36,9 @@ options:
       - Only sessions in one of these statuses, given as short names (V(READY)) or in full (V(SESSION_STATUS_READY)),
         in any case.
       - V(usable) stands for V(READY) and V(DETACHED); V(gone) for V(DESTROYING), V(DESTROYED) and V(FAILED).
-      - When not set, what the platform lists by default: every session but V(DESTROYED) and V(FAILED) ones, which
-        the platform hides unless asked for (U(https://docs.digitalocean.com/reference/pydo/reference/harness/list_sessions/)).
-        Name them (or V(gone)) to see them.
+      - When not set, the platform's default listing, which is every session but the V(DESTROYED) and V(FAILED)
+        ones (U(https://docs.digitalocean.com/reference/pydo/reference/harness/list_sessions/)). Name those statuses
+        (or V(gone)) to see them.
     type: list
     elements: str
   search:

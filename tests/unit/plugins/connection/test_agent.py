@@ -232,5 +232,7 @@ def test_documentation_parses():
     doc = yaml.safe_load(agent_plugin.DOCUMENTATION)
     assert doc["name"] == "agent"
     assert doc["options"]["pipelining"]["default"] is True
-    assert doc["options"]["api_token"]["env"] == [{"name": "DO_AGENTS_API_TOKEN"}]
+    # Ansible's configuration takes the last variable set: ours wins over doctl's and community.digitalocean's.
+    assert doc["options"]["api_token"]["env"] == [{"name": "DIGITALOCEAN_ACCESS_TOKEN"}, {"name": "DIGITALOCEAN_TOKEN"},
+                                                  {"name": "DO_AGENTS_API_TOKEN"}]
     assert all(isinstance(n, str) for n in doc["notes"])
