@@ -158,6 +158,12 @@ def test_command_timeout_names_the_option(conn):
         connected(conn, FakeMux(result=(143, b"", b"", {"rc": 143, "timed_out": True}))).exec_command("sleep 9")
 
 
+def test_a_command_rejected_for_approval_names_the_permission_setting(conn):
+    # ExecExit.hitl_rejected: the session's policy held the command for a person, who was not there.
+    with pytest.raises(AnsibleError, match=r"hitl_rejected.*permissions\.default resolves to ask.*default: allow"):
+        connected(conn, FakeMux(result=(1, b"", b"", {"rc": 1, "hitl_rejected": True}))).exec_command("id")
+
+
 @pytest.mark.parametrize("kind, exc", [
     (mp.ERR_LOST, AnsibleConnectionFailure), (mp.ERR_GONE, AnsibleConnectionFailure),
     (mp.ERR_UNREACHABLE, AnsibleConnectionFailure), (mp.ERR_NOT_FOUND, AnsibleFileNotFound),
