@@ -61,7 +61,7 @@ class Checkpoints:
             self._require_snapshot_state(session, "take a checkpoint")
             if self.sessions.in_flight.get(sid):
                 raise ApiFailure(409, "session %s has a command in flight; take the checkpoint when it is done" % sid)
-            rec = {"checkpoint_id": str(uuid.uuid4()), "session_id": sid, "status": contract.CHECKPOINT_PENDING,
+            rec = {"checkpoint_id": contract.new_checkpoint_id(), "session_id": sid, "status": contract.CHECKPOINT_PENDING,
                    "kind": kind, "label": label, "event_id": contract.new_event_id(), "size_bytes": 0,
                    "created_at": now_rfc3339(), "error_message": ""}
             self.store.save_checkpoint(rec)
@@ -78,8 +78,11 @@ class Checkpoints:
             return rec
 
     def delete(self, session_id, checkpoint_id):
-        # Deleting what is already gone succeeds, as on the platform.
-        self.store.forget_checkpoint(session_id, (checkpoint_id or "").lower())
+        # Deleting what is already gone succeeds, as on the platform. Ids are opaque, so only a checkpoint this
+        # session has is forgotten: the id never becomes a path unless it names a stored record.
+        cid = (checkpoint_id or "").lower()
+        if cid in self.store.checkpoints.get(session_id, {}):
+            self.store.forget_checkpoint(session_id, cid)
 
     def _ready_checkpoint(self, session_id, checkpoint_id):
         rec = self.get(session_id, checkpoint_id)

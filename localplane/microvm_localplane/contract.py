@@ -191,6 +191,12 @@ def parse_status_filter(value):
     return s if s in STATUSES or s in (FILTER_UNSPECIFIED, FILTER_ALL) else None
 
 
+def new_checkpoint_id():
+    """A documented-looking checkpoint id (`cp_9f2c1a4b` in the pydo examples), so clients meet a non-UUID id here
+    as they do on the platform. Decision: 16 hex digits after the prefix, for uniqueness."""
+    return "cp_" + secrets.token_hex(8)
+
+
 def new_event_id():
     """A documented-looking event id (a 26-character ULID, as in the checkpoint examples).
 

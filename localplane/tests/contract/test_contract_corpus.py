@@ -144,3 +144,16 @@ def test_both_documented_prefixes_answer(plane, api, world):
         resp = api.http.get(plane.url.rstrip("/") + prefix + "/sessions/" + world["session_id"],
                             headers={"Authorization": "Bearer " + plane.token}, timeout=60)
         assert resp.status_code == 200, (prefix, resp.text[:300])
+
+
+def test_ids_are_opaque_and_never_paths(plane, api, world):
+    # Any string is looked up as an id (404 when unknown); one that looks like a path names nothing and removes
+    # nothing. The plane's own checkpoint ids look like the documented ones (cp_...), not like UUIDs.
+    sid, cid = world["session_id"], world["checkpoint_id"]
+    assert cid.startswith("cp_")
+    for bad in ("sess_abc123", "cp_9f2c1a4b", "..%2F..%2Fsessions", "%2E%2E"):
+        assert api.call("GET", "/sessions/%s" % bad).status_code == 404, bad
+        assert api.call("GET", "/sessions/%s/checkpoints/%s" % (sid, bad)).status_code == 404, bad
+        assert api.call("DELETE", "/sessions/%s/checkpoints/%s" % (sid, bad)).status_code == 204, bad
+    assert api.call("GET", "/sessions/%s/checkpoints/%s" % (sid, cid)).status_code == 200
+    assert api.call("GET", "/sessions/%s/checkpoints/%s" % (sid, cid.upper())).status_code == 200
