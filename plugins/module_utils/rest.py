@@ -582,13 +582,17 @@ class ApiClient(object):
         """
         for t in self.list_templates():
             if name_or_id in (t.get("template_id"), t.get("name")):
-                try:
-                    return self.get_template(t["template_id"])
-                except ApiError as e:
-                    if e.gone:
-                        return None  # deleted between the list and the get
-                    raise
+                return self.template_or_none(t["template_id"])
         return None
+
+    def template_or_none(self, template_id):
+        """The template as GET returns it (with spec), or None when it is gone (deleted after a list, say)."""
+        try:
+            return self.get_template(template_id)
+        except ApiError as e:
+            if e.gone:
+                return None
+            raise
 
     def wait_build(self, template_id, known_build_ids=(), timeout=600.0):
         """Wait for the template's newest build (one not in `known_build_ids`) to finish.

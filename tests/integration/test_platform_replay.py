@@ -115,6 +115,8 @@ def test_templates_do_not_rebuild_an_unchanged_template(replay, tmp_path):
                 base_template: sandbox
             - name: info
               microvm.sandbox.template_info: {name: rp-tpl, include_builds: true}
+            - name: all
+              microvm.sandbox.template_info: {}
     """
     first = run_playbook(replay, tmp_path, play)
     assert first.rc == 0, first
@@ -123,6 +125,8 @@ def test_templates_do_not_rebuild_an_unchanged_template(replay, tmp_path):
     assert first.changed("register") and not second.changed("register"), second.result("register")
     assert len(second.result("info")["templates"][0]["builds"]) == 1
     assert "templates.update" not in replay.platform.operations_called()
+    # list items carry no spec; the module returns each template as its GET does
+    assert [t["spec"] for t in second.result("all")["templates"]] == [{"base_template": "sandbox"}]
 
 
 def test_the_older_prefix_is_selectable_and_tokens_come_from_doctl_names(replay, tmp_path):
