@@ -13,8 +13,12 @@ SNAPSHOT_STATES = frozenset([contract.READY, contract.DETACHED, contract.PAUSED]
 
 
 def public_view(rec):
-    return {k: rec.get(k) for k in ("checkpoint_id", "session_id", "status", "label", "size_bytes", "created_at",
-                                    "error_message")}
+    out = {k: rec.get(k) for k in ("checkpoint_id", "session_id", "status", "kind", "label", "event_id",
+                                   "size_bytes", "created_at", "error_message")}
+    # Records taken before kind and event_id were kept read as explicit checkpoints with no event.
+    out["kind"] = out["kind"] or contract.CHECKPOINT_KIND_EXPLICIT
+    out["event_id"] = out["event_id"] or ""
+    return out
 
 
 class Checkpoints:
@@ -45,7 +49,7 @@ class Checkpoints:
             raise ApiFailure(409, "session %s is %s; cannot %s" % (
                 session["session_id"], contract.status_string(session["status"]), what))
 
-    async def create(self, session, doc):
+    async def create(self, session, doc, kind=contract.CHECKPOINT_KIND_EXPLICIT):
         label = doc.get("label", "")
         if label is None:
             label = ""
@@ -57,8 +61,9 @@ class Checkpoints:
             self._require_snapshot_state(session, "take a checkpoint")
             if self.sessions.in_flight.get(sid):
                 raise ApiFailure(409, "session %s has a command in flight; take the checkpoint when it is done" % sid)
-            rec = {"checkpoint_id": str(uuid.uuid4()), "session_id": sid, "status": contract.CHECKPOINT_PENDING,
-                   "label": label, "size_bytes": 0, "created_at": now_rfc3339(), "error_message": ""}
+            rec = {"checkpoint_id": contract.new_checkpoint_id(), "session_id": sid, "status": contract.CHECKPOINT_PENDING,
+                   "kind": kind, "label": label, "event_id": contract.new_event_id(), "size_bytes": 0,
+                   "created_at": now_rfc3339(), "error_message": ""}
             self.store.save_checkpoint(rec)
             dest = self.store.checkpoint_data(sid, rec["checkpoint_id"])
             try:
@@ -73,8 +78,11 @@ class Checkpoints:
             return rec
 
     def delete(self, session_id, checkpoint_id):
-        # Deleting what is already gone succeeds, as on the platform.
-        self.store.forget_checkpoint(session_id, (checkpoint_id or "").lower())
+        # Deleting what is already gone succeeds, as on the platform. Ids are opaque, so only a checkpoint this
+        # session has is forgotten: the id never becomes a path unless it names a stored record.
+        cid = (checkpoint_id or "").lower()
+        if cid in self.store.checkpoints.get(session_id, {}):
+            self.store.forget_checkpoint(session_id, cid)
 
     def _ready_checkpoint(self, session_id, checkpoint_id):
         rec = self.get(session_id, checkpoint_id)
@@ -127,7 +135,8 @@ class Checkpoints:
         if from_id:
             cp = self._ready_checkpoint(sid, from_id)
         else:
-            cp = await self.create(session, {"label": contract.IMPLICIT_FORK_LABEL})
+            cp = await self.create(session, {"label": contract.IMPLICIT_FORK_LABEL},
+                                  kind=contract.CHECKPOINT_KIND_IMPLICIT)
             if cp["status"] != contract.CHECKPOINT_READY:
                 raise ApiFailure(500, "fork of session %s failed, no session was created: the implicit checkpoint "
                                       "failed: %s" % (sid, cp["error_message"]))

@@ -7,6 +7,7 @@ platform publishes more.
 import re
 import reprlib
 import secrets
+import time
 
 PREFIXES = ("/v2/agents", "/v2/harness-runtime")
 API_URL_ENV = "DO_AGENTS_API_URL"
@@ -31,6 +32,11 @@ DESTROYING = "DESTROYING"
 DESTROYED = "DESTROYED"
 FAILED = "FAILED"
 STATUSES = (PROVISIONING, READY, DETACHED, PAUSED, DESTROYING, DESTROYED, FAILED)
+# List filter values that are no status (pydo list_sessions): UNSPECIFIED is no filter, ALL lists every session.
+FILTER_UNSPECIFIED = "UNSPECIFIED"
+FILTER_ALL = "ALL"
+# Hidden from a list without an explicit status filter ("matching the Cloud Console").
+HIDDEN_BY_DEFAULT = frozenset([DESTROYED, FAILED])
 USABLE = frozenset([READY, DETACHED])
 GONE = frozenset([DESTROYING, DESTROYED, FAILED])
 PAUSABLE = USABLE
@@ -40,10 +46,14 @@ PAUSE_IDLE = "idle"
 # The flat environment spec (Environment Spec Reference): decoded strictly, an unknown key is a 400 naming it.
 # `repos` is in the Refactor a Repository example (a list of GitHub owner/repo).
 CREATE_KEYS = frozenset(["name", "agent", "template", "size", "idle_timeout", "persistent_workspace", "env",
-                         "secrets", "egress", "repos"])
-# Documented spec keys that configure an agent adapter's tools, skills and permission policy: the local plane
-# runs no agent, so it refuses them (a 400 naming the key) rather than ignoring them.
-DOCUMENTED_UNSUPPORTED_KEYS = frozenset(["tools", "skills", "permissions"])
+                         "secrets", "egress", "repos", "permissions"])
+# Documented spec keys that configure an agent adapter's tools and skills: the local plane runs no agent, so it
+# refuses them (a 400 naming the key) rather than ignoring them.
+DOCUMENTED_UNSUPPORTED_KEYS = frozenset(["tools", "skills"])
+# Permission Policies: allow, ask or deny; an omitted permissions.default resolves to ask.
+PERMISSION_DECISIONS = ("allow", "ask", "deny")
+PERMISSION_DEFAULT = "ask"
+PERMISSIONS_KEYS = frozenset(["default", "rules"])
 # harness-create-session: two mutually exclusive forms, chosen by Content-Type. YAML is the environment spec;
 # JSON is {name, config_id} (a session from a saved Environment Config). Every other call takes JSON.
 CREATE_YAML_TYPES = frozenset(["application/x-yaml", "application/yaml", "text/yaml", "text/x-yaml"])
@@ -69,9 +79,14 @@ EGRESS_UNRESTRICTED = "unrestricted"
 REPO_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/(?!\.{1,2}$)[A-Za-z0-9._-]{1,100}$")
 
 
+# The SDKs' agent_kind names: AGENT_KIND_CODEX_CLI, AGENT_KIND_OPENAI_CODEX and AGENT_KIND_CUSTOM are documented;
+# Decision: the other adapters' names are the adapter upper-cased.
+_AGENT_KINDS = {"codex": "AGENT_KIND_CODEX_CLI", "codex-agentapi": "AGENT_KIND_OPENAI_CODEX"}
+
+
 def agent_kind(adapter):
-    """'claude-code' -> 'AGENT_KIND_CLAUDE_CODE' (Decision: the enum is the adapter upper-cased)."""
-    return "AGENT_KIND_" + adapter.upper().replace("-", "_")
+    """'claude-code' -> 'AGENT_KIND_CLAUDE_CODE', 'codex' -> 'AGENT_KIND_CODEX_CLI'."""
+    return _AGENT_KINDS.get(adapter) or "AGENT_KIND_" + adapter.upper().replace("-", "_")
 
 
 # The size catalog (GET /v2/agents/sessions/sandbox/sizes), smallest first; every slug is accepted by create.
@@ -110,6 +125,10 @@ CHECKPOINT_PENDING = "PENDING"
 CHECKPOINT_READY = "READY"
 CHECKPOINT_FAILED = "FAILED"
 CHECKPOINT_KEYS = frozenset(["label"])
+# A checkpoint's kind: "explicit" is the documented value (a checkpoint asked for). Decision: the implicit checkpoint
+# a fork without from_checkpoint_id takes first is "implicit".
+CHECKPOINT_KIND_EXPLICIT = "explicit"
+CHECKPOINT_KIND_IMPLICIT = "implicit"
 MAX_LABEL_CHARS = 256
 FORK_KEYS = frozenset(["from_checkpoint_id", "count"])
 # Label of the implicit checkpoint a fork without from_checkpoint_id takes first (Decision: it is listed).
@@ -175,11 +194,27 @@ def template_status_string(short):
 
 
 def parse_status_filter(value):
-    """'READY' or 'SESSION_STATUS_READY' -> 'READY'; None when unknown."""
+    """'READY' or 'SESSION_STATUS_READY' -> 'READY'; also 'UNSPECIFIED' and 'ALL'; None when unknown."""
     s = (value or "").strip().upper()
     if s.startswith(STATUS_PREFIX):
         s = s[len(STATUS_PREFIX):]
-    return s if s in STATUSES else None
+    return s if s in STATUSES or s in (FILTER_UNSPECIFIED, FILTER_ALL) else None
+
+
+def new_checkpoint_id():
+    """A documented-looking checkpoint id (`cp_9f2c1a4b` in the pydo examples), so clients meet a non-UUID id here
+    as they do on the platform. Decision: 16 hex digits after the prefix, for uniqueness."""
+    return "cp_" + secrets.token_hex(8)
+
+
+def new_event_id():
+    """A documented-looking event id (a 26-character ULID, as in the checkpoint examples).
+
+    Decision: the local plane keeps no event log; the id is time-ordered and unique, and names nothing else.
+    """
+    alphabet = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+    value = (int(time.time() * 1000) << 80) | secrets.randbits(80)
+    return "".join(alphabet[(value >> (5 * i)) & 31] for i in reversed(range(26)))
 
 
 SHOWN_MAX = 80   # characters of a submitted value an error message echoes

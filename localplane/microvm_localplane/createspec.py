@@ -100,7 +100,37 @@ def parse_create(doc):
     check_repos(doc.get("repos"))
 
     return {"name": name, "agent": agent, "template": template, "size_slug": size, "idle_timeout_seconds": idle,
-            "persistent_workspace": persistent, "env": env, "secrets": secrets, "egress": egress}
+            "persistent_workspace": persistent, "env": env, "secrets": secrets, "egress": egress,
+            "permissions": parse_permissions(doc.get("permissions"))}
+
+
+def parse_permissions(value):
+    """The spec's permission policy (Permission Policies page), with an omitted default resolved to `ask`.
+
+    Decision: the local plane runs no agent adapter, so nothing consults the policy; like the platform on an
+    unattended run, commands are not held. It is checked and kept, never silently dropped.
+    """
+    if value is None:
+        return {"default": contract.PERMISSION_DEFAULT, "rules": []}
+    if not isinstance(value, dict):
+        raise ApiFailure(400, "permissions must be a mapping with default (allow, ask or deny) and rules, got %s"
+                         % type(value).__name__)
+    unknown = sorted(str(k) for k in value if k not in contract.PERMISSIONS_KEYS)
+    if unknown:
+        raise ApiFailure(400, "permissions: unknown field %s (known: default, rules)" % ", ".join(unknown))
+    default = value.get("default")
+    if default is None:
+        default = contract.PERMISSION_DEFAULT
+    if default not in contract.PERMISSION_DECISIONS:
+        raise ApiFailure(400, "permissions.default %r: use one of %s" % (default, ", ".join(contract.PERMISSION_DECISIONS)))
+    rules = value.get("rules") or []
+    if not isinstance(rules, list):
+        raise ApiFailure(400, "permissions.rules must be a list of rules, got %s" % type(rules).__name__)
+    for i, rule in enumerate(rules):
+        if not isinstance(rule, dict) or rule.get("action") not in contract.PERMISSION_DECISIONS:
+            raise ApiFailure(400, "permissions.rules[%d] needs an action: one of %s"
+                             % (i, ", ".join(contract.PERMISSION_DECISIONS)))
+    return {"default": default, "rules": rules}
 
 
 def check_repos(repos):

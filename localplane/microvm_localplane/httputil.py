@@ -3,6 +3,7 @@ import base64
 import binascii
 import datetime
 import json
+import uuid
 
 import yaml
 from aiohttp import web
@@ -19,8 +20,17 @@ class ApiFailure(Exception):
         self.message = message
 
 
+# The documented error model's `id` per status (DigitalOcean API: {id, message, request_id}).
+ERROR_IDS = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
+             409: "conflict", 410: "gone", 413: "request_entity_too_large", 415: "unsupported_media_type",
+             422: "unprocessable_entity", 429: "too_many_requests", 500: "server_error", 501: "not_implemented",
+             503: "service_unavailable"}
+
+
 def error_response(status, message):
-    return web.json_response({"error": {"code": status, "message": message}}, status=status)
+    """The documented error body {id, message, request_id}."""
+    return web.json_response({"id": ERROR_IDS.get(status, "error"), "message": message,
+                              "request_id": str(uuid.uuid4())}, status=status)
 
 
 def now_rfc3339():
@@ -246,7 +256,8 @@ def paginate(request, items, key, scope):
 
 
 def check_id(value, what):
-    """Ids are UUIDs; anything else cannot name an object (404, like an unknown id)."""
-    if not contract.UUID_RE.match(value or ""):
-        raise ApiFailure(404, "%s %r not found" % (what, value[:100]))
+    """Ids are opaque strings (the docs show UUIDs, `cp_9f2c1a4b` and `sess_abc123`): any value is looked up, and
+    an unknown one is a 404. The plane's own UUIDs are stored lower-case, so lookups are too."""
+    if not value or len(value) > 200:
+        raise ApiFailure(404, "%s %r not found" % (what, (value or "")[:100]))
     return value.lower()

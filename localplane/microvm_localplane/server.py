@@ -3,6 +3,7 @@ import asyncio
 import hmac
 import logging
 import os
+import time
 
 from aiohttp import web
 
@@ -85,6 +86,21 @@ def auth_middleware(plane):
     return check_token
 
 
+# Every answer carries the DigitalOcean API's rate-limit headers. Decision: the local plane has no quota; it
+# reports a constant full one that resets in an hour.
+RATE_LIMIT = 5000
+
+
+@web.middleware
+async def ratelimit_middleware(request, handler):
+    response = await handler(request)
+    if not response.prepared:
+        response.headers["ratelimit-limit"] = str(RATE_LIMIT)
+        response.headers["ratelimit-remaining"] = str(RATE_LIMIT)
+        response.headers["ratelimit-reset"] = str(int(time.time()) + 3600)
+    return response
+
+
 @web.middleware
 async def error_middleware(request, handler):
     try:
@@ -137,11 +153,13 @@ class Routes:
         if status:
             short = contract.parse_status_filter(status)
             if short is None:
-                raise ApiFailure(400, "unknown status filter %r: use one of %s" % (
-                    status, ", ".join(contract.status_string(s) for s in contract.STATUSES)))
+                raise ApiFailure(400, "unknown status filter %r: use one of %s" % (status, ", ".join(
+                    contract.status_string(s) for s in contract.STATUSES + (contract.FILTER_UNSPECIFIED,
+                                                                            contract.FILTER_ALL))))
         name = request.query.get("name", "")
-        recs = self.sessions.listing(short, name)
-        scope = "sessions|%s|%s" % (short or "", name.lower())
+        search = request.query.get("search", "")
+        recs = self.sessions.listing(short, name, search)
+        scope = "sessions|%s|%s|%s" % (short or "", name.lower(), search.lower())
         page = paginate(request, recs, "sessions", scope)
         page["sessions"] = [public_view(r) for r in page["sessions"]]
         return web.json_response(page)
@@ -196,9 +214,7 @@ class Routes:
 
     async def delete_checkpoint(self, request):
         rec = self.session(request)
-        cid = request.match_info["cid"]
-        if contract.UUID_RE.match(cid):
-            self.plane.checkpoints.delete(rec["session_id"], cid)
+        self.plane.checkpoints.delete(rec["session_id"], request.match_info["cid"])
         return web.Response(status=204)
 
     async def rollback(self, request):
@@ -262,7 +278,8 @@ class Routes:
 
     async def list_templates(self, request):
         page = paginate(request, self.plane.templates.listing(), "templates", "templates")
-        page["templates"] = [self.plane.templates.public_view(t) for t in page["templates"]]
+        # List items carry no spec (pydo list_templates): only get, create and update replies do.
+        page["templates"] = [self.plane.templates.public_view(t, listed=True) for t in page["templates"]]
         return web.json_response(page)
 
     async def get_template(self, request):
@@ -277,7 +294,7 @@ class Routes:
         rec = self.template(request)
         builds = list(reversed(rec.get("builds", [])))
         page = paginate(request, builds, "builds", "builds|" + rec["template_id"])
-        page["builds"] = [self.plane.templates.build_view(b) for b in page["builds"]]
+        page["builds"] = [self.plane.templates.build_view(rec, b, listed=True) for b in page["builds"]]
         return web.json_response(page)
 
     async def get_build(self, request):
@@ -285,7 +302,8 @@ class Routes:
         bid = check_id(request.match_info["bid"], "build")
         for build in rec.get("builds", []):
             if build["build_id"] == bid:
-                return web.json_response(self.plane.templates.build_view(build))
+                # Wrapped, as pydo get_template_build shows.
+                return web.json_response({"build": self.plane.templates.build_view(rec, build)})
         raise ApiFailure(404, "build %r of template %s not found" % (bid, rec["template_id"]))
 
 
@@ -325,7 +343,7 @@ def add_routes(app, routes):
 
 def make_app(plane):
     # Uploads stream up to 500 MiB; every other body is capped at 1 MiB by read_limited.
-    app = web.Application(middlewares=[error_middleware, auth_middleware(plane)],
+    app = web.Application(middlewares=[ratelimit_middleware, error_middleware, auth_middleware(plane)],
                           client_max_size=contract.MAX_UPLOAD_BYTES + 1)
     add_routes(app, Routes(plane))
 

@@ -127,12 +127,20 @@ class Sessions:
         low = name.lower()
         return [r for r in self.store.sessions.values() if r["status"] not in contract.GONE and r["name"].lower() == low]
 
-    def listing(self, status=None, name=None):
+    def listing(self, status=None, name=None, search=None):
+        """Sessions for GET /sessions: no status (or UNSPECIFIED) hides DESTROYED and FAILED, ALL shows every one,
+        any other status only those. `name` is exact (case-insensitive); `search` a case-insensitive substring of
+        the name or the id (Decision: the docs name the parameter but not what it matches)."""
         recs = sorted(self.store.sessions.values(), key=lambda r: (r["created_at"], r["session_id"]))
-        if status:
+        if not status or status == contract.FILTER_UNSPECIFIED:
+            recs = [r for r in recs if r["status"] not in contract.HIDDEN_BY_DEFAULT]
+        elif status != contract.FILTER_ALL:
             recs = [r for r in recs if r["status"] == status]
         if name:
-            recs = [r for r in recs if r["name"].lower() == name.lower() and r["status"] not in contract.GONE]
+            recs = [r for r in recs if r["name"].lower() == name.lower()]
+        if search:
+            low = search.lower()
+            recs = [r for r in recs if low in r["name"].lower() or low in r["session_id"].lower()]
         return recs
 
     def rootfs_spec(self, rec):
@@ -158,6 +166,7 @@ class Sessions:
             "resume_on_topoff": bool(resume_on_topoff),
             "template": spec["template"], "size_slug": spec["size_slug"],
             "env": spec["env"], "secrets": spec.get("secrets") or {}, "egress": spec["egress"], "rootfs": rootfs,
+            "permissions": spec.get("permissions") or {"default": contract.PERMISSION_DEFAULT, "rules": []},
             # The session object's documented `warnings`: kept, so every GET shows them, and where a FAILED
             # session says why (the object has no error text).
             "warnings": list(warnings),

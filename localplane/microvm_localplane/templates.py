@@ -91,19 +91,31 @@ class Templates:
                 "builtin": True}
 
     @staticmethod
-    def public_view(rec):
+    def public_view(rec, listed=False):
+        """The documented template object: spec carries the base template only (pydo create_template); list
+        items carry no spec at all (pydo list_templates)."""
         if rec.get("builtin"):
-            return {k: v for k, v in rec.items() if k != "builtin"}
-        # The documented template object: spec carries the base template only (pydo create_template).
-        return {"template_id": rec["template_id"], "name": rec["name"],
-                "spec": {"base_template": rec["base_template"]},
-                "status": contract.template_status_string(rec["status"]),
-                "created_at": rec["created_at"], "updated_at": rec["updated_at"]}
+            out = {k: v for k, v in rec.items() if k != "builtin"}
+        else:
+            out = {"template_id": rec["template_id"], "name": rec["name"],
+                   "spec": {"base_template": rec["base_template"]},
+                   "status": contract.template_status_string(rec["status"]),
+                   "created_at": rec["created_at"], "updated_at": rec["updated_at"]}
+        if listed:
+            del out["spec"]
+        return out
 
     @staticmethod
-    def build_view(build):
-        return {"build_id": build["build_id"], "status": build["status"], "error": build.get("error", ""),
-                "created_at": build["created_at"]}
+    def build_view(template, build, listed=False):
+        """The documented build object (pydo get_template_build); list items carry no spec."""
+        out = {"build_id": build["build_id"], "template_id": template["template_id"], "name": template["name"],
+               "spec": {"base_template": build.get("base_template") or template.get("base_template")
+                        or (template.get("spec") or {}).get("base_template", "")},
+               "status": build["status"], "error": build.get("error", ""), "created_at": build["created_at"],
+               "updated_at": build.get("updated_at") or build.get("finished_at") or build["created_at"]}
+        if listed:
+            del out["spec"]
+        return out
 
     def listing(self):
         regs = sorted(self.store.templates.values(), key=lambda r: (r["created_at"], r["template_id"]))
@@ -206,7 +218,8 @@ class Templates:
 
     def _start_build(self, rec):
         now = now_rfc3339()
-        build = {"build_id": str(uuid.uuid4()), "status": contract.BUILD_PENDING, "error": "", "created_at": now}
+        build = {"build_id": str(uuid.uuid4()), "status": contract.BUILD_PENDING, "error": "", "created_at": now,
+                 "base_template": rec.get("base_template", "")}
         rec["builds"].append(build)
         if rec["status"] != contract.TEMPLATE_READY:
             rec["status"] = contract.TEMPLATE_PENDING

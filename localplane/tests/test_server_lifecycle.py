@@ -325,7 +325,7 @@ def test_a_session_whose_disk_the_host_cannot_hold_is_refused_and_leaves_nothing
         rest.wait(sid, "READY")
         fork = requests.post(rest.url + "/sessions/%s/fork" % sid, json={"count": 4}, headers=rest.h, timeout=120)
         assert fork.status_code == 409, fork.text
-        assert "not enough disk space for 4 disks" in fork.json()["error"]["message"]
+        assert "not enough disk space for 4 disks" in fork.json()["message"]
         names = [s["name"] for s in requests.get(rest.url + "/sessions", headers=rest.h).json()["sessions"]]
         assert names == ["fits"]
     finally:
@@ -338,7 +338,7 @@ def test_a_session_whose_disk_the_host_cannot_hold_is_refused_and_leaves_nothing
         body = "name: too-big\nagent: custom\n"
         r = requests.post(rest.url + "/sessions", data=body, headers=dict(rest.h, **{"Content-Type": "application/yaml"}))
         assert r.status_code == 409, r.text
-        message = r.json()["error"]["message"]
+        message = r.json()["message"]
         assert "not enough disk space" in message and "GiB free" in message and "--disk-reserve" in message, message
         assert requests.get(rest.url + "/sessions", headers=rest.h).json()["sessions"] == []
         assert not os.listdir(os.path.join(guest_state_dir(state2), "sessions"))

@@ -43,7 +43,33 @@ def test_create_defaults_and_normalization():
                          "secrets": {"TOKEN": "s3cret"}, "idle_timeout": "2m"})
     assert spec == {"name": "box", "agent": "custom", "template": "base", "size_slug": "mars-2vcpu-4gb",
                     "idle_timeout_seconds": 120, "persistent_workspace": False, "env": {"A": "1"},
-                    "secrets": {"TOKEN": "s3cret"}, "egress": ["mirror.example.com"]}
+                    "secrets": {"TOKEN": "s3cret"}, "egress": ["mirror.example.com"],
+                    # an omitted permissions block resolves to ask (Permission Policies)
+                    "permissions": {"default": "ask", "rules": []}}
+
+
+@pytest.mark.parametrize("value, default", [
+    ({"default": "allow"}, "allow"), ({}, "ask"), ({"rules": [{"action": "deny", "command": "rm -rf /"}]}, "ask"),
+])
+def test_permissions_are_kept_with_default_resolved(value, default):
+    spec = parse_create({"name": "box", "agent": "custom", "permissions": value})
+    assert spec["permissions"]["default"] == default
+
+
+@pytest.mark.parametrize("value, word", [
+    ({"default": "maybe"}, "permissions.default"), ("allow", "mapping"), ({"mode": "allow"}, "mode"),
+    ({"rules": [{"command": "x"}]}, "rules[0]"), ({"rules": "x"}, "list"),
+])
+def test_bad_permissions_are_refused_naming_what(value, word):
+    with pytest.raises(ApiFailure) as e:
+        parse_create({"name": "box", "agent": "custom", "permissions": value})
+    assert e.value.status == 400 and word in e.value.message
+
+
+def test_status_filter_knows_all_and_unspecified():
+    assert contract.parse_status_filter("SESSION_STATUS_ALL") == "ALL"
+    assert contract.parse_status_filter("SESSION_STATUS_UNSPECIFIED") == "UNSPECIFIED"
+    assert contract.parse_status_filter("SESSION_STATUS_EVERYTHING") is None
     assert parse_create({"name": "box", "agent": "custom", "egress": "unrestricted"})["egress"] is None
 
 

@@ -96,16 +96,19 @@ options:
     description:
       - Bearer token for the control plane, sent on REST calls and on the WebSocket upgrade.
       - Never printed or logged; passed to the multiplexer on its standard input.
+      - Read from E(DO_AGENTS_API_TOKEN), else E(DIGITALOCEAN_TOKEN), else E(DIGITALOCEAN_ACCESS_TOKEN).
     type: str
     env:
+      - name: DIGITALOCEAN_ACCESS_TOKEN
+      - name: DIGITALOCEAN_TOKEN
       - name: DO_AGENTS_API_TOKEN
     vars:
       - name: ansible_microvm_api_token
   route_prefix:
     description:
-      - Path prefix of the API routes under O(api_url). Newer platform docs also show V(/v2/harness-runtime).
+      - Path prefix of the API routes under O(api_url); V(/v2/agents) selects the older routes.
     type: str
-    default: /v2/agents
+    default: /v2/harness-runtime
     env:
       - name: DO_AGENTS_API_PREFIX
     vars:
@@ -606,7 +609,7 @@ class Connection(ConnectionBase):
         token = self.get_option("api_token")
         if not token:
             raise AnsibleConnectionFailure("microvm.sandbox.agent: no API token for session %s: set option api_token "
-                                           "(ansible_microvm_api_token) or env %s" % (session, profile.API_TOKEN_ENV))
+                                           "(ansible_microvm_api_token) or env %s" % (session, " / ".join(profile.API_TOKEN_ENVS)))
         problem = profile.token_destination_problem(self.get_option("api_url") or profile.DEFAULT_API_URL, token)
         if problem:
             raise AnsibleConnectionFailure("microvm.sandbox.agent: session %s: %s" % (session, problem))
@@ -725,6 +728,8 @@ class Connection(ConnectionBase):
         if info.get("timed_out"):
             raise AnsibleError("microvm.sandbox.agent: the command on session %s timed out after %ds "
                                "(option command_timeout) and was stopped" % (session, timeout))
+        if info.get("hitl_rejected"):
+            raise AnsibleError("microvm.sandbox.agent: %s" % profile.hitl_rejected_message(session))
         if interact is not None and not succeeded:
             # the become command gave up before its success marker (su exits after a refused password, in
             # whatever language): nothing ran as the target user

@@ -24,16 +24,18 @@ options:
   api_token:
     description:
       - Bearer token for the control plane.
-      - If not set, the environment variable E(DO_AGENTS_API_TOKEN) is used.
+      - If not set, the first of the environment variables E(DO_AGENTS_API_TOKEN), E(DIGITALOCEAN_TOKEN) (doctl's)
+        and E(DIGITALOCEAN_ACCESS_TOKEN) (community.digitalocean's) that is set is used.
       - The token is never printed, logged or returned.
     type: str
   route_prefix:
     description:
       - Path prefix of the API routes under O(api_url).
-      - Newer platform docs also show V(/v2/harness-runtime).
+      - The platform's newest pages use V(/v2/harness-runtime), the default; the older V(/v2/agents) is still
+        answered and can be chosen here.
       - If not set, the environment variable E(DO_AGENTS_API_PREFIX) is used, then the default.
     type: str
-    default: /v2/agents
+    default: /v2/harness-runtime
   request_timeout:
     description:
       - Timeout in seconds of one HTTP request (blocking calls use O(blocking_timeout) instead).
@@ -91,14 +93,17 @@ options:
   api_token:
     description:
       - Bearer token for the control plane. It is never put into host variables.
+      - Read from E(DO_AGENTS_API_TOKEN), else E(DIGITALOCEAN_TOKEN), else E(DIGITALOCEAN_ACCESS_TOKEN).
     type: str
     env:
+      - name: DIGITALOCEAN_ACCESS_TOKEN
+      - name: DIGITALOCEAN_TOKEN
       - name: DO_AGENTS_API_TOKEN
   route_prefix:
     description:
-      - Path prefix of the API routes under O(api_url).
+      - Path prefix of the API routes under O(api_url); V(/v2/agents) selects the older routes.
     type: str
-    default: /v2/agents
+    default: /v2/harness-runtime
     env:
       - name: DO_AGENTS_API_PREFIX
   request_timeout:

@@ -22,7 +22,8 @@ description:
   - Values that come from the API are marked unsafe, so they are never evaluated as templates.
   - When O(api_url) or O(route_prefix) differ from their defaults, they are passed to the connection plugin as the
     host variables C(ansible_microvm_api_url) and C(ansible_microvm_route_prefix). The API token never is; the
-    connection plugin reads it from its own option or E(DO_AGENTS_API_TOKEN).
+    connection plugin reads it from its own option or E(DO_AGENTS_API_TOKEN) (or E(DIGITALOCEAN_TOKEN),
+    E(DIGITALOCEAN_ACCESS_TOKEN)).
 author:
   - microvm.sandbox maintainers (@microvm)
 extends_documentation_fragment:
@@ -39,12 +40,17 @@ options:
     description:
       - Only sessions in these statuses become hosts, as short names (V(READY)) or in full (V(SESSION_STATUS_READY)).
       - V(usable) stands for V(READY) and V(DETACHED); V(gone) for V(DESTROYING), V(DESTROYED) and V(FAILED).
+      - The platform lists V(DESTROYED) and V(FAILED) sessions only when asked for them; naming them here (or
+        V(gone)) asks for them.
       - A paused session is resumed by the connection when it is first used.
     type: list
     elements: str
     default: [usable, PAUSED]
   name_prefix:
     description: Only sessions whose name starts with this prefix.
+    type: str
+  search:
+    description: The platform's own search filter of the session list (its C(search) parameter).
     type: str
   name_regex:
     description: Only sessions whose name matches this Python regular expression (searched, not anchored).
@@ -172,7 +178,12 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             client = ApiClient(api_url=self.get_option("api_url"), api_token=self.get_option("api_token"),
                                prefix=self.get_option("route_prefix"), timeout=self.get_option("request_timeout"),
                                validate_certs=self.get_option("validate_certs"))
-            return client.list_sessions()
+            try:
+                statuses = expand_statuses(self.get_option("statuses"))
+            except ValueError:
+                statuses = None  # refused, naming the value, by _select
+            # The platform hides DESTROYED and FAILED sessions unless asked for them (the `gone` group).
+            return client.list_sessions(status=profile.list_status_filter(statuses), search=self.get_option("search"))
         except ApiError as e:
             raise AnsibleError("microvm.sandbox.sessions: %s" % describe_error(e, client)[0])
 

@@ -39,7 +39,7 @@ def api_argument_spec(**module_options):
     """The shared API options (doc fragment microvm.sandbox.api) plus the module's own."""
     spec = dict(
         api_url=dict(type="str", default=profile.DEFAULT_API_URL, fallback=(env_fallback, [profile.API_URL_ENV])),
-        api_token=dict(type="str", no_log=True, fallback=(env_fallback, [profile.API_TOKEN_ENV])),
+        api_token=dict(type="str", no_log=True, fallback=(env_fallback, list(profile.API_TOKEN_ENVS))),
         route_prefix=dict(type="str", default=profile.DEFAULT_PREFIX, fallback=(env_fallback, [profile.API_PREFIX_ENV])),
         request_timeout=dict(type="float", default=DEFAULT_REQUEST_TIMEOUT),
         blocking_timeout=dict(type="float", default=DEFAULT_BLOCKING_TIMEOUT),
@@ -121,7 +121,8 @@ def describe_error(error, client=None):
     elif status == 0 and error.what == "token destination":
         msg = advice.capitalize(error.server_message) + "."
     elif status == 0 and error.path == "-":
-        msg = "No API token: set the option api_token or the environment variable %s." % profile.API_TOKEN_ENV
+        msg = "No API token: set the option api_token or one of the environment variables %s." % (
+            ", ".join(profile.API_TOKEN_ENVS))
     elif getattr(error, "not_api", False):
         msg = "%s failed with HTTP %d: %s. %s." % (call, status, error.server_message, error.hint)
     elif status == 0:

@@ -25,9 +25,13 @@ HOME_DIR = "/workspace/home"
 DEFAULT_WORKDIR = "/workspace"
 AGENT_PORT = 8443
 DEFAULT_API_URL = "https://api.digitalocean.com"
-DEFAULT_PREFIX = "/v2/agents"
+# The newest pages and SDK links use /v2/harness-runtime; /v2/agents is the older form, still selectable.
+DEFAULT_PREFIX = "/v2/harness-runtime"
+LEGACY_PREFIX = "/v2/agents"
 API_URL_ENV = "DO_AGENTS_API_URL"
 API_TOKEN_ENV = "DO_AGENTS_API_TOKEN"
+# Where the token is read from, first found wins: ours, then doctl's and community.digitalocean's names.
+API_TOKEN_ENVS = (API_TOKEN_ENV, "DIGITALOCEAN_TOKEN", "DIGITALOCEAN_ACCESS_TOKEN")
 API_PREFIX_ENV = "DO_AGENTS_API_PREFIX"
 
 # The adapters of the environment spec's `agent` field
@@ -36,6 +40,20 @@ ADAPTERS = ("codex", "claude-code", "opencode", "hermes", "langgraph", "codex-ag
 # A bare sandbox that runs your own code: `custom` runs "a container image you supply" (Agent Adapters page);
 # the `sandbox` base template "carries no agent" (doctl harness-runtime template create).
 DEFAULT_AGENT = "custom"
+# The SDKs' agent_kind names (enum names without AGENT_KIND_) for each adapter: the pages show AGENT_KIND_CODEX_CLI,
+# AGENT_KIND_OPENAI_CODEX and AGENT_KIND_CUSTOM. Decision: the adapter's own name upper-cased is accepted too.
+AGENT_KIND_NAMES = {
+    "codex": ("CODEX_CLI", "CODEX"),
+    "codex-agentapi": ("OPENAI_CODEX", "CODEX_AGENTAPI"),
+    "claude-code": ("CLAUDE_CODE",),
+    "opencode": ("OPENCODE",),
+    "hermes": ("HERMES",),
+    "langgraph": ("LANGGRAPH",),
+    "custom": ("CUSTOM",),
+}
+# permissions.default (Permission Policies): omitted, it resolves to ask, which holds commands for human approval.
+PERMISSION_DECISIONS = ("allow", "ask", "deny")
+PERMISSION_DEFAULT_WHEN_OMITTED = "ask"
 # Tokens the local control plane issues start with this; such a token is only
 # ever sent to a loopback URL (token_destination_problem).
 LOCAL_TOKEN_PREFIX = "mvlp-"
@@ -45,6 +63,30 @@ STATUS_PREFIX = "SESSION_STATUS_"
 USABLE = frozenset(["READY", "DETACHED"])
 GONE = frozenset(["DESTROYING", "DESTROYED", "FAILED"])
 KNOWN_STATUSES = frozenset(["PROVISIONING", "READY", "DETACHED", "PAUSED", "DESTROYING", "DESTROYED", "FAILED"])
+# The session list hides these unless asked for them by name or with SESSION_STATUS_ALL (pydo list_sessions).
+HIDDEN_BY_DEFAULT = frozenset(["DESTROYED", "FAILED"])
+STATUS_ALL = STATUS_PREFIX + "ALL"
+
+
+def list_status_filter(statuses):
+    """The `status` query of a session list that returns every session in `statuses` (a set of short names).
+
+    None (no statuses) is the platform's default listing, which hides DESTROYED and FAILED sessions. One status
+    is asked for by name; several need SESSION_STATUS_ALL when one of them is hidden by default.
+    """
+    if statuses is None:
+        return None
+    if len(statuses) == 1:
+        return STATUS_PREFIX + next(iter(statuses))
+    return STATUS_ALL if set(statuses) & HIDDEN_BY_DEFAULT else None
+
+
+def hitl_rejected_message(session):
+    """Why a command came back `hitl_rejected`, and what to change."""
+    return ("the command on session %s was held for human approval and rejected (hitl_rejected): the session's "
+            "permission policy asks before running it. permissions.default resolves to ask when omitted; create "
+            "the session with permissions: {default: allow} (option permissions of microvm.sandbox.session), or "
+            "rules that allow the commands your tasks run" % session)
 
 
 def token_destination_problem(api_url, token):

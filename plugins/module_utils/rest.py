@@ -135,13 +135,17 @@ class WaitTimeout(Exception):
 
 
 def error_message(body):
-    """Pull the server's message out of either error shape the platform uses."""
+    """Pull the server's message out of an error body: the documented {id, message, request_id}, or the older
+    {"error": {code, message}}. The request id is kept: support asks for it."""
     if isinstance(body, dict):
         err = body.get("error")
         if isinstance(err, dict) and err.get("message"):
             return str(err["message"])
         if body.get("message"):
-            return str(body["message"])
+            text = str(body["message"])
+            if body.get("request_id"):
+                text += " (request_id %s)" % body["request_id"]
+            return text
     if isinstance(body, (bytes, bytearray)):
         body = body.decode("utf-8", "replace")
     return str(body or "").strip()[:500]
@@ -164,7 +168,7 @@ class ApiClient(object):
                  blocking_timeout=DEFAULT_BLOCKING_TIMEOUT, reconcile_timeout=300.0, opener=None):
         if not api_token:
             raise ApiError("-", "-", 0, "no API token",
-                           "Set option api_token or env %s" % profile.API_TOKEN_ENV)
+                           "Set option api_token or env %s" % " / ".join(profile.API_TOKEN_ENVS))
         self.api_url = (api_url or profile.DEFAULT_API_URL).rstrip("/")
         problem = profile.token_destination_problem(self.api_url, api_token)
         if problem:
@@ -328,8 +332,11 @@ class ApiClient(object):
     def get_session(self, session_id):
         return self.request("GET", _path("sessions", session_id), what="session", ident=session_id)["session"]
 
-    def list_sessions(self, status=None, name=None, page_size=50):
-        return self._paginate("/sessions", "sessions", {"status": status, "name": name, "page_size": page_size})
+    def list_sessions(self, status=None, name=None, search=None, page_size=50):
+        """Sessions, newest first. Without `status` the platform hides DESTROYED and FAILED ones;
+        profile.STATUS_ALL lists every session. `search` is the platform's own filter."""
+        return self._paginate("/sessions", "sessions", {"status": status, "name": name, "search": search,
+                                                        "page_size": page_size})
 
     def list_sizes(self):
         """The sandbox size catalog, smallest first (GET /sessions/sandbox/sizes; not paginated)."""
@@ -419,23 +426,30 @@ class ApiClient(object):
             delay = min(delay * 1.5, 5.0)
 
     def find_session(self, name_or_id):
-        """Resolve a session by id (any status) or by live name; None when there is none.
+        """Resolve a session by live name or by id (any status); None when there is none.
 
-        Names can never look like a UUID, so a UUID-shaped value is only tried
-        as an id; anything else is tried as a live name first, then as an id.
+        Ids are opaque (UUIDs, `sess_abc123` ...): nothing is decided from a value's shape. It is tried as a live
+        name first, then as an id.
         """
-        if not profile.looks_like_uuid(name_or_id):
-            found = [s for s in self.list_sessions(name=name_or_id)
-                     if profile.short_status(s.get("status")) not in profile.GONE
-                     and (s.get("name") or "").lower() == name_or_id.lower()]
-            if found:
-                return found[0]
+        found = self.sessions_named(name_or_id, live_only=True)
+        if found:
+            return found[0]
+        return self.session_by_id(name_or_id)
+
+    def session_by_id(self, session_id):
+        """The session with this id, or None (an unknown id, or a value the platform refuses as an id)."""
         try:
-            return self.get_session(name_or_id)
+            return self.get_session(session_id)
         except ApiError as e:
             if not e.gone and e.status != 400:
                 raise
             return None
+
+    def sessions_named(self, name, status=None, live_only=False):
+        """Sessions with exactly this name (case-insensitive), newest first, in the listing `status` asks for."""
+        return [s for s in self.list_sessions(status=status, name=name)
+                if (s.get("name") or "").lower() == name.lower()
+                and not (live_only and profile.short_status(s.get("status")) in profile.GONE)]
 
     def require_session(self, name_or_id, live=False):
         """Like find_session, but a missing session (or, with `live`, a gone one) is a NotFound error."""
@@ -536,7 +550,7 @@ class ApiClient(object):
             try:
                 return self.get_checkpoint(session_id, checkpoint_id)
             except ApiError as e:
-                if e.gone:
+                if e.gone or e.status == 400:  # no such id, or a value the platform refuses as one (a label)
                     return None
                 raise
         # The list is newest first, so the first match is the newest one.
@@ -574,13 +588,28 @@ class ApiClient(object):
                               what="template", ident=template_id)
 
     def get_build(self, template_id, build_id):
-        return self.request("GET", _path("templates", template_id, "builds", build_id), what="build", ident=build_id)
+        """One build; the reply is wrapped in {"build": ...} (pydo get_template_build)."""
+        return self.request("GET", _path("templates", template_id, "builds", build_id), what="build",
+                            ident=build_id)["build"]
 
     def find_template(self, name_or_id):
+        """The template named so (or with that id), as GET returns it, or None.
+
+        List items carry no `spec` (pydo list_templates): only the template's own GET says what it was built from.
+        """
         for t in self.list_templates():
             if name_or_id in (t.get("template_id"), t.get("name")):
-                return t
+                return self.template_or_none(t["template_id"])
         return None
+
+    def template_or_none(self, template_id):
+        """The template as GET returns it (with spec), or None when it is gone (deleted after a list, say)."""
+        try:
+            return self.get_template(template_id)
+        except ApiError as e:
+            if e.gone:
+                return None
+            raise
 
     def wait_build(self, template_id, known_build_ids=(), timeout=600.0):
         """Wait for the template's newest build (one not in `known_build_ids`) to finish.

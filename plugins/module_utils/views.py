@@ -15,22 +15,28 @@ _VOLATILE = frozenset(["last_event_at", "warnings", "updated_at"])
 
 
 def agent_kind(adapter):
-    """The session object's agent_kind for an adapter: 'claude-code' -> 'AGENT_KIND_CLAUDE_CODE'."""
-    return "AGENT_KIND_" + str(adapter).upper().replace("-", "_") if adapter else None
+    """The session object's agent_kind for an adapter: 'codex' -> 'AGENT_KIND_CODEX_CLI'."""
+    if not adapter:
+        return None
+    names = profile.AGENT_KIND_NAMES.get(adapter)
+    return "AGENT_KIND_" + (names[0] if names else str(adapter).upper().replace("-", "_"))
 
 
 def same_adapter(reported_kind, adapter):
     """Whether a session's agent_kind names `adapter`. An absent or UNSPECIFIED kind says nothing, so it matches.
 
-    Decision: the enum is the adapter's name upper-cased with '_' for '-' (the docs show only
-    AGENT_KIND_UNSPECIFIED); the comparison ignores case and punctuation so that spelling does not matter.
+    The SDKs' enum names differ from the adapters' (codex is AGENT_KIND_CODEX_CLI); each adapter's known names
+    are in profile.AGENT_KIND_NAMES. Case and punctuation are ignored.
     """
     def norm(text):
         return "".join(c for c in str(text).upper() if c.isalnum())
     kind = norm(reported_kind or "")
     if kind.startswith("AGENTKIND"):
         kind = kind[len("AGENTKIND"):]
-    return kind in ("", "UNSPECIFIED") or kind == norm(adapter)
+    if kind in ("", "UNSPECIFIED"):
+        return True
+    names = profile.AGENT_KIND_NAMES.get(adapter) or (str(adapter),)
+    return kind in set(norm(n) for n in names) | set([norm(adapter)])
 
 
 def status_of(session):

@@ -100,7 +100,7 @@ checkpoint:
   type: dict
   contains:
     checkpoint_id:
-      description: Id of the checkpoint.
+      description: Id of the checkpoint, an opaque string (the platform's examples show C(cp_9f2c1a4b)).
       type: str
     session_id:
       description: Id of its session.
@@ -108,8 +108,14 @@ checkpoint:
     status:
       description: C(PENDING), C(READY) or C(FAILED).
       type: str
+    kind:
+      description: How it was taken; C(explicit) for a checkpoint asked for.
+      type: str
     label:
       description: Label.
+      type: str
+    event_id:
+      description: The session event the checkpoint was cut at.
       type: str
     size_bytes:
       description: Size of the checkpoint.
@@ -121,10 +127,12 @@ checkpoint:
       description: Why it failed, when it did.
       type: str
   sample:
-    checkpoint_id: 7d1c2b7e-6a0f-4a3e-9b3b-1f1d0f3b9e11
+    checkpoint_id: cp_9f2c1a4b
     session_id: 2f0c8f9e-8d1e-4a57-9d0c-0c4bbf3cb2a1
     status: READY
+    kind: explicit
     label: deps-installed
+    event_id: 01JABCDEFGHJKLMNPQRSTVWXYZ
     size_bytes: 73400320
 session:
   description: The session after a rollback (same C(session_id), new C(sandbox_id)).

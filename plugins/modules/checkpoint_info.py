@@ -60,10 +60,12 @@ checkpoints:
   type: list
   elements: dict
   sample:
-    - checkpoint_id: 7d1c2b7e-6a0f-4a3e-9b3b-1f1d0f3b9e11
+    - checkpoint_id: cp_9f2c1a4b
       session_id: 2f0c8f9e-8d1e-4a57-9d0c-0c4bbf3cb2a1
       status: READY
+      kind: explicit
       label: deps-installed
+      event_id: 01JABCDEFGHJKLMNPQRSTVWXYZ
       size_bytes: 73400320
 """
 

@@ -107,6 +107,28 @@ options:
         put the code into the sandbox with M(microvm.sandbox.sync) there instead.
     type: list
     elements: str
+  permissions:
+    description:
+      - The spec's permission policy, which decides what the sandbox's agent may do without asking, what waits for
+        a person's approval and what is refused
+        (U(https://docs.digitalocean.com/products/managed-agents/agent-harness-runtime/concepts/permissions/)).
+      - An omitted O(permissions.default) resolves to V(ask) on the platform, so a command can be held for approval;
+        a command nobody approves ends rejected (C(hitl_rejected)), and a task that ran it fails naming this setting.
+        A sandbox driven by Ansible has nobody to approve, so give it V(allow) (or rules that allow what its tasks
+        run).
+      - Used when the session is created only; the platform does not report it back.
+    type: dict
+    suboptions:
+      default:
+        description: The decision for any action no rule matches.
+        type: str
+        choices: [allow, ask, deny]
+      rules:
+        description:
+          - Rules as the Permission Policies page writes them, each with an C(action) of V(allow), V(ask) or V(deny).
+          - Passed as given.
+        type: list
+        elements: dict
   resume_on_topoff:
     description:
       - Let the platform resume the session automatically once the team's prepayment balance is topped off after a
@@ -444,6 +466,9 @@ class SessionManager(object):
                                       "in secrets, which the platform never shows back)" % ", ".join(both))
         if self.p["repos"]:
             spec["repos"] = list(self.p["repos"])
+        permissions = dict((k, v) for k, v in (self.p["permissions"] or {}).items() if v is not None)
+        if permissions:
+            spec["permissions"] = permissions
         if env:
             spec["env"] = env
         if secrets:
@@ -495,11 +520,7 @@ class SessionManager(object):
 
     def failed_by_name(self):
         """FAILED sessions of this name: the API's name filter matches live sessions only."""
-        name = self.p["name"]
-        if profile.looks_like_uuid(name):
-            return []
-        return [s for s in self.client.list_sessions(status="SESSION_STATUS_FAILED")
-                if (s.get("name") or "").lower() == name.lower()]
+        return self.client.sessions_named(self.p["name"], status=profile.STATUS_PREFIX + "FAILED")
 
     def delete(self, session):
         self.changed = True
@@ -540,6 +561,10 @@ def main():
             idle_timeout=dict(type="str"),
             persistent_workspace=dict(type="bool"),
             repos=dict(type="list", elements="str"),
+            permissions=dict(type="dict", options=dict(
+                default=dict(type="str", choices=list(profile.PERMISSION_DECISIONS)),
+                rules=dict(type="list", elements="dict"),
+            )),
             resume_on_topoff=dict(type="bool"),
             env=dict(type="dict"),
             secrets=dict(type="dict", no_log=True, aliases=["secret_env"]),

@@ -179,9 +179,8 @@ class ForkManager(object):
         wanted = self.p["checkpoint"]
         if not wanted:
             return None
-        found = None
-        if profile.looks_like_uuid(wanted):
-            found = self.client.find_checkpoint(sid, checkpoint_id=wanted)
+        # Checkpoint ids are opaque (`cp_9f2c1a4b` in the docs): the value is tried as an id, then as a label.
+        found = self.client.find_checkpoint(sid, checkpoint_id=wanted)
         if found is None:
             found = self.client.find_checkpoint(sid, label=wanted)
         if found is None:

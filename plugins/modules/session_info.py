@@ -36,9 +36,16 @@ options:
       - Only sessions in one of these statuses, given as short names (V(READY)) or in full (V(SESSION_STATUS_READY)),
         in any case.
       - V(usable) stands for V(READY) and V(DETACHED); V(gone) for V(DESTROYING), V(DESTROYED) and V(FAILED).
-      - All statuses the platform lists when not set.
+      - When not set, the platform's default listing, which is every session but the V(DESTROYED) and V(FAILED)
+        ones (U(https://docs.digitalocean.com/reference/pydo/reference/harness/list_sessions/)). Name those statuses
+        (or V(gone)) to see them.
     type: list
     elements: str
+  search:
+    description:
+      - The platform's own search filter of the session list (its C(search) parameter), applied before the other
+        filters. Ignored with O(name).
+    type: str
 seealso:
   - module: microvm.sandbox.session
   - plugin: microvm.sandbox.sessions
@@ -85,6 +92,7 @@ sessions:
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
+from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, run_api_module  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.views import expand_statuses, select_sessions  # noqa: E402
 
@@ -95,13 +103,16 @@ def list_sessions(module, client):
         statuses = expand_statuses(p["statuses"])
     except ValueError as e:
         module.fail_json(msg="statuses: %s" % e)
+    # The API filters on one status at most, and hides DESTROYED and FAILED unless asked: ask for what the
+    # statuses need (every session when none are given), and filter the rest here.
+    status = profile.list_status_filter(statuses)
     if p["name"]:
-        found = client.find_session(p["name"])
-        sessions = [found] if found else []
+        sessions = client.sessions_named(p["name"], status=status)
+        if not sessions:
+            found = client.session_by_id(p["name"])
+            sessions = [found] if found else []
     else:
-        # The API filters on one status at most; more are filtered here.
-        one = ("SESSION_STATUS_" + next(iter(statuses))) if statuses and len(statuses) == 1 else None
-        sessions = client.list_sessions(status=one)
+        sessions = client.list_sessions(status=status, search=p["search"])
     return dict(changed=False, sessions=select_sessions(sessions, statuses=statuses, name_prefix=p["name_prefix"]))
 
 
@@ -111,6 +122,7 @@ def main():
             name=dict(type="str", aliases=["session"]),
             name_prefix=dict(type="str"),
             statuses=dict(type="list", elements="str"),
+            search=dict(type="str"),
         ),
         supports_check_mode=True,
     )

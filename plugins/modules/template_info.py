@@ -77,7 +77,8 @@ def list_templates(module, client):
         found = client.find_template(p["name"])
         templates = [found] if found else []
     else:
-        templates = client.list_templates()
+        # List items carry no spec (pydo list_templates): each template's own GET does.
+        templates = [t for t in (client.template_or_none(item["template_id"]) for item in client.list_templates()) if t]
     if p["include_builds"]:
         templates = [dict(t, builds=client.list_builds(t["template_id"])) for t in templates]
     return dict(changed=False, templates=templates)

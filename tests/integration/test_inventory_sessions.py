@@ -90,11 +90,11 @@ def test_inventory_takes_the_route_prefix_from_the_environment(plane, tmp_path, 
     proc, data = run_inventory(plane, tmp_path, """
         plugin: microvm.sandbox.sessions
         name_prefix: %s-a-1
-    """ % prefix, env={"DO_AGENTS_API_PREFIX": "/v2/harness-runtime"})
+    """ % prefix, env={"DO_AGENTS_API_PREFIX": "/v2/agents"})
     assert proc.returncode == 0, proc.stderr
     host = plain(data["_meta"]["hostvars"]["%s-a-1" % prefix])
-    # Not the default, so the connection is told too.
-    assert host["ansible_microvm_route_prefix"] == "/v2/harness-runtime"
+    # The older routes are not the default, so the connection is told too.
+    assert host["ansible_microvm_route_prefix"] == "/v2/agents"
     proc = run_inventory(plane, tmp_path, "plugin: microvm.sandbox.sessions\n",
                          env={"DO_AGENTS_API_PREFIX": "/v2/nowhere", "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True"})[0]
     assert proc.returncode != 0 and "/v2/nowhere/sessions" in proc.stderr
@@ -145,7 +145,7 @@ HOSTILE = "{{ lookup('ansible.builtin.pipe', 'touch %s') }}"
 
 
 class StubApi(BaseHTTPRequestHandler):
-    """Answers GET /v2/agents/sessions with sessions whose fields hold template code."""
+    """Answers GET /v2/harness-runtime/sessions with sessions whose fields hold template code."""
 
     sessions = []
     token = "stub-token"
@@ -153,7 +153,7 @@ class StubApi(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.headers.get("Authorization") != "Bearer " + self.token:
             return self._send(401, {"error": {"code": 401, "message": "bad token"}})
-        if not self.path.startswith("/v2/agents/sessions"):
+        if not self.path.startswith("/v2/harness-runtime/sessions"):
             return self._send(404, {"error": {"code": 404, "message": "no route"}})
         self._send(200, {"sessions": self.sessions, "next_page_token": ""})
 

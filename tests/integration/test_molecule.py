@@ -53,7 +53,9 @@ def steps(output):
 
 
 def sessions(plane, prefix):
-    return [s for s in plane.client().list_sessions() if (s.get("name") or "").startswith(prefix)]
+    # every session, the destroyed ones too: the platform's default listing hides them
+    return [s for s in plane.client().list_sessions(status="SESSION_STATUS_ALL")
+            if (s.get("name") or "").startswith(prefix)]
 
 
 def live(found):

@@ -106,7 +106,7 @@ def test_molecule_test_of_a_users_role(user, plane):
             f.write(textwrap.dedent(text))
     outside = run(["git", "-C", role, "rev-parse", "--is-inside-work-tree"], env=user.env)
     assert outside.returncode != 0, "the role must not be inside a git work tree: %s" % outside.stdout
-    before = {s["session_id"] for s in plane.client().list_sessions()}
+    before = {s["session_id"] for s in plane.client().list_sessions(status="SESSION_STATUS_ALL")}
     res = run([os.path.join(BIN, "molecule"), "test"], env=user.with_plane(plane), cwd=role)
     output = re.sub(r"\x1b\[[0-9;]*m", "", res.stdout + res.stderr)
     assert res.returncode == 0, output[-8000:]
@@ -116,7 +116,7 @@ def test_molecule_test_of_a_users_role(user, plane):
     assert "missing files" not in output and " missing=0 " in output, output[-8000:]
     assert "interpreter" not in output.lower(), output[-8000:]
     assert "[WARNING]" not in output, output[-8000:]
-    made = [s for s in plane.client().list_sessions() if s["session_id"] not in before]
+    made = [s for s in plane.client().list_sessions(status="SESSION_STATUS_ALL") if s["session_id"] not in before]
     assert made and all(s["name"].startswith("motd-default-instance-") for s in made), made
     assert [s for s in made if s["status"] not in GONE] == []
     assert plane.token not in output

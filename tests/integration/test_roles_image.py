@@ -104,6 +104,8 @@ def test_build_register_and_prove_a_template(plane, image_env, tmp_path, playboo
     assert "missing tools: no-such-tool" in res.output, res.output[-4000:]
     assert "Delete the check session" in res.output
     assert live_check_sessions(plane) == []
+    # The unchanged template was not rebuilt: its drift check reads spec from GET, since list items carry none.
+    assert len(plane.client().list_builds(tpl["template_id"])) == 1
 
 
 def test_self_check_rejects_a_tmp_leftover(image_env, tmp_path, playbook_runner):

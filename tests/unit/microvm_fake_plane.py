@@ -117,12 +117,17 @@ class FakePlane(object):
         return {"session": self._public(rec)}
 
     def _get_sessions(self, parts, body, query):
+        # pydo list_sessions: no status (or UNSPECIFIED) hides DESTROYED and FAILED; ALL lists every session.
         items = sorted(self.sessions.values(), key=lambda s: s["created_at"])
-        if query.get("status"):
-            items = [s for s in items if s["status"] == query["status"]]
+        status = query.get("status") or STATUS + "UNSPECIFIED"
+        if status == STATUS + "UNSPECIFIED":
+            items = [s for s in items if not s["status"].endswith(("DESTROYED", "FAILED"))]
+        elif status != STATUS + "ALL":
+            items = [s for s in items if s["status"] == status]
         if query.get("name"):
-            items = [s for s in items if s["name"].lower() == query["name"].lower()
-                     and not s["status"].endswith(("DESTROYED", "DESTROYING", "FAILED"))]
+            items = [s for s in items if s["name"].lower() == query["name"].lower()]
+        if query.get("search"):
+            items = [s for s in items if query["search"].lower() in s["name"].lower()]
         return self._page([self._public(s) for s in items], "sessions", query)
 
     def _public(self, rec):
@@ -227,7 +232,9 @@ class FakePlane(object):
             t["status"] = "TEMPLATE_STATUS_FAILED"
 
     def _get_templates(self, parts, body, query):
-        return self._page([self._template_view(t) for t in self.templates.values()], "templates", query)
+        # List items carry no spec (pydo list_templates).
+        items = [dict((k, v) for k, v in self._template_view(t).items() if k != "spec") for t in self.templates.values()]
+        return self._page(items, "templates", query)
 
     def _template(self, tid):
         if tid not in self.templates:

@@ -62,10 +62,9 @@ class Api:
 
 
 def error_message(resp):
+    """The message of a documented error body {id, message, request_id} (and nothing else)."""
     body = resp.json()
-    if "error" in body:
-        assert body["error"]["code"] == resp.status_code
-        return body["error"]["message"]
+    assert set(body) == {"id", "message", "request_id"}, body
     return body["message"]
 
 

@@ -140,10 +140,19 @@ def test_platform_adapters_the_local_plane_cannot_run_are_refused(api):
 
 
 @local_only
-@pytest.mark.parametrize("key", ["tools", "skills", "permissions"])
+@pytest.mark.parametrize("key", ["tools", "skills"])
 def test_documented_adapter_settings_are_refused_by_name_not_ignored(api, key):
     resp = api.create({"name": unique(), "agent": "custom", key: []})
     assert resp.status_code == 400 and key in error_message(resp)
+
+
+def test_the_permission_policy_is_a_spec_field(api):
+    """permissions (Permission Policies) is accepted; a decision outside allow, ask and deny is refused naming it."""
+    resp = api.create({"name": unique(), "agent": "custom", "permissions": {"default": "maybe"}})
+    assert resp.status_code == 400 and "permissions.default" in error_message(resp)
+    resp = api.create({"name": unique(), "agent": "custom", "permissions": {"default": "allow"}})
+    assert resp.status_code in (200, 201), resp.text
+    api.call("DELETE", "/sessions/%s" % resp.json()["session"]["session_id"])
 
 
 @local_only

@@ -36,7 +36,7 @@ def test_defaults(conn):
     assert conn.has_pipelining and conn.get_option("pipelining") is True
     assert conn.is_pipelining_enabled()
     assert conn.get_option("remote_addr") == "my-session"
-    assert conn.get_option("route_prefix") == "/v2/agents"
+    assert conn.get_option("route_prefix") == "/v2/harness-runtime"
     assert conn.get_option("agent_port") == 8443
     assert conn.get_option("scratch_dir") == "/workspace/.scratch"
     assert conn.get_option("command_timeout") == 0
@@ -158,6 +158,12 @@ def test_command_timeout_names_the_option(conn):
     conn.set_options(var_options={"ansible_microvm_command_timeout": 5})
     with pytest.raises(AnsibleError, match=r"timed out after 5s \(option command_timeout\)"):
         connected(conn, FakeMux(result=(143, b"", b"", {"rc": 143, "timed_out": True}))).exec_command("sleep 9")
+
+
+def test_a_command_rejected_for_approval_names_the_permission_setting(conn):
+    # ExecExit.hitl_rejected: the session's policy held the command for a person, who was not there.
+    with pytest.raises(AnsibleError, match=r"hitl_rejected.*permissions\.default resolves to ask.*default: allow"):
+        connected(conn, FakeMux(result=(1, b"", b"", {"rc": 1, "hitl_rejected": True}))).exec_command("id")
 
 
 @pytest.mark.parametrize("kind, exc", [
@@ -311,5 +317,7 @@ def test_documentation_parses():
     doc = yaml.safe_load(agent_plugin.DOCUMENTATION)
     assert doc["name"] == "agent"
     assert doc["options"]["pipelining"]["default"] is True
-    assert doc["options"]["api_token"]["env"] == [{"name": "DO_AGENTS_API_TOKEN"}]
+    # Ansible's configuration takes the last variable set: ours wins over doctl's and community.digitalocean's.
+    assert doc["options"]["api_token"]["env"] == [{"name": "DIGITALOCEAN_ACCESS_TOKEN"}, {"name": "DIGITALOCEAN_TOKEN"},
+                                                  {"name": "DO_AGENTS_API_TOKEN"}]
     assert all(isinstance(n, str) for n in doc["notes"])

@@ -23,7 +23,7 @@ def plane(monkeypatch):
 # The plugin's documented defaults, and the constructed/cache options it extends.
 DEFAULTS = dict(
     (name, spec.get("default")) for name, spec in yaml.safe_load(plugin_module.DOCUMENTATION)["options"].items())
-DEFAULTS.update(api_url="https://api.digitalocean.com", api_token="t", route_prefix="/v2/agents",
+DEFAULTS.update(api_url="https://api.digitalocean.com", api_token="t", route_prefix="/v2/harness-runtime",
                 request_timeout=30.0, validate_certs=True, compose={}, groups={}, keyed_groups=[], strict=False,
                 cache=False, use_extra_vars=False, leading_separator=True)
 

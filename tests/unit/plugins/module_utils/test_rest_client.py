@@ -295,10 +295,16 @@ def test_find_session_by_name_id_and_gone(fake):
         c.require_session("ghost")
 
 
-def test_uuid_shaped_values_skip_the_name_lookup(fake):
+def test_ids_are_opaque_whatever_their_shape(fake):
+    # The docs show UUIDs, cp_9f2c1a4b and sess_abc123: no shape decides "id or name"; a name is tried, then an id.
     plane, c = fake
     assert c.find_session("2f0c8f9e-8d1e-4a57-9d0c-0c4bbf3cb2a1") is None
-    assert [m for m, p in plane.calls] == ["GET"] and plane.calls[0][1].startswith("/sessions/2f0c")
+    assert [m for m, p in plane.calls] == ["GET", "GET"]
+    assert plane.calls[0][1] == "/sessions" and plane.calls[1][1].startswith("/sessions/2f0c")
+    # and an id in doctl's shape is found as an id
+    rec = plane.add_session("demo")
+    plane.sessions["sess_abc123"] = dict(plane.sessions.pop(rec["session_id"]), session_id="sess_abc123")
+    assert c.find_session("sess_abc123")["name"] == "demo"
 
 
 def test_wait_session_reports_the_state_reached(fake, monkeypatch):

@@ -221,7 +221,7 @@ def test_env_fallback_for_url_and_token(run_module, monkeypatch, fake_plane):
     assert not run.failed, run.result
     assert seen["api_url"] == "http://127.0.0.1:9"
     assert seen["api_token"] == "from-env"
-    assert seen["prefix"] == "/v2/agents"
+    assert seen["prefix"] == "/v2/harness-runtime"
 
 
 def test_route_prefix_from_the_environment(run_module, monkeypatch, fake_plane):

@@ -57,7 +57,7 @@ def test_the_client_reads_a_session_through_it(server):
     client = rest.ApiClient(server, "tok-123", opener=stdlib_open)
     assert client.get_session("s1")["session_id"] == "s1"
     method, path, headers, _body = Handler.seen[0]
-    assert (method, path) == ("GET", "/v2/agents/sessions/s1")
+    assert (method, path) == ("GET", "/v2/harness-runtime/sessions/s1")
     assert headers["Authorization"] == "Bearer tok-123"
     assert headers["User-Agent"] == rest.USER_AGENT
 
