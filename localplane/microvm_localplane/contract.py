@@ -47,7 +47,9 @@ DOCUMENTED_UNSUPPORTED_KEYS = frozenset(["tools", "skills", "permissions"])
 # JSON is {name, config_id} (a session from a saved Environment Config). Every other call takes JSON.
 CREATE_YAML_TYPES = frozenset(["application/x-yaml", "application/yaml", "text/yaml", "text/x-yaml"])
 JSON_TYPE = "application/json"
-CREATE_CONFIG_KEYS = frozenset(["name", "config_id"])
+# workspace_id attaches a persistent workspace, only to a session created from a saved config
+# (How to Use Persistent Workspaces; doctl harness-runtime create --from-config --workspace).
+CREATE_CONFIG_KEYS = frozenset(["name", "config_id", "workspace_id"])
 # A top-level apiVersion selects the deprecated agents.digitalocean.com/v1alpha1 envelope (harness-create-session).
 LEGACY_ENVELOPE_KEY = "apiVersion"
 # update_session: the one patchable session setting today.

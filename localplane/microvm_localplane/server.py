@@ -14,6 +14,9 @@ from .httputil import ApiFailure, check_id, error_response, paginate, query_bool
 from .sessions import Sessions, guest_state_dir, public_view
 from .store import Store
 from .templates import Templates
+from .workspaces import CREATE_KEYS as WORKSPACE_CREATE_KEYS
+from .workspaces import Workspaces
+from .workspaces import public_view as workspace_view
 
 log = logging.getLogger("microvm_localplane.server")
 
@@ -33,6 +36,8 @@ class Plane:
         self.templates = Templates(self.store, self._live_sessions_using)
         self.sessions = Sessions(self.store, guests, self.templates)
         self.sessions.archive_limits = dict(archive_limits or {})
+        self.workspaces = Workspaces(self.state_dir)
+        self.sessions.workspaces = self.workspaces
         self.checkpoints = Checkpoints(self.store, self.sessions)
         self.idle_task = None
 
@@ -44,6 +49,7 @@ class Plane:
     async def start(self):
         self.sessions.adopt_all()
         self.templates.resume_interrupted()
+        self.workspaces.resume_interrupted()
         self.idle_task = asyncio.get_running_loop().create_task(self.sessions.idle_loop())
 
     async def stop(self, stop_guests=True):
@@ -119,7 +125,12 @@ class Routes:
         # resume_on_topoff is a query parameter of both forms, per session.
         resume_on_topoff = query_bool(request, "resume_on_topoff")
         if form == "config":
-            rec = self.sessions.create_from_config(*parse_config_form(doc), resume_on_topoff=resume_on_topoff)
+            workspace_id = doc.get("workspace_id") or ""
+            if not isinstance(workspace_id, str):
+                raise ApiFailure(400, "workspace_id must be the id of a persistent workspace (a string), got %r"
+                                 % (workspace_id,))
+            rec = self.sessions.create_from_config(*parse_config_form(doc), resume_on_topoff=resume_on_topoff,
+                                                   workspace_id=workspace_id)
         else:
             rec = self.sessions.create(parse_create(doc), resume_on_topoff=resume_on_topoff)
         return web.json_response({"session": public_view(rec)}, status=201)
@@ -287,6 +298,30 @@ class Routes:
         raise ApiFailure(404, "build %r of template %s not found" % (bid, rec["template_id"]))
 
 
+    # persistent workspaces (How to Use Persistent Workspaces; doctl harness-runtime workspace)
+    def workspace(self, request):
+        return self.plane.workspaces.get(check_id(request.match_info["wid"], "workspace"))
+
+    async def create_workspace(self, request):
+        doc = await read_document(request, WORKSPACE_CREATE_KEYS, "workspace create")
+        rec, created = self.plane.workspaces.create(doc)
+        return web.json_response({"workspace": workspace_view(rec)}, status=201 if created else 200)
+
+    async def list_workspaces(self, request):
+        state = request.query.get("state", "")
+        recs = self.plane.workspaces.listing(state)
+        page = paginate(request, recs, "workspaces", "workspaces|" + state)
+        page["workspaces"] = [workspace_view(w) for w in page["workspaces"]]
+        return web.json_response(page)
+
+    async def get_workspace(self, request):
+        return web.json_response({"workspace": workspace_view(self.workspace(request))})
+
+    async def delete_workspace(self, request):
+        self.plane.workspaces.delete(self.workspace(request))
+        return web.Response(status=204)
+
+
 def add_routes(app, routes):
     s = "/sessions/{sid}"
     table = [
@@ -315,6 +350,10 @@ def add_routes(app, routes):
         ("DELETE", "/templates/{tid}", routes.delete_template),
         ("GET", "/templates/{tid}/builds", routes.list_builds),
         ("GET", "/templates/{tid}/builds/{bid}", routes.get_build),
+        ("POST", "/workspaces", routes.create_workspace),
+        ("GET", "/workspaces", routes.list_workspaces),
+        ("GET", "/workspaces/{wid}", routes.get_workspace),
+        ("DELETE", "/workspaces/{wid}", routes.delete_workspace),
     ]
     for prefix in contract.PREFIXES:
         for method, path, handler in table:

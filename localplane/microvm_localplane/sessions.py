@@ -96,6 +96,7 @@ class Sessions:
         self.in_flight = {}   # session_id -> REST exec calls running (a "command turn")
         self.tasks = set()
         self.archive_limits = {}  # the plane's bounds for archive uploads (up/serve --archive-max-*); {} = defaults
+        self.workspaces = None    # persistent workspaces (workspaces.Workspaces), set by the plane
 
     # -- helpers ----------------------------------------------------------
     def lock(self, session_id):
@@ -154,7 +155,7 @@ class Sessions:
             "fork_id": fork_id, "fork_from_checkpoint_id": fork_from_checkpoint_id, "agent": spec["agent"],
             # A YAML create persists an Environment Config first (harness-create-session): its id.
             "config_id": spec.get("config_id") or str(uuid.uuid4()),
-            "workspace_id": str(uuid.uuid4()) if spec.get("persistent_workspace") else "",
+            "workspace_id": "",  # set by create() (workspaces.py)
             "resume_on_topoff": bool(resume_on_topoff),
             "template": spec["template"], "size_slug": spec["size_slug"],
             "env": spec["env"], "secrets": spec.get("secrets") or {}, "egress": spec["egress"], "rootfs": rootfs,
@@ -181,21 +182,39 @@ class Sessions:
             # The guest runtime resolves allowed hosts to addresses once, at boot; a wildcard matches none.
             rec["warnings"].append("egress wildcards are not supported by the local control plane and allow nothing: "
                                    "%s" % ", ".join(wildcards))
+        seed = self._hold_workspace(rec, spec)
         if rec["config_id"] not in self.store.configs:
             config = dict(spec)
             config.pop("config_id", None)
+            config.pop("workspace_id", None)
             self.store.save_config({"config_id": rec["config_id"], "spec": config, "created_at": rec["created_at"]})
         self.store.save_session(rec)
-        self.boots[rec["session_id"]] = self.spawn(self._boot(rec))
+        self.boots[rec["session_id"]] = self.spawn(self._boot(rec, clone_from=(None, seed) if seed else None))
         return rec
 
-    def create_from_config(self, name, config_id, resume_on_topoff=False):
-        """The JSON create form {name, config_id}: the saved spec under a new name (resume_on_topoff is per session)."""
+    def _hold_workspace(self, rec, spec):
+        """The session's persistent workspace: the one named by workspace_id (attached now, 409 when another
+        session holds it), or a new one for `persistent_workspace: true`. -> a saved copy to start from, or None."""
+        if self.workspaces is None:
+            if spec.get("persistent_workspace"):
+                rec["workspace_id"] = str(uuid.uuid4())
+            return None
+        if spec.get("workspace_id"):
+            ws = self.workspaces.attach(spec["workspace_id"], rec["session_id"])
+            rec["workspace_id"] = ws["workspace_id"]
+            return self.workspaces.saved_copy(ws["workspace_id"])
+        if spec.get("persistent_workspace"):
+            rec["workspace_id"] = self.workspaces.create_for_spec(rec["session_id"])["workspace_id"]
+        return None
+
+    def create_from_config(self, name, config_id, resume_on_topoff=False, workspace_id=""):
+        """The JSON create form {name, config_id, workspace_id?}: the saved spec under a new name (resume_on_topoff
+        is per session); a persistent workspace is attached only this way (How to Use Persistent Workspaces)."""
         config = self.store.configs.get(config_id.lower()) if isinstance(config_id, str) else None
         if config is None:
             raise ApiFailure(404, "config %r not found: give the config_id of an Environment Config (a session "
                                   "created from a YAML spec reports the one made for it)" % config_id[:100])
-        spec = dict(config["spec"], name=name, config_id=config["config_id"])
+        spec = dict(config["spec"], name=name, config_id=config["config_id"], workspace_id=workspace_id)
         return self.create(spec, resume_on_topoff=resume_on_topoff)
 
     def update(self, rec, doc):
@@ -301,6 +320,12 @@ class Sessions:
             except BaseException:
                 pass
         async with self.lock(sid):
+            if self.workspaces is not None:
+                # Removing a session saves its persistent workspace's files, never deletes them.
+                if rec.get("sandbox_id"):
+                    await self.workspaces.release(sid, self.guests)
+                else:
+                    self.workspaces.release_unbooted(sid)
             await self._quiet_destroy(sid)
             for cid in list(self.store.checkpoints.get(sid, {})):
                 self.store.forget_checkpoint(sid, cid)
