@@ -38,8 +38,9 @@ PAUSE_IDLE = "idle"
 
 # The flat environment spec (Environment Spec Reference): decoded strictly, an unknown key is a 400 naming it.
 # `repos` is in the Refactor a Repository example (a list of GitHub owner/repo).
+# `keep_warm` (Environment Spec Reference; reported on the session object): see warmpool.py.
 CREATE_KEYS = frozenset(["name", "agent", "template", "size", "idle_timeout", "persistent_workspace", "env",
-                         "secrets", "egress", "repos"])
+                         "secrets", "egress", "repos", "keep_warm"])
 # Documented spec keys that configure an agent adapter's tools, skills and permission policy: the local plane
 # runs no agent, so it refuses them (a 400 naming the key) rather than ignoring them.
 DOCUMENTED_UNSUPPORTED_KEYS = frozenset(["tools", "skills", "permissions"])

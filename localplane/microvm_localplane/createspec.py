@@ -53,6 +53,12 @@ def parse_create(doc):
     if not isinstance(persistent, bool):
         raise ApiFailure(400, "persistent_workspace must be true or false, got %r" % (persistent,))
 
+    keep_warm = doc.get("keep_warm", False)
+    if keep_warm is None:
+        keep_warm = False
+    if not isinstance(keep_warm, bool):
+        raise ApiFailure(400, "keep_warm must be true or false, got %r" % (keep_warm,))
+
     template = doc.get("template", contract.DEFAULT_TEMPLATE)
     if template is None:
         template = contract.DEFAULT_TEMPLATE
@@ -99,7 +105,7 @@ def parse_create(doc):
     check_repos(doc.get("repos"))
 
     return {"name": name, "agent": agent, "template": template, "size_slug": size, "idle_timeout_seconds": idle,
-            "persistent_workspace": persistent, "env": env, "secrets": secrets, "egress": egress}
+            "persistent_workspace": persistent, "keep_warm": keep_warm, "env": env, "secrets": secrets, "egress": egress}
 
 
 def check_repos(repos):

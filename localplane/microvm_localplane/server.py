@@ -14,6 +14,7 @@ from .httputil import ApiFailure, check_id, error_response, paginate, query_bool
 from .sessions import Sessions, guest_state_dir, public_view
 from .store import Store
 from .templates import Templates
+from .warmpool import WarmPool
 from .workspaces import CREATE_KEYS as WORKSPACE_CREATE_KEYS
 from .workspaces import Workspaces
 from .workspaces import public_view as workspace_view
@@ -24,7 +25,7 @@ log = logging.getLogger("microvm_localplane.server")
 class Plane:
     """Everything one state dir holds: sessions, checkpoints, templates and their guests."""
 
-    def __init__(self, state_dir, token, guests=None, archive_limits=None, disk_reserve=None):
+    def __init__(self, state_dir, token, guests=None, archive_limits=None, disk_reserve=None, warm_pool=None):
         self.state_dir = os.path.abspath(state_dir)
         self.token = token
         self.store = Store(self.state_dir)
@@ -38,6 +39,9 @@ class Plane:
         self.sessions.archive_limits = dict(archive_limits or {})
         self.workspaces = Workspaces(self.state_dir)
         self.sessions.workspaces = self.workspaces
+        self.warm_pool = WarmPool(self.state_dir, guests, on_booted=self.sessions.apply_agent_limits,
+                                  **(warm_pool or {}))
+        self.sessions.warm_pool = self.warm_pool
         self.checkpoints = Checkpoints(self.store, self.sessions)
         self.idle_task = None
 
@@ -50,6 +54,7 @@ class Plane:
         self.sessions.adopt_all()
         self.templates.resume_interrupted()
         self.workspaces.resume_interrupted()
+        self.warm_pool.start()
         self.idle_task = asyncio.get_running_loop().create_task(self.sessions.idle_loop())
 
     async def stop(self, stop_guests=True):
@@ -59,6 +64,7 @@ class Plane:
             self.sessions.activity.kill_all(sid, "the control plane is stopping")
         for task in list(self.templates.tasks):
             task.cancel()
+        await self.warm_pool.shutdown()
         await self.sessions.shutdown(stop_guests)
         agentrpc.cleanup_sockets()
 

@@ -97,6 +97,7 @@ class Sessions:
         self.tasks = set()
         self.archive_limits = {}  # the plane's bounds for archive uploads (up/serve --archive-max-*); {} = defaults
         self.workspaces = None    # persistent workspaces (workspaces.Workspaces), set by the plane
+        self.warm_pool = None     # pre-booted guests for keep_warm creates (warmpool.WarmPool), set by the plane
 
     # -- helpers ----------------------------------------------------------
     def lock(self, session_id):
@@ -156,7 +157,7 @@ class Sessions:
             # A YAML create persists an Environment Config first (harness-create-session): its id.
             "config_id": spec.get("config_id") or str(uuid.uuid4()),
             "workspace_id": "",  # set by create() (workspaces.py)
-            "resume_on_topoff": bool(resume_on_topoff),
+            "resume_on_topoff": bool(resume_on_topoff), "keep_warm": bool(spec.get("keep_warm")),
             "template": spec["template"], "size_slug": spec["size_slug"],
             "env": spec["env"], "secrets": spec.get("secrets") or {}, "egress": spec["egress"], "rootfs": rootfs,
             # The session object's documented `warnings`: kept, so every GET shows them, and where a FAILED
@@ -182,6 +183,7 @@ class Sessions:
             # The guest runtime resolves allowed hosts to addresses once, at boot; a wildcard matches none.
             rec["warnings"].append("egress wildcards are not supported by the local control plane and allow nothing: "
                                    "%s" % ", ".join(wildcards))
+        member = self._warm_guest(rec, spec)
         seed = self._hold_workspace(rec, spec)
         if rec["config_id"] not in self.store.configs:
             config = dict(spec)
@@ -189,8 +191,42 @@ class Sessions:
             config.pop("workspace_id", None)
             self.store.save_config({"config_id": rec["config_id"], "spec": config, "created_at": rec["created_at"]})
         self.store.save_session(rec)
-        self.boots[rec["session_id"]] = self.spawn(self._boot(rec, clone_from=(None, seed) if seed else None))
+        if member is not None:
+            self.boots[rec["session_id"]] = self.spawn(self._adopt_warm(rec, member))
+        else:
+            self.boots[rec["session_id"]] = self.spawn(self._boot(rec, clone_from=(None, seed) if seed else None))
         return rec
+
+    def _warm_guest(self, rec, spec):
+        """keep_warm: keep this template and size warm, and take a pre-booted guest when one fits the spec."""
+        if self.warm_pool is None or not spec.get("keep_warm"):
+            return None
+        self.warm_pool.want(spec["template"], spec["size_slug"], rec["rootfs"])
+        if not self.warm_pool.eligible(spec):
+            return None
+        member = self.warm_pool.claim(spec["template"], spec["size_slug"], rec["rootfs"])
+        if member is not None:
+            rec["session_id"] = member.session_id  # ids are the server's: the pooled guest's was made in advance
+        return member
+
+    async def _adopt_warm(self, rec, member):
+        """A pooled guest becomes this session's sandbox: it takes the session's hostname, and it is READY."""
+        sid = rec["session_id"]
+        try:
+            await self.warm_pool.adopt(member, hostname_for(rec["name"]))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.warning("session %s: the warm guest could not be adopted: %s", sid, e)
+            if rec["status"] not in (contract.DESTROYING, contract.DESTROYED):
+                self.fail(rec, "the sandbox failed to boot: %s" % e)
+                await self._quiet_destroy(sid)
+            return False
+        if rec["status"] in (contract.DESTROYING, contract.DESTROYED):
+            return False
+        self.activity.touch(sid)
+        self.set_status(rec, contract.READY, sandbox_id=member.sandbox_id)
+        return True
 
     def _hold_workspace(self, rec, spec):
         """The session's persistent workspace: the one named by workspace_id (attached now, 409 when another
