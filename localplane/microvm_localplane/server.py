@@ -139,6 +139,7 @@ class Routes:
                                                    workspace_id=workspace_id)
         else:
             rec = self.sessions.create(parse_create(doc), resume_on_topoff=resume_on_topoff)
+        await self.sessions.settle_warm(rec)
         return web.json_response({"session": public_view(rec)}, status=201)
 
     async def update_session(self, request):

@@ -98,6 +98,7 @@ class Sessions:
         self.archive_limits = {}  # the plane's bounds for archive uploads (up/serve --archive-max-*); {} = defaults
         self.workspaces = None    # persistent workspaces (workspaces.Workspaces), set by the plane
         self.warm_pool = None     # pre-booted guests for keep_warm creates (warmpool.WarmPool), set by the plane
+        self.warm_claims = set()  # sessions whose create took a pooled guest, until the create answers
 
     # -- helpers ----------------------------------------------------------
     def lock(self, session_id):
@@ -193,6 +194,7 @@ class Sessions:
         self.store.save_session(rec)
         if member is not None:
             self.boots[rec["session_id"]] = self.spawn(self._adopt_warm(rec, member))
+            self.warm_claims.add(rec["session_id"])
         else:
             self.boots[rec["session_id"]] = self.spawn(self._boot(rec, clone_from=(None, seed) if seed else None))
         return rec
@@ -208,6 +210,18 @@ class Sessions:
         if member is not None:
             rec["session_id"] = member.session_id  # ids are the server's: the pooled guest's was made in advance
         return member
+
+    async def settle_warm(self, rec):
+        """A create served from the pool answers once its guest is the session's (READY): milliseconds."""
+        sid = rec["session_id"]
+        if sid in self.warm_claims:
+            self.warm_claims.discard(sid)
+            task = self.boots.get(sid)
+            if task is not None:
+                try:
+                    await asyncio.shield(task)
+                except Exception:
+                    pass
 
     async def _adopt_warm(self, rec, member):
         """A pooled guest becomes this session's sandbox: it takes the session's hostname, and it is READY."""
