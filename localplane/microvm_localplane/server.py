@@ -13,6 +13,9 @@ from .createspec import parse_config_form, parse_create
 from .httputil import ApiFailure, check_id, error_response, paginate, query_bool, read_create, read_document
 from .sessions import Sessions, guest_state_dir, public_view
 from .store import Store
+from .configs import CREATE_KEYS as CONFIG_CREATE_KEYS
+from .configs import Configs
+from .configs import public_view as config_view
 from .templates import Templates
 from .warmpool import WarmPool
 from .workspaces import CREATE_KEYS as WORKSPACE_CREATE_KEYS
@@ -37,6 +40,7 @@ class Plane:
         self.templates = Templates(self.store, self._live_sessions_using)
         self.sessions = Sessions(self.store, guests, self.templates)
         self.sessions.archive_limits = dict(archive_limits or {})
+        self.configs = Configs(self.store, self.sessions)
         self.workspaces = Workspaces(self.state_dir)
         self.sessions.workspaces = self.workspaces
         self.warm_pool = WarmPool(self.state_dir, guests, on_booted=self.sessions.apply_agent_limits,
@@ -305,6 +309,27 @@ class Routes:
         raise ApiFailure(404, "build %r of template %s not found" % (bid, rec["template_id"]))
 
 
+    # Environment Configs (How to Use Environment Configs; pydo create_config; doctl harness-runtime config)
+    def config(self, request):
+        return self.plane.configs.get(check_id(request.match_info["cfg"], "config"))
+
+    async def create_config(self, request):
+        doc = await read_document(request, CONFIG_CREATE_KEYS, "config create")
+        return web.json_response({"config": config_view(self.plane.configs.create(doc))}, status=201)
+
+    async def list_configs(self, request):
+        search = request.query.get("search", "")
+        page = paginate(request, self.plane.configs.listing(search), "configs", "configs|" + search.lower())
+        page["configs"] = [config_view(c) for c in page["configs"]]
+        return web.json_response(page)
+
+    async def get_config(self, request):
+        return web.json_response({"config": config_view(self.config(request))})
+
+    async def delete_config(self, request):
+        self.plane.configs.delete(self.config(request))
+        return web.Response(status=204)
+
     # persistent workspaces (How to Use Persistent Workspaces; doctl harness-runtime workspace)
     def workspace(self, request):
         return self.plane.workspaces.get(check_id(request.match_info["wid"], "workspace"))
@@ -357,6 +382,10 @@ def add_routes(app, routes):
         ("DELETE", "/templates/{tid}", routes.delete_template),
         ("GET", "/templates/{tid}/builds", routes.list_builds),
         ("GET", "/templates/{tid}/builds/{bid}", routes.get_build),
+        ("POST", "/configs", routes.create_config),
+        ("GET", "/configs", routes.list_configs),
+        ("GET", "/configs/{cfg}", routes.get_config),
+        ("DELETE", "/configs/{cfg}", routes.delete_config),
         ("POST", "/workspaces", routes.create_workspace),
         ("GET", "/workspaces", routes.list_workspaces),
         ("GET", "/workspaces/{wid}", routes.get_workspace),

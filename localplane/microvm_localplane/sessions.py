@@ -469,7 +469,8 @@ class Sessions:
 
     def _forget_unused_config(self, config_id):
         """Decision: a config the plane made for a YAML create lives as long as a session record refers to it."""
-        if config_id and not any(r.get("config_id") == config_id for r in self.store.sessions.values()):
+        named = (self.store.configs.get(config_id) or {}).get("name")  # a saved Environment Config stays (configs.py)
+        if config_id and not named and not any(r.get("config_id") == config_id for r in self.store.sessions.values()):
             self.store.forget_config(config_id)
 
     def _guest_died(self, session_id):

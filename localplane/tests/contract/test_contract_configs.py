@@ -1,0 +1,78 @@
+"""Environment Configs (How to Use Environment Configs; pydo create_config; doctl harness-runtime config).
+
+Created from {name, manifest_yaml, insights?} with a unique name, immutable, listed (with `search`), got, and
+deleted only once no session started from it is active; sessions start from one with {name, config_id}.
+"""
+import uuid
+
+import pytest
+
+from contract_support import error_message, local_only, unique
+
+FIELDS = {"config_id", "name", "schema_version", "content_hash", "created_by", "created_at"}
+
+
+@pytest.fixture
+def configs(api):
+    made = []
+
+    def make(name=None, manifest="name: from-config\nagent: custom\n", **extra):
+        body = dict(name=name or unique("cfg"), manifest_yaml=manifest, **extra)
+        resp = api.call("POST", "/configs", json=body)
+        if resp.status_code == 201:
+            made.append(resp.json()["config"]["config_id"])
+        return resp
+
+    yield make
+    for cid in made:
+        api.call("DELETE", "/configs/%s" % cid)
+
+
+def test_create_get_list_and_search(api, configs):
+    name = unique("Reviewer")
+    resp = configs(name=name, insights={"logs": True, "traces": None})
+    assert resp.status_code == 201, resp.text
+    cfg = resp.json()["config"]
+    assert set(cfg) == FIELDS and cfg["name"] == name and cfg["content_hash"]
+    assert api.call("GET", "/configs/%s" % cfg["config_id"]).json()["config"] == cfg
+    found = api.call("GET", "/configs", params={"search": name[3:].upper()}).json()
+    assert set(found) == {"configs", "next_page_token"}
+    assert [c["config_id"] for c in found["configs"]] == [cfg["config_id"]]
+
+
+@local_only
+def test_names_are_unique_case_insensitively(configs):
+    name = unique("dup")
+    assert configs(name=name).status_code == 201
+    again = configs(name=name.upper())
+    assert again.status_code == 409 and "already exists" in error_message(again)
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"name": "x"}, "manifest_yaml is required"),
+    ({"manifest_yaml": "name: a\nagent: custom\n"}, "name is required"),
+    ({"name": "x", "manifest_yaml": "name: a\nagent: custom\nkeep_cold: true\n"}, "keep_cold"),
+    ({"name": "x", "manifest_yaml": "name: a\nagent: custom\n", "manifestYaml": "x"}, "manifestYaml"),
+    ({"name": "x", "manifest_yaml": "name: a\nagent: custom\n", "insights": {"logs": "yes"}}, "insights.logs"),
+])
+def test_create_refuses_a_bad_body_naming_what_is_wrong(api, body, needle):
+    resp = api.call("POST", "/configs", json=body)
+    assert resp.status_code == 400 and needle in error_message(resp)
+
+
+def test_a_session_starts_from_a_config_and_blocks_its_delete(api, configs):
+    cfg = configs(manifest="name: from-config\nagent: custom\nidle_timeout: 5m\n").json()["config"]
+    resp = api.create({"name": unique(), "config_id": cfg["config_id"]}, content_type="application/json")
+    assert resp.status_code == 201, resp.text
+    s = api.wait(resp.json()["session"]["session_id"], ("READY",))
+    assert s["config_id"] == cfg["config_id"] and s["idle_timeout_seconds"] == 300
+    blocked = api.call("DELETE", "/configs/%s" % cfg["config_id"])
+    assert blocked.status_code == 409 and s["session_id"] in error_message(blocked)
+    api.call("DELETE", "/sessions/%s" % s["session_id"])
+    api.wait(s["session_id"], ("DESTROYED",))
+    assert api.call("DELETE", "/configs/%s" % cfg["config_id"]).status_code == 204
+    assert api.call("GET", "/configs/%s" % cfg["config_id"]).status_code == 404
+
+
+def test_unknown_config_is_404(api):
+    assert api.call("GET", "/configs/%s" % uuid.uuid4()).status_code == 404
