@@ -657,6 +657,36 @@ class ApiClient(object):
             self._sleep(delay)
             delay = min(delay * 1.5, 2.0)
 
+    def create_config(self, name, manifest_yaml, insights=None):
+        """POST /configs: an immutable Environment Config from the environment spec's YAML text (pydo create_config)."""
+        body = {"name": name, "manifest_yaml": manifest_yaml}
+        if insights:
+            body["insights"] = insights
+        return self.request("POST", "/configs", body=body, what="config", ident=name)["config"]
+
+    def get_config(self, config_id):
+        return self.request("GET", _path("configs", config_id), what="config", ident=config_id)["config"]
+
+    def list_configs(self, search=None):
+        return self._paginate("/configs", "configs", {"search": search})
+
+    def delete_config(self, config_id):
+        return self.request("DELETE", _path("configs", config_id), what="config", ident=config_id)
+
+    def find_config(self, name_or_id):
+        """A config by id or by name (names are unique among a team's active configs, case-insensitively)."""
+        low = name_or_id.lower()
+        for c in self.list_configs(search=name_or_id if len(name_or_id) <= 64 else None):
+            if low == str(c.get("name") or "").lower():
+                return c
+        # Not a name: an id (never guessed from its shape).
+        try:
+            return self.get_config(name_or_id)
+        except ApiError as e:
+            if e.gone:
+                return None
+            raise
+
     def create_session_from_config(self, name, config_id, workspace_id=None, resume_on_topoff=None):
         """The JSON create form {name, config_id, workspace_id?} (CREATE-SESSION; doctl create --from-config)."""
         body = {"name": name, "config_id": config_id}

@@ -112,3 +112,68 @@ def test_workspace_lifecycle_and_files_across_sessions(plane, tmp_path):
     assert run.result("read the workspace")["json"]["stdout"].strip() == "kept-%s" % tag
     assert run.changed("delete") and not run.changed("delete again")
     assert plane.client().list_workspaces() == [] or wid not in [w["workspace_id"] for w in plane.client().list_workspaces()]
+
+
+def test_environment_config_lifecycle_and_a_session_from_it(plane, tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    secret = "s3cret-%s" % uuid.uuid4().hex
+    run = run_playbook(plane, tmp_path, """
+        - hosts: localhost
+          gather_facts: false
+          vars:
+            cfg: reviewer-%(tag)s
+          tasks:
+            - name: save
+              microvm.sandbox.environment_config:
+                name: "{{ cfg }}"
+                spec: {name: "{{ cfg }}", idle_timeout: 5m, keep_warm: false}
+                secrets: {REVIEW_TOKEN: "%(secret)s"}
+                insights: {logs: true}
+              register: saved
+            - name: save again
+              microvm.sandbox.environment_config:
+                name: "{{ cfg }}"
+                spec: {name: "{{ cfg }}", idle_timeout: 5m}
+            - name: save another in check mode
+              microvm.sandbox.environment_config: {name: "other-%(tag)s", spec: {name: x}}
+              check_mode: true
+            - name: find
+              microvm.sandbox.environment_config_info: {search: "REVIEWER-%(tag)s"}
+            - name: find the one in check mode
+              microvm.sandbox.environment_config_info: {name: "other-%(tag)s"}
+            - name: a session from it
+              microvm.sandbox.session: {name: "from-cfg-%(tag)s", config_id: "{{ saved.config.config_id }}"}
+              register: from_cfg
+            - name: a spec option with a config
+              microvm.sandbox.session: {name: "bad-%(tag)s", config_id: "{{ saved.config.config_id }}", size: x}
+              ignore_errors: true
+            - name: delete while a session from it is active
+              microvm.sandbox.environment_config: {name: "{{ cfg }}", state: absent}
+              ignore_errors: true
+            - name: remove the session
+              microvm.sandbox.session: {name: "from-cfg-%(tag)s", state: absent}
+            - name: recreate
+              microvm.sandbox.environment_config:
+                name: "{{ cfg }}"
+                spec: {name: "{{ cfg }}"}
+                recreate: true
+            - name: delete
+              microvm.sandbox.environment_config: {name: "{{ cfg }}", state: absent}
+            - name: delete again
+              microvm.sandbox.environment_config: {name: "{{ cfg }}", state: absent}
+    """ % {"tag": tag, "secret": secret}, args=["--diff", "-vvv"])
+    assert run.rc == 0, run
+    saved = run.result("save")
+    assert saved["changed"] and saved["config"]["name"] == "reviewer-%s" % tag
+    assert not run.changed("save again")
+    assert run.changed("save another in check mode") and run.result("find the one in check mode")["configs"] == []
+    assert [c["config_id"] for c in run.result("find")["configs"]] == [saved["config"]["config_id"]]
+    session = run.result("a session from it")["session"]
+    assert session["config_id"] == saved["config"]["config_id"] and session["idle_timeout_seconds"] == 300
+    assert run.failed("a spec option with a config") and "mutually exclusive" in run.result("a spec option with a config")["msg"]
+    assert run.failed("delete while a session from it is active")
+    assert "active session" in run.result("delete while a session from it is active")["msg"]
+    recreated = run.result("recreate")
+    assert recreated["changed"] and recreated["config"]["config_id"] != saved["config"]["config_id"]
+    assert run.changed("delete") and not run.changed("delete again")
+    assert secret not in run.stdout and secret not in run.stderr
