@@ -7,11 +7,18 @@ case-insensitive `search` on the name, manifests not returned), get, delete (ref
 from the config are still active). A session starts from one with the JSON create {name, config_id}, and
 only such a session can hold a persistent workspace.
 
+The object (pydo get_config and list_configs response examples): get and create answer {"config": {id, name,
+agentspec_schema_version, content_hash, created_by, created_at, updated_at, credentials}}, credentials being the
+redacted slot metadata (name, source, provider; never a value); list items carry region instead of credentials.
+Delete is a soft delete (pydo delete_config): the name is released and the config leaves the list, while
+sessions created from it keep a resolvable config_id.
+
 Records share the store's configs (a YAML session create saves one for its session too, without a name:
-those are not listed). Decisions where the docs are silent: the object's fields are the columns doctl prints
-(ID, Name, SchemaVersion, ContentHash, CreatedBy, CreatedAt) as `config_id`, `name`, `schema_version`,
-`content_hash` (sha256 of the manifest text), `created_by` and `created_at`; the manifest is never echoed
-(it may hold secrets; the platform shows a sanitized one).
+those are not listed). Decisions where the docs are silent: agentspec_schema_version is "flat" for the flat
+spec (the documented value, agents.digitalocean.com/v1alpha1, names the legacy envelope, which the local plane
+refuses); content_hash is the sha256 of the manifest text; created_by is "local"; a secret's slot is
+{name, source: "tenantSecret", provider: ""}; the manifest is never echoed (it may hold secrets; the platform
+shows a sanitized one); a session cannot start from a deleted config (404).
 """
 import hashlib
 import uuid
@@ -27,11 +34,25 @@ MAX_MANIFEST_BYTES = 512 * 1024
 MAX_SEARCH_CHARS = 64
 SCHEMA_VERSION = "flat"
 CREATED_BY = "local"
-PUBLIC_FIELDS = ("config_id", "name", "schema_version", "content_hash", "created_by", "created_at")
+SECRET_SOURCE = "tenantSecret"
 
 
 def public_view(rec: dict) -> dict:
-    return {key: rec.get(key) or "" for key in PUBLIC_FIELDS}
+    """The config as get and create answer it."""
+    secrets = sorted((rec.get("spec") or {}).get("secrets") or {})
+    return {"id": rec["config_id"], "name": rec.get("name") or "",
+            "agentspec_schema_version": rec.get("schema_version") or SCHEMA_VERSION,
+            "content_hash": rec.get("content_hash") or "", "created_by": rec.get("created_by") or CREATED_BY,
+            "created_at": rec.get("created_at") or "", "updated_at": rec.get("created_at") or "",
+            "credentials": [{"name": k, "source": SECRET_SOURCE, "provider": ""} for k in secrets]}
+
+
+def list_view(rec: dict) -> dict:
+    """A list item: lightweight metadata, region instead of credentials (list_configs)."""
+    out = public_view(rec)
+    del out["credentials"]
+    out["region"] = contract.REGION
+    return out
 
 
 class Configs:
@@ -41,10 +62,11 @@ class Configs:
 
     def named(self) -> list:
         """The team's saved configs (those a YAML session create made for itself have no name)."""
-        return sorted((r for r in self.store.configs.values() if r.get("name")),
+        return sorted((r for r in self.store.configs.values() if r.get("name") and not r.get("deleted")),
                       key=lambda r: (r["created_at"], r["config_id"]), reverse=True)
 
     def listing(self, search: str = "") -> list:
+        """Newest first; soft-deleted configs are excluded."""
         if len(search) > MAX_SEARCH_CHARS:
             raise ApiFailure(400, "search is at most %d characters" % MAX_SEARCH_CHARS)
         low = search.lower()
@@ -98,4 +120,8 @@ class Configs:
             raise ApiFailure(409, "config %s still has %d active session%s (%s): delete is blocked until they are "
                                   "removed" % (rec["config_id"], len(active), "" if len(active) == 1 else "s",
                                                ", ".join(sorted(active)[:5])))
-        self.store.forget_config(rec["config_id"])
+        if rec.get("name"):
+            # A soft delete: the name is free again, and sessions created from it keep a resolvable config_id.
+            self.store.save_config(dict(rec, deleted=True))
+        else:
+            self.store.forget_config(rec["config_id"])

@@ -15,6 +15,7 @@ from .sessions import Sessions, guest_state_dir, public_view
 from .store import Store
 from .configs import CREATE_KEYS as CONFIG_CREATE_KEYS
 from .configs import Configs
+from .configs import list_view as config_list_view
 from .configs import public_view as config_view
 from .templates import Templates
 from .warmpool import WarmPool
@@ -319,8 +320,12 @@ class Routes:
 
     async def list_configs(self, request):
         search = request.query.get("search", "")
+        raw = request.query.get("page_size", "")
+        if raw.isdigit() and int(raw) > contract.MAX_PAGE_SIZE:
+            # list_configs: "Values above 200 are rejected" (other lists clamp: a local decision).
+            raise ApiFailure(400, "page_size %s is above %d" % (raw, contract.MAX_PAGE_SIZE))
         page = paginate(request, self.plane.configs.listing(search), "configs", "configs|" + search.lower())
-        page["configs"] = [config_view(c) for c in page["configs"]]
+        page["configs"] = [config_list_view(c) for c in page["configs"]]
         return web.json_response(page)
 
     async def get_config(self, request):

@@ -261,7 +261,7 @@ class Sessions:
         """The JSON create form {name, config_id, workspace_id?}: the saved spec under a new name (resume_on_topoff
         is per session); a persistent workspace is attached only this way (How to Use Persistent Workspaces)."""
         config = self.store.configs.get(config_id.lower()) if isinstance(config_id, str) else None
-        if config is None:
+        if config is None or config.get("deleted"):
             raise ApiFailure(404, "config %r not found: give the config_id of an Environment Config (a session "
                                   "created from a YAML spec reports the one made for it)" % config_id[:100])
         spec = dict(config["spec"], name=name, config_id=config["config_id"], workspace_id=workspace_id)

@@ -671,6 +671,7 @@ class ApiClient(object):
         return self._paginate("/configs", "configs", {"search": search})
 
     def delete_config(self, config_id):
+        """A soft delete (pydo delete_config): the name is released; sessions from it keep their config_id."""
         return self.request("DELETE", _path("configs", config_id), what="config", ident=config_id)
 
     def find_config(self, name_or_id):
@@ -678,7 +679,7 @@ class ApiClient(object):
         low = name_or_id.lower()
         for c in self.list_configs(search=name_or_id if len(name_or_id) <= 64 else None):
             if low == str(c.get("name") or "").lower():
-                return c
+                return self.get_config(c["id"])
         # Not a name: an id (never guessed from its shape).
         try:
             return self.get_config(name_or_id)

@@ -92,7 +92,7 @@ EXAMPLES = r"""
 - name: Start a session from it, with a persistent workspace
   microvm.sandbox.session:
     name: review-2
-    config_id: "{{ reviewer.config.config_id }}"
+    config_id: "{{ reviewer.config.id }}"
     workspace_id: "{{ notes_workspace_id }}"
 
 - name: Delete it once no session from it is active
@@ -108,13 +108,13 @@ config:
   returned: always
   type: dict
   contains:
-    config_id:
+    id:
       description: Id of the config (sessions started from it report it as C(config_id)).
       type: str
     name:
       description: Its name.
       type: str
-    schema_version:
+    agentspec_schema_version:
       description: The spec format it was saved in.
       type: str
     content_hash:
@@ -126,13 +126,25 @@ config:
     created_at:
       description: Creation time.
       type: str
+    updated_at:
+      description: Time of the last change (configs are immutable).
+      type: str
+    credentials:
+      description: The secret slots the manifest declares (C(name), C(source), C(provider)); never a value.
+      type: list
+      elements: dict
   sample:
-    config_id: 019fb39c-14d9-7080-933e-b9b90e25acda
+    id: 019fb39c-14d9-7080-933e-b9b90e25acda
     name: reviewer
-    schema_version: flat
-    content_hash: 9f2c1a4b7e0d4c1b8a6f3e2d1c0b9a8f7e6d5c4b3a291807f6e5d4c3b2a19080
+    agentspec_schema_version: flat
+    content_hash: 75803fef24dc731824ecd4a1853c76153c7d8503534092b94da3ca3f31a882f4
     created_by: local
     created_at: "2026-11-17T10:00:00Z"
+    updated_at: "2026-11-17T10:00:00Z"
+    credentials:
+      - name: GITHUB_TOKEN
+        source: tenantSecret
+        provider: ""
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
@@ -163,13 +175,14 @@ def save(module, client):
         module.fail_json(msg="Config %r does not exist; spec is required to save it." % p["name"])
     text = manifest(module)
     if module.check_mode:
-        return dict(config_id="", name=p["name"], schema_version="", content_hash="", created_by="", created_at="")
+        return dict(id="", name=p["name"], agentspec_schema_version="", content_hash="", created_by="", created_at="",
+                    updated_at="", credentials=[dict(name=k, source="", provider="") for k in sorted(p["secrets"] or {})])
     return client.create_config(p["name"], text, insights=p["insights"])
 
 
 def delete(client, existing):
     try:
-        client.delete_config(existing["config_id"])
+        client.delete_config(existing["id"])
     except ApiError as e:
         if not e.gone:
             raise

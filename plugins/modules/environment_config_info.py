@@ -49,18 +49,21 @@ EXAMPLES = r"""
 RETURN = r"""
 configs:
   description:
-    - The matching configs as the platform reports them (see
-      RV(microvm.sandbox.environment_config#module:environment_config) for the fields).
+    - The matching configs as the platform lists them (see
+      RV(microvm.sandbox.environment_config#module:environment_config) for the fields); list items carry C(region)
+      instead of C(credentials), and one looked up by O(name) is the full object.
   returned: always
   type: list
   elements: dict
   sample:
-    - config_id: 019fb39c-14d9-7080-933e-b9b90e25acda
+    - id: 019fb39c-14d9-7080-933e-b9b90e25acda
       name: reviewer
-      schema_version: flat
-      content_hash: 9f2c1a4b7e0d4c1b8a6f3e2d1c0b9a8f7e6d5c4b3a291807f6e5d4c3b2a19080
+      agentspec_schema_version: flat
+      content_hash: 75803fef24dc731824ecd4a1853c76153c7d8503534092b94da3ca3f31a882f4
       created_by: local
       created_at: "2026-11-17T10:00:00Z"
+      updated_at: "2026-11-17T10:00:00Z"
+      region: local
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402

@@ -142,10 +142,10 @@ def test_environment_config_lifecycle_and_a_session_from_it(plane, tmp_path):
             - name: find the one in check mode
               microvm.sandbox.environment_config_info: {name: "other-%(tag)s"}
             - name: a session from it
-              microvm.sandbox.session: {name: "from-cfg-%(tag)s", config_id: "{{ saved.config.config_id }}"}
+              microvm.sandbox.session: {name: "from-cfg-%(tag)s", config_id: "{{ saved.config.id }}"}
               register: from_cfg
             - name: a spec option with a config
-              microvm.sandbox.session: {name: "bad-%(tag)s", config_id: "{{ saved.config.config_id }}", size: x}
+              microvm.sandbox.session: {name: "bad-%(tag)s", config_id: "{{ saved.config.id }}", size: x}
               ignore_errors: true
             - name: delete while a session from it is active
               microvm.sandbox.environment_config: {name: "{{ cfg }}", state: absent}
@@ -167,13 +167,14 @@ def test_environment_config_lifecycle_and_a_session_from_it(plane, tmp_path):
     assert saved["changed"] and saved["config"]["name"] == "reviewer-%s" % tag
     assert not run.changed("save again")
     assert run.changed("save another in check mode") and run.result("find the one in check mode")["configs"] == []
-    assert [c["config_id"] for c in run.result("find")["configs"]] == [saved["config"]["config_id"]]
+    assert [c["id"] for c in run.result("find")["configs"]] == [saved["config"]["id"]]
+    assert [c["name"] for c in saved["config"]["credentials"]] == ["REVIEW_TOKEN"]
     session = run.result("a session from it")["session"]
-    assert session["config_id"] == saved["config"]["config_id"] and session["idle_timeout_seconds"] == 300
+    assert session["config_id"] == saved["config"]["id"] and session["idle_timeout_seconds"] == 300
     assert run.failed("a spec option with a config") and "mutually exclusive" in run.result("a spec option with a config")["msg"]
     assert run.failed("delete while a session from it is active")
     assert "active session" in run.result("delete while a session from it is active")["msg"]
     recreated = run.result("recreate")
-    assert recreated["changed"] and recreated["config"]["config_id"] != saved["config"]["config_id"]
+    assert recreated["changed"] and recreated["config"]["id"] != saved["config"]["id"]
     assert run.changed("delete") and not run.changed("delete again")
     assert secret not in run.stdout and secret not in run.stderr

@@ -9,7 +9,10 @@ import pytest
 
 from contract_support import error_message, local_only, unique
 
-FIELDS = {"config_id", "name", "schema_version", "content_hash", "created_by", "created_at"}
+# pydo get_config's response example; list items carry region instead of credentials (pydo list_configs).
+FIELDS = {"id", "name", "agentspec_schema_version", "content_hash", "created_by", "created_at", "updated_at",
+          "credentials"}
+LIST_FIELDS = FIELDS - {"credentials"} | {"region"}
 
 
 @pytest.fixture
@@ -20,7 +23,7 @@ def configs(api):
         body = dict(name=name or unique("cfg"), manifest_yaml=manifest, **extra)
         resp = api.call("POST", "/configs", json=body)
         if resp.status_code == 201:
-            made.append(resp.json()["config"]["config_id"])
+            made.append(resp.json()["config"]["id"])
         return resp
 
     yield make
@@ -30,14 +33,19 @@ def configs(api):
 
 def test_create_get_list_and_search(api, configs):
     name = unique("Reviewer")
-    resp = configs(name=name, insights={"logs": True, "traces": None})
+    resp = configs(name=name, insights={"logs": True, "traces": None},
+                   manifest="name: a\nagent: custom\nsecrets: {API_KEY: never-shown}\n")
     assert resp.status_code == 201, resp.text
+    assert "never-shown" not in resp.text
     cfg = resp.json()["config"]
     assert set(cfg) == FIELDS and cfg["name"] == name and cfg["content_hash"]
-    assert api.call("GET", "/configs/%s" % cfg["config_id"]).json()["config"] == cfg
+    assert [c["name"] for c in cfg["credentials"]] == ["API_KEY"]
+    assert api.call("GET", "/configs/%s" % cfg["id"]).json()["config"] == cfg
     found = api.call("GET", "/configs", params={"search": name[3:].upper()}).json()
     assert set(found) == {"configs", "next_page_token"}
-    assert [c["config_id"] for c in found["configs"]] == [cfg["config_id"]]
+    assert [c["id"] for c in found["configs"]] == [cfg["id"]]
+    assert set(found["configs"][0]) == LIST_FIELDS
+    assert api.call("GET", "/configs", params={"page_size": 201}).status_code == 400
 
 
 @local_only
@@ -62,16 +70,20 @@ def test_create_refuses_a_bad_body_naming_what_is_wrong(api, body, needle):
 
 def test_a_session_starts_from_a_config_and_blocks_its_delete(api, configs):
     cfg = configs(manifest="name: from-config\nagent: custom\nidle_timeout: 5m\n").json()["config"]
-    resp = api.create({"name": unique(), "config_id": cfg["config_id"]}, content_type="application/json")
+    resp = api.create({"name": unique(), "config_id": cfg["id"]}, content_type="application/json")
     assert resp.status_code == 201, resp.text
     s = api.wait(resp.json()["session"]["session_id"], ("READY",))
-    assert s["config_id"] == cfg["config_id"] and s["idle_timeout_seconds"] == 300
-    blocked = api.call("DELETE", "/configs/%s" % cfg["config_id"])
+    assert s["config_id"] == cfg["id"] and s["idle_timeout_seconds"] == 300
+    blocked = api.call("DELETE", "/configs/%s" % cfg["id"])
     assert blocked.status_code == 409 and s["session_id"] in error_message(blocked)
     api.call("DELETE", "/sessions/%s" % s["session_id"])
     api.wait(s["session_id"], ("DESTROYED",))
-    assert api.call("DELETE", "/configs/%s" % cfg["config_id"]).status_code == 204
-    assert api.call("GET", "/configs/%s" % cfg["config_id"]).status_code == 404
+    assert api.call("DELETE", "/configs/%s" % cfg["id"]).status_code == 204
+    # A soft delete: out of the list, the name free again, the id still resolvable; no new session from it.
+    assert cfg["id"] not in [c["id"] for c in api.call("GET", "/configs").json()["configs"]]
+    assert api.call("GET", "/configs/%s" % cfg["id"]).status_code == 200
+    again = api.create({"name": unique(), "config_id": cfg["id"]}, content_type="application/json")
+    assert again.status_code == 404
 
 
 def test_unknown_config_is_404(api):
