@@ -88,3 +88,15 @@ def test_a_session_starts_from_a_config_and_blocks_its_delete(api, configs):
 
 def test_unknown_config_is_404(api):
     assert api.call("GET", "/configs/%s" % uuid.uuid4()).status_code == 404
+
+
+def test_the_documented_examples_have_exactly_these_keys():
+    """The plane's keys are the ones in the documented examples (tests/platform_corpus), no more, no fewer."""
+    import json
+    import os
+    corpus = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "platform_corpus")
+    with open(os.path.join(corpus, "configs.get.1.json")) as f:
+        assert set(json.load(f)["response"]["body"]["config"]) == FIELDS
+    with open(os.path.join(corpus, "configs.list.1.json")) as f:
+        body = json.load(f)["response"]["body"]
+    assert set(body) == {"configs", "next_page_token"} and set(body["configs"][0]) == LIST_FIELDS
