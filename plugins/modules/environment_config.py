@@ -17,7 +17,7 @@ description:
     (U(https://docs.digitalocean.com/products/managed-agents/agent-harness-runtime/how-to/use-agent-configs/),
     U(https://docs.digitalocean.com/reference/pydo/reference/harness/create_config/)). Only a session started
     from a config can hold a persistent workspace (M(microvm.sandbox.persistent_workspace)).
-  - Start a session from it with M(microvm.sandbox.session) and O(microvm.sandbox.session#module:session:config_id).
+  - Start a session from it with M(microvm.sandbox.session) and O(microvm.sandbox.session#module:config_id).
   - B(Configs are immutable.) The platform does not show a config's manifest back in a form this module could
     compare, so an existing config is left as it is, whatever O(spec) says; set O(recreate=true) to delete it and
     save it again (the platform refuses while sessions started from it are active).

@@ -50,7 +50,7 @@ RETURN = r"""
 configs:
   description:
     - The matching configs as the platform lists them (see
-      RV(microvm.sandbox.environment_config#module:environment_config) for the fields); list items carry C(region)
+      RV(microvm.sandbox.environment_config#module:config) for the fields); list items carry C(region)
       instead of C(credentials), and one looked up by O(name) is the full object.
   returned: always
   type: list

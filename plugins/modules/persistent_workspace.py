@@ -16,7 +16,7 @@ description:
     Removing the session saves the files, and a new session that uses the same workspace starts with them
     (U(https://docs.digitalocean.com/products/managed-agents/agent-harness-runtime/how-to/use-persistent-workspaces/)).
   - A workspace is attached when a session is created from a saved config with its id, never afterwards, to one
-    session at a time (O(microvm.sandbox.session#module:session:workspace_id)).
+    session at a time (O(microvm.sandbox.session#module:workspace_id)).
   - Persistent workspaces are in public preview and enabled per team; when they are not enabled, every workspace
     call answers 403.
   - B(Identity.) The platform's names are labels, not unique. Without O(workspace_id), this module takes

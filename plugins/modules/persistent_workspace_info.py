@@ -59,7 +59,7 @@ RETURN = r"""
 workspaces:
   description:
     - The matching workspaces as the platform reports them, newest first (see
-      RV(microvm.sandbox.persistent_workspace#module:persistent_workspace) for the fields).
+      RV(microvm.sandbox.persistent_workspace#module:workspace) for the fields).
   returned: always
   type: list
   elements: dict

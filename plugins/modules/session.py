@@ -106,7 +106,7 @@ options:
   config_id:
     description:
       - Create the session from a saved Environment Config instead of a spec (the JSON create form
-        C({name, config_id})), for example the C(id) of the RV(microvm.sandbox.environment_config#module:environment_config:config)
+        C({name, config_id})), for example the C(id) of the RV(microvm.sandbox.environment_config#module:config)
         M(microvm.sandbox.environment_config) returns, or the C(config_id) another session reports.
       - The spec options (O(template), O(size), O(idle_timeout), O(persistent_workspace), O(keep_warm), O(repos),
         O(env), O(secrets), O(egress)) come from the config and cannot be given with it; the adapter is the config's,
