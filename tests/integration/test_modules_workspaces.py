@@ -178,3 +178,29 @@ def test_environment_config_lifecycle_and_a_session_from_it(plane, tmp_path):
     assert recreated["changed"] and recreated["config"]["id"] != saved["config"]["id"]
     assert run.changed("delete") and not run.changed("delete again")
     assert secret not in run.stdout and secret not in run.stderr
+
+
+def test_session_keep_warm_is_sent_reported_and_compared(plane, tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    run = run_playbook(plane, tmp_path, """
+        - hosts: localhost
+          gather_facts: false
+          tasks:
+            - name: warm
+              microvm.sandbox.session: {name: "warm-%(tag)s", keep_warm: true}
+            - name: warm again
+              microvm.sandbox.session: {name: "warm-%(tag)s", keep_warm: true}
+            - name: not warm
+              microvm.sandbox.session: {name: "warm-%(tag)s", keep_warm: false}
+              ignore_errors: true
+            - name: a workspace without a config
+              microvm.sandbox.session: {name: "ws-%(tag)s", workspace_id: "w"}
+              ignore_errors: true
+            - name: clean up
+              microvm.sandbox.session: {name: "warm-%(tag)s", state: absent}
+    """ % {"tag": tag})
+    assert run.rc == 0, run
+    assert run.result("warm")["session"]["keep_warm"] is True
+    assert not run.changed("warm again")
+    assert run.failed("not warm") and "keep_warm: is True, wanted False" in run.result("not warm")["msg"]
+    assert run.failed("a workspace without a config") and "config_id" in run.result("a workspace without a config")["msg"]
