@@ -199,7 +199,7 @@ class Sessions:
             self.boots[rec["session_id"]] = self.spawn(self._boot(rec, clone_from=(None, seed) if seed else None))
         return rec
 
-    def _warm_guest(self, rec, spec):
+    def _warm_guest(self, rec: dict, spec: dict):
         """keep_warm: keep this template and size warm, and take a pre-booted guest when one fits the spec."""
         if self.warm_pool is None or not spec.get("keep_warm"):
             return None
@@ -211,7 +211,7 @@ class Sessions:
             rec["session_id"] = member.session_id  # ids are the server's: the pooled guest's was made in advance
         return member
 
-    async def settle_warm(self, rec):
+    async def settle_warm(self, rec: dict) -> None:
         """A create served from the pool answers once its guest is the session's (READY): milliseconds."""
         sid = rec["session_id"]
         if sid in self.warm_claims:
@@ -223,7 +223,7 @@ class Sessions:
                 except Exception:
                     pass
 
-    async def _adopt_warm(self, rec, member):
+    async def _adopt_warm(self, rec: dict, member) -> bool:
         """A pooled guest becomes this session's sandbox: it takes the session's hostname, and it is READY."""
         sid = rec["session_id"]
         try:
@@ -242,7 +242,7 @@ class Sessions:
         self.set_status(rec, contract.READY, sandbox_id=member.sandbox_id)
         return True
 
-    def _hold_workspace(self, rec, spec):
+    def _hold_workspace(self, rec: dict, spec: dict):
         """The session's persistent workspace: the one named by workspace_id (attached now, 409 when another
         session holds it), or a new one for `persistent_workspace: true`. -> a saved copy to start from, or None."""
         if self.workspaces is None:

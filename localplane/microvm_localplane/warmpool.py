@@ -98,6 +98,7 @@ class WarmPool:
         self.keys: dict = {}      # (template, size) -> {"rootfs": dict, "wanted_at": monotonic}
         self.ready: dict = {}     # key -> [Member]
         self.booting: dict = {}   # key -> number of boots under way
+        self.booting_ids: set = set()
         self.stats = {"claimed": 0, "booted": 0, "discarded": 0, "failed": 0}
         self.task = None
         self._wake = asyncio.Event()
@@ -114,7 +115,9 @@ class WarmPool:
         return len(self._members()) + sum(self.booting.values())
 
     def _write(self) -> None:
-        data = dict(self.stats, members=[m.session_id for m in self._members()],
+        """warm-pool.json: the counts, and every guest the pool owns, booting ones included (recorded before they
+        exist, so that a crash never orphans one)."""
+        data = dict(self.stats, members=[m.session_id for m in self._members()] + sorted(self.booting_ids),
                     ready={"%s/%s" % k: len(v) for k, v in self.ready.items()})
         with contextlib.suppress(OSError):
             write_json_atomic(self.path, data)
@@ -216,7 +219,8 @@ class WarmPool:
         m = Member(str(uuid.uuid4()), str(uuid.uuid4()), rootfs, key[1])
         try:
             self.guests.admit([m.size])
-            self._write_members(extra=[m.session_id])
+            self.booting_ids.add(m.session_id)
+            self._write()
             await self.guests.boot(m.session_id, m.sandbox_id, RootfsSpec(**rootfs), {}, None, PLACEHOLDER_HOSTNAME,
                                    size=m.size)
             self.on_booted(m.session_id)
@@ -230,19 +234,13 @@ class WarmPool:
             return
         finally:
             self.booting[key] -= 1
+            self.booting_ids.discard(m.session_id)
         if key in self.keys and self.keys[key]["rootfs"] == rootfs:
             self.stats["booted"] += 1
             self.ready.setdefault(key, []).append(m)
         else:
             self._discard(m)
         self._write()
-
-    def _write_members(self, extra=()) -> None:
-        """Record every guest the pool owns (booting ones too) before it exists: a crash must not orphan one."""
-        data = dict(self.stats, members=[m.session_id for m in self._members()] + list(extra),
-                    ready={"%s/%s" % k: len(v) for k, v in self.ready.items()})
-        with contextlib.suppress(OSError):
-            write_json_atomic(self.path, data)
 
     def _discard(self, m: Member) -> None:
         self.stats["discarded"] += 1
