@@ -196,6 +196,11 @@ def test_session_keep_warm_is_sent_reported_and_compared(plane, tmp_path):
             - name: a workspace without a config
               microvm.sandbox.session: {name: "ws-%(tag)s", workspace_id: "w"}
               ignore_errors: true
+            - name: the api group reaches the new modules
+              microvm.sandbox.persistent_workspace_info: {}
+              module_defaults:
+                group/microvm.sandbox.api: {api_url: "http://127.0.0.1:1", request_timeout: 2}
+              ignore_errors: true
             - name: clean up
               microvm.sandbox.session: {name: "warm-%(tag)s", state: absent}
     """ % {"tag": tag})
@@ -204,3 +209,5 @@ def test_session_keep_warm_is_sent_reported_and_compared(plane, tmp_path):
     assert not run.changed("warm again")
     assert run.failed("not warm") and "keep_warm: is True, wanted False" in run.result("not warm")["msg"]
     assert run.failed("a workspace without a config") and "config_id" in run.result("a workspace without a config")["msg"]
+    grouped = run.result("the api group reaches the new modules")
+    assert grouped["failed"] and "127.0.0.1:1" in grouped["msg"]
