@@ -5,14 +5,19 @@ Measures, against a fresh plane on a temporary state dir:
 - 50 concurrent sessions: time until all are READY, every one proven usable by a gRPC Exec through
   its port-forward, and the memory per idle guest (the guest's memory cgroup, as Guest.memory_bytes reads it);
 - Exec round trip through the port-forward: gRPC Exec `true` over one warm WebSocket tunnel, and the
-  first Exec of a fresh tunnel (WebSocket upgrade + guest dial + HTTP/2 handshake).
+  first Exec of a fresh tunnel (WebSocket upgrade + guest dial + HTTP/2 handshake);
+- keep_warm: create-to-READY median at load 1 and 10 (that many creates in flight at once), with the warm
+  pool (keep_warm: true, the pool refilled between rounds) and without it (keep_warm: false, a boot each),
+  on the same plane in the same run, and the ratio between them (--keep-warm-only runs just this).
 
 Prints a table and writes bench/results/localplane.json.
-Usage: PYTHONPATH=.local/collections:localplane .venv/bin/python bench/localplane_bench.py [--creates 20] [--concurrent 50]
+Usage: PYTHONPATH=.local/collections:localplane:tests/support .venv/bin/python bench/localplane_bench.py [--creates 20]
+       [--concurrent 50] [--keep-warm-only]
 """
 import argparse
 import asyncio
 import hashlib
+import json
 import os
 import shutil
 import statistics
@@ -48,9 +53,9 @@ class Rest:
         self.http = requests.Session()
         self.http.headers["Authorization"] = "Bearer " + handle.token
 
-    def create(self, name):
-        r = self.http.post(self.base + "/sessions", data="name: %s\nagent: custom\nidle_timeout: 1h\n" % name,
-                           headers={"Content-Type": "application/yaml"})
+    def create(self, name, keep_warm=False):
+        r = self.http.post(self.base + "/sessions", data="name: %s\nagent: custom\nidle_timeout: 1h\nkeep_warm: %s\n"
+                           % (name, "true" if keep_warm else "false"), headers={"Content-Type": "application/yaml"})
         r.raise_for_status()
         return r.json()["session"]["session_id"]
 
@@ -156,6 +161,79 @@ def bench_create(rest, n):
             "min_ms": min(times) * 1000, "max_ms": max(times) * 1000}
 
 
+WARM_KEY = "base/mars-2vcpu-4gb"
+
+
+def pool_ready(handle):
+    try:
+        with open(os.path.join(handle.state_dir, "warm-pool.json")) as f:
+            return json.load(f)["ready"].get(WARM_KEY, 0)
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def wait_pool(handle, n, timeout=300):
+    deadline = time.monotonic() + timeout
+    while pool_ready(handle) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the warm pool never held %d guests" % n)
+        time.sleep(0.1)
+
+
+def create_round(rest, load, keep_warm, tag):
+    """`load` creates at once, each timed from its POST to READY; -> their times, then every session deleted."""
+    times, sids, errors = [None] * load, [None] * load, []
+
+    def one(i):
+        try:
+            start = time.monotonic()
+            sids[i] = rest.create("bench-warm-%s-%d" % (tag, i), keep_warm=keep_warm)
+            rest.wait_ready(sids[i])
+            times[i] = time.monotonic() - start
+        except Exception as e:
+            errors.append(str(e))
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(load)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for sid in sids:
+        if sid:
+            rest.delete(sid)
+    if errors:
+        raise RuntimeError("; ".join(errors[:3]))
+    return times
+
+
+def bench_keep_warm(handle, rest, loads=(1, 10), rounds=5):
+    """create-to-READY at each load, with the pool (served from pre-booted guests) and without (a boot each)."""
+    rest.wait_ready(rest.create("bench-warm-first", keep_warm=True))  # makes base/mars-2vcpu-4gb a warm key
+    out = {}
+    for load in loads:
+        cold, warm = [], []
+        for r in range(rounds):
+            cold += create_round(rest, load, False, "cold-%d-%d" % (load, r))
+            wait_pool(handle, load)
+            warm += create_round(rest, load, True, "warm-%d-%d" % (load, r))
+        out["load_%d" % load] = {"creates": len(warm), "pool_median_ms": statistics.median(warm) * 1000,
+                                 "pool_p95_ms": pct(warm, 0.95) * 1000,
+                                 "no_pool_median_ms": statistics.median(cold) * 1000,
+                                 "no_pool_p95_ms": pct(cold, 0.95) * 1000,
+                                 "pool_over_no_pool": statistics.median(warm) / statistics.median(cold)}
+    return out
+
+
+def keep_warm_rows(k):
+    rows = []
+    for key, v in sorted(k.items(), key=lambda kv: int(kv[0].split("_")[1])):
+        load = key.split("_")[1]
+        rows.append(("keep_warm create to READY at load %s: pool / no pool, median" % load,
+                     "%.0f / %.0f ms (%.2fx)" % (v["pool_median_ms"], v["no_pool_median_ms"], v["pool_over_no_pool"])))
+        rows.append(("keep_warm create to READY at load %s: pool / no pool, p95" % load,
+                     "%.0f / %.0f ms" % (v["pool_p95_ms"], v["no_pool_p95_ms"])))
+    return rows
+
+
 def bench_concurrent(handle, rest, n):
     start = time.monotonic()
     sids = [rest.create("bench-many-%d" % i) for i in range(n)]
@@ -238,17 +316,36 @@ def main():
     parser.add_argument("--concurrent", type=int, default=50)
     parser.add_argument("--execs", type=int, default=100)
     parser.add_argument("--mib", type=int, default=256, help="MiB pushed each way through one port-forward")
+    parser.add_argument("--warm-rounds", type=int, default=5, help="rounds of each keep_warm load, each way")
+    parser.add_argument("--keep-warm-only", action="store_true", help="only the keep_warm section")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "localplane.json"))
     args = parser.parse_args()
     state = tempfile.mkdtemp(prefix="mvlp-bench-")
-    handle = start_local_plane(state)
+    # The pool holds a load-10 round: 10 per key, 12 in all.
+    handle = start_local_plane(state, extra_env={"MICROVM_LOCALPLANE_WARM_POOL_SIZE": "10",
+                                                 "MICROVM_LOCALPLANE_WARM_POOL_MAX": "12"})
+    if args.keep_warm_only:
+        try:
+            results = {"machine": {"cpus": os.cpu_count(), "load_at_start": os.getloadavg()[0]},
+                       "keep_warm": bench_keep_warm(handle, Rest(handle), rounds=args.warm_rounds)}
+        finally:
+            stop_local_plane(handle)
+            shutil.rmtree(state, ignore_errors=True)
+        out = args.out.replace("localplane.json", "localplane-keep-warm.json")
+        benchlib.save_json(out, results)
+        print("local control plane: keep_warm (%d cpus, load %.1f at start)" % (os.cpu_count(),
+                                                                               results["machine"]["load_at_start"]))
+        benchlib.print_rows(keep_warm_rows(results["keep_warm"]), indent="  ")
+        print("wrote", out)
+        return 0
     try:
         rest = Rest(handle)
         results = {"machine": {"cpus": os.cpu_count(), "load_at_start": os.getloadavg()[0]},
                    "create_to_ready": bench_create(rest, args.creates),
                    "exec_through_port_forward": bench_exec(handle, rest, args.execs),
                    "port_forward_throughput": bench_throughput(handle, rest, args.mib),
-                   "concurrent_sessions": bench_concurrent(handle, rest, args.concurrent)}
+                   "concurrent_sessions": bench_concurrent(handle, rest, args.concurrent),
+                   "keep_warm": bench_keep_warm(handle, rest, rounds=args.warm_rounds)}
     finally:
         stop_local_plane(handle)
         shutil.rmtree(state, ignore_errors=True)
@@ -267,7 +364,7 @@ def main():
         ("%d concurrent sessions: usable (Exec ok)" % m["count"], "%d/%d" % (m["usable"], m["count"])),
         ("memory per idle guest, median / max",
          "%.1f / %.1f MiB" % (m["idle_guest_memory_mib_median"] or 0, m["idle_guest_memory_mib_max"] or 0)),
-    ]
+    ] + keep_warm_rows(results["keep_warm"])
     print("local control plane benchmark (%d cpus, load %.1f at start)" % (os.cpu_count(), results["machine"]["load_at_start"]))
     benchlib.print_rows(rows, indent="  ")
     print("wrote", args.out)

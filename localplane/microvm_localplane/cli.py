@@ -117,7 +117,8 @@ async def serve_forever(args):
         raise SystemExit("another local control plane is already serving %s (see %s)" % (state_dir, info_path(state_dir)))
     host, port = parse_listen(args.listen)
     token = load_or_make_token(state_dir, args.token)
-    plane = Plane(state_dir, token, archive_limits=archive_limits(args), disk_reserve=args.disk_reserve)
+    plane = Plane(state_dir, token, archive_limits=archive_limits(args), disk_reserve=args.disk_reserve,
+                  warm_pool=warm_pool_settings(args))
     app = make_app(plane)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)
     await runner.setup()
@@ -210,7 +211,7 @@ def cmd_up(args):
         with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
             child = subprocess.Popen(
                 [sys.executable, "-m", "microvm_localplane", "serve", "--listen", listen, "--state-dir", state_dir,
-                 "--no-print-token"] + archive_limit_argv(args) + disk_reserve_argv(args),
+                 "--no-print-token"] + archive_limit_argv(args) + disk_reserve_argv(args) + warm_pool_argv(args),
                 stdin=devnull, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, close_fds=True)
         deadline = time.time() + START_TIMEOUT
         url = None
@@ -366,6 +367,34 @@ def disk_reserve_argv(args):
     return [] if args.disk_reserve is None else ["--disk-reserve", str(args.disk_reserve)]
 
 
+# The warm pool (warmpool.py): guests kept booted ahead for keep_warm creates.
+WARM_POOL_OPTIONS = (("warm_pool_size", "--warm-pool-size", "MICROVM_LOCALPLANE_WARM_POOL_SIZE", "size",
+                      "guests kept booted ahead per template and size that a keep_warm create asked for (0 = no pool)"),
+                     ("warm_pool_max", "--warm-pool-max", "MICROVM_LOCALPLANE_WARM_POOL_MAX", "max_total",
+                      "guests kept booted ahead in all"))
+
+
+def add_warm_pool_options(p):
+    from . import warmpool
+    defaults = {"size": warmpool.DEFAULT_SIZE, "max_total": warmpool.DEFAULT_MAX_TOTAL}
+    for key, flag, env, setting, what in WARM_POOL_OPTIONS:
+        p.add_argument(flag, dest=key, type=non_negative_int, default=os.environ.get(env),
+                       help="%s (default %d, or env %s)" % (what, defaults[setting], env))
+
+
+def warm_pool_settings(args):
+    return {setting: non_negative_int(str(getattr(args, key))) for key, _f, _e, setting, _w in WARM_POOL_OPTIONS
+            if getattr(args, key, None) is not None}
+
+
+def warm_pool_argv(args):
+    argv = []
+    for key, flag, _env, _setting, _what in WARM_POOL_OPTIONS:
+        if getattr(args, key, None) is not None:
+            argv += [flag, str(getattr(args, key))]
+    return argv
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="microvm-localplane",
                                      description="The local control plane of the microvm.sandbox collection.")
@@ -379,6 +408,7 @@ def main(argv=None):
                    help="do not print the token (used by `up`, whose output goes to a log)")
     add_archive_limit_options(p)
     add_disk_reserve_option(p)
+    add_warm_pool_options(p)
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("up", help="start in the background (or reuse the running one) and write an env file")
     p.add_argument("--listen", default=None,
@@ -389,6 +419,7 @@ def main(argv=None):
     p.add_argument("--token", default=None)
     add_archive_limit_options(p)
     add_disk_reserve_option(p)
+    add_warm_pool_options(p)
     p.set_defaults(func=cmd_up)
     p = sub.add_parser("down", help="stop the background plane and every guest")
     p.add_argument("--state-dir", required=True)

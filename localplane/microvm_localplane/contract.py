@@ -45,8 +45,9 @@ PAUSE_IDLE = "idle"
 
 # The flat environment spec (Environment Spec Reference): decoded strictly, an unknown key is a 400 naming it.
 # `repos` is in the Refactor a Repository example (a list of GitHub owner/repo).
+# `keep_warm` (Environment Spec Reference; reported on the session object): see warmpool.py.
 CREATE_KEYS = frozenset(["name", "agent", "template", "size", "idle_timeout", "persistent_workspace", "env",
-                         "secrets", "egress", "repos", "permissions"])
+                         "secrets", "egress", "repos", "permissions", "keep_warm"])
 # Documented spec keys that configure an agent adapter's tools and skills: the local plane runs no agent, so it
 # refuses them (a 400 naming the key) rather than ignoring them.
 DOCUMENTED_UNSUPPORTED_KEYS = frozenset(["tools", "skills"])
@@ -58,7 +59,9 @@ PERMISSIONS_KEYS = frozenset(["default", "rules"])
 # JSON is {name, config_id} (a session from a saved Environment Config). Every other call takes JSON.
 CREATE_YAML_TYPES = frozenset(["application/x-yaml", "application/yaml", "text/yaml", "text/x-yaml"])
 JSON_TYPE = "application/json"
-CREATE_CONFIG_KEYS = frozenset(["name", "config_id"])
+# workspace_id attaches a persistent workspace, only to a session created from a saved config
+# (How to Use Persistent Workspaces; doctl harness-runtime create --from-config --workspace).
+CREATE_CONFIG_KEYS = frozenset(["name", "config_id", "workspace_id"])
 # A top-level apiVersion selects the deprecated agents.digitalocean.com/v1alpha1 envelope (harness-create-session).
 LEGACY_ENVELOPE_KEY = "apiVersion"
 # update_session: the one patchable session setting today.

@@ -54,6 +54,12 @@ def parse_create(doc):
     if not isinstance(persistent, bool):
         raise ApiFailure(400, "persistent_workspace must be true or false, got %s" % (shown(persistent),))
 
+    keep_warm = doc.get("keep_warm", False)
+    if keep_warm is None:
+        keep_warm = False
+    if not isinstance(keep_warm, bool):
+        raise ApiFailure(400, "keep_warm must be true or false, got %s" % (shown(keep_warm),))
+
     template = doc.get("template", contract.DEFAULT_TEMPLATE)
     if template is None:
         template = contract.DEFAULT_TEMPLATE
@@ -100,7 +106,7 @@ def parse_create(doc):
     check_repos(doc.get("repos"))
 
     return {"name": name, "agent": agent, "template": template, "size_slug": size, "idle_timeout_seconds": idle,
-            "persistent_workspace": persistent, "env": env, "secrets": secrets, "egress": egress,
+            "persistent_workspace": persistent, "keep_warm": keep_warm, "env": env, "secrets": secrets, "egress": egress,
             "permissions": parse_permissions(doc.get("permissions"))}
 
 
@@ -122,7 +128,7 @@ def parse_permissions(value):
     if default is None:
         default = contract.PERMISSION_DEFAULT
     if default not in contract.PERMISSION_DECISIONS:
-        raise ApiFailure(400, "permissions.default %r: use one of %s" % (default, ", ".join(contract.PERMISSION_DECISIONS)))
+        raise ApiFailure(400, "permissions.default %s: use one of %s" % (shown(default), ", ".join(contract.PERMISSION_DECISIONS)))
     rules = value.get("rules") or []
     if not isinstance(rules, list):
         raise ApiFailure(400, "permissions.rules must be a list of rules, got %s" % type(rules).__name__)

@@ -14,7 +14,15 @@ from .createspec import parse_config_form, parse_create
 from .httputil import ApiFailure, check_id, error_response, paginate, query_bool, read_create, read_document
 from .sessions import Sessions, guest_state_dir, public_view
 from .store import Store
+from .configs import CREATE_KEYS as CONFIG_CREATE_KEYS
+from .configs import Configs
+from .configs import list_view as config_list_view
+from .configs import public_view as config_view
 from .templates import Templates
+from .warmpool import WarmPool
+from .workspaces import CREATE_KEYS as WORKSPACE_CREATE_KEYS
+from .workspaces import Workspaces
+from .workspaces import public_view as workspace_view
 
 log = logging.getLogger("microvm_localplane.server")
 
@@ -22,7 +30,7 @@ log = logging.getLogger("microvm_localplane.server")
 class Plane:
     """Everything one state dir holds: sessions, checkpoints, templates and their guests."""
 
-    def __init__(self, state_dir, token, guests=None, archive_limits=None, disk_reserve=None):
+    def __init__(self, state_dir, token, guests=None, archive_limits=None, disk_reserve=None, warm_pool=None):
         self.state_dir = os.path.abspath(state_dir)
         self.token = token
         self.store = Store(self.state_dir)
@@ -36,6 +44,12 @@ class Plane:
                                    base_pending=lambda: baseimage.pending_note(guests_dir) if guests_dir else None)
         self.sessions = Sessions(self.store, guests, self.templates)
         self.sessions.archive_limits = dict(archive_limits or {})
+        self.configs = Configs(self.store, self.sessions)
+        self.workspaces = Workspaces(self.state_dir)
+        self.sessions.workspaces = self.workspaces
+        self.warm_pool = WarmPool(self.state_dir, guests, on_booted=self.sessions.apply_agent_limits,
+                                  **(warm_pool or {}))
+        self.sessions.warm_pool = self.warm_pool
         self.checkpoints = Checkpoints(self.store, self.sessions)
         self.idle_task = None
 
@@ -47,6 +61,8 @@ class Plane:
     async def start(self):
         self.sessions.adopt_all()
         self.templates.resume_interrupted()
+        self.workspaces.resume_interrupted()
+        self.warm_pool.start()
         self.idle_task = asyncio.get_running_loop().create_task(self.sessions.idle_loop())
 
     async def stop(self, stop_guests=True):
@@ -56,6 +72,7 @@ class Plane:
             self.sessions.activity.kill_all(sid, "the control plane is stopping")
         for task in list(self.templates.tasks):
             task.cancel()
+        await self.warm_pool.shutdown()
         await self.sessions.shutdown(stop_guests)
         agentrpc.cleanup_sockets()
 
@@ -137,9 +154,15 @@ class Routes:
         # resume_on_topoff is a query parameter of both forms, per session.
         resume_on_topoff = query_bool(request, "resume_on_topoff")
         if form == "config":
-            rec = self.sessions.create_from_config(*parse_config_form(doc), resume_on_topoff=resume_on_topoff)
+            workspace_id = doc.get("workspace_id") or ""
+            if not isinstance(workspace_id, str):
+                raise ApiFailure(400, "workspace_id must be the id of a persistent workspace (a string), got %r"
+                                 % (workspace_id,))
+            rec = self.sessions.create_from_config(*parse_config_form(doc), resume_on_topoff=resume_on_topoff,
+                                                   workspace_id=workspace_id)
         else:
             rec = self.sessions.create(parse_create(doc), resume_on_topoff=resume_on_topoff)
+        await self.sessions.settle_warm(rec)
         return web.json_response({"session": public_view(rec)}, status=201)
 
     async def update_session(self, request):
@@ -307,6 +330,55 @@ class Routes:
         raise ApiFailure(404, "build %r of template %s not found" % (bid, rec["template_id"]))
 
 
+    # Environment Configs (How to Use Environment Configs; pydo create_config; doctl harness-runtime config)
+    def config(self, request):
+        return self.plane.configs.get(check_id(request.match_info["cfg"], "config"))
+
+    async def create_config(self, request):
+        doc = await read_document(request, CONFIG_CREATE_KEYS, "config create")
+        return web.json_response({"config": config_view(self.plane.configs.create(doc))}, status=201)
+
+    async def list_configs(self, request):
+        search = request.query.get("search", "")
+        raw = request.query.get("page_size", "")
+        if raw.isdigit() and int(raw) > contract.MAX_PAGE_SIZE:
+            # list_configs: "Values above 200 are rejected" (other lists clamp: a local decision).
+            raise ApiFailure(400, "page_size %s is above %d" % (raw, contract.MAX_PAGE_SIZE))
+        page = paginate(request, self.plane.configs.listing(search), "configs", "configs|" + search.lower())
+        page["configs"] = [config_list_view(c) for c in page["configs"]]
+        return web.json_response(page)
+
+    async def get_config(self, request):
+        return web.json_response({"config": config_view(self.config(request))})
+
+    async def delete_config(self, request):
+        self.plane.configs.delete(self.config(request))
+        return web.Response(status=204)
+
+    # persistent workspaces (How to Use Persistent Workspaces; doctl harness-runtime workspace)
+    def workspace(self, request):
+        return self.plane.workspaces.get(check_id(request.match_info["wid"], "workspace"))
+
+    async def create_workspace(self, request):
+        doc = await read_document(request, WORKSPACE_CREATE_KEYS, "workspace create")
+        rec, created = self.plane.workspaces.create(doc)
+        return web.json_response({"workspace": workspace_view(rec)}, status=201 if created else 200)
+
+    async def list_workspaces(self, request):
+        state = request.query.get("state", "")
+        recs = self.plane.workspaces.listing(state)
+        page = paginate(request, recs, "workspaces", "workspaces|" + state)
+        page["workspaces"] = [workspace_view(w) for w in page["workspaces"]]
+        return web.json_response(page)
+
+    async def get_workspace(self, request):
+        return web.json_response({"workspace": workspace_view(self.workspace(request))})
+
+    async def delete_workspace(self, request):
+        self.plane.workspaces.delete(self.workspace(request))
+        return web.Response(status=204)
+
+
 def add_routes(app, routes):
     s = "/sessions/{sid}"
     table = [
@@ -335,6 +407,14 @@ def add_routes(app, routes):
         ("DELETE", "/templates/{tid}", routes.delete_template),
         ("GET", "/templates/{tid}/builds", routes.list_builds),
         ("GET", "/templates/{tid}/builds/{bid}", routes.get_build),
+        ("POST", "/configs", routes.create_config),
+        ("GET", "/configs", routes.list_configs),
+        ("GET", "/configs/{cfg}", routes.get_config),
+        ("DELETE", "/configs/{cfg}", routes.delete_config),
+        ("POST", "/workspaces", routes.create_workspace),
+        ("GET", "/workspaces", routes.list_workspaces),
+        ("GET", "/workspaces/{wid}", routes.get_workspace),
+        ("DELETE", "/workspaces/{wid}", routes.delete_workspace),
     ]
     for prefix in contract.PREFIXES:
         for method, path, handler in table:

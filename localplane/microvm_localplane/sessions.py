@@ -96,6 +96,9 @@ class Sessions:
         self.in_flight = {}   # session_id -> REST exec calls running (a "command turn")
         self.tasks = set()
         self.archive_limits = {}  # the plane's bounds for archive uploads (up/serve --archive-max-*); {} = defaults
+        self.workspaces = None    # persistent workspaces (workspaces.Workspaces), set by the plane
+        self.warm_pool = None     # pre-booted guests for keep_warm creates (warmpool.WarmPool), set by the plane
+        self.warm_claims = set()  # sessions whose create took a pooled guest, until the create answers
 
     # -- helpers ----------------------------------------------------------
     def lock(self, session_id):
@@ -162,8 +165,8 @@ class Sessions:
             "fork_id": fork_id, "fork_from_checkpoint_id": fork_from_checkpoint_id, "agent": spec["agent"],
             # A YAML create persists an Environment Config first (harness-create-session): its id.
             "config_id": spec.get("config_id") or str(uuid.uuid4()),
-            "workspace_id": str(uuid.uuid4()) if spec.get("persistent_workspace") else "",
-            "resume_on_topoff": bool(resume_on_topoff),
+            "workspace_id": "",  # set by create() (workspaces.py)
+            "resume_on_topoff": bool(resume_on_topoff), "keep_warm": bool(spec.get("keep_warm")),
             "template": spec["template"], "size_slug": spec["size_slug"],
             "env": spec["env"], "secrets": spec.get("secrets") or {}, "egress": spec["egress"], "rootfs": rootfs,
             "permissions": spec.get("permissions") or {"default": contract.PERMISSION_DEFAULT, "rules": []},
@@ -190,21 +193,87 @@ class Sessions:
             # The guest runtime resolves allowed hosts to addresses once, at boot; a wildcard matches none.
             rec["warnings"].append("egress wildcards are not supported by the local control plane and allow nothing: "
                                    "%s" % ", ".join(wildcards))
+        member = self._warm_guest(rec, spec)
+        seed = self._hold_workspace(rec, spec)
         if rec["config_id"] not in self.store.configs:
             config = dict(spec)
             config.pop("config_id", None)
+            config.pop("workspace_id", None)
             self.store.save_config({"config_id": rec["config_id"], "spec": config, "created_at": rec["created_at"]})
         self.store.save_session(rec)
-        self.boots[rec["session_id"]] = self.spawn(self._boot(rec))
+        if member is not None:
+            self.boots[rec["session_id"]] = self.spawn(self._adopt_warm(rec, member))
+            self.warm_claims.add(rec["session_id"])
+        else:
+            self.boots[rec["session_id"]] = self.spawn(self._boot(rec, clone_from=(None, seed) if seed else None))
         return rec
 
-    def create_from_config(self, name, config_id, resume_on_topoff=False):
-        """The JSON create form {name, config_id}: the saved spec under a new name (resume_on_topoff is per session)."""
+    def _warm_guest(self, rec: dict, spec: dict):
+        """keep_warm: keep this template and size warm, and take a pre-booted guest when one fits the spec."""
+        if self.warm_pool is None or not spec.get("keep_warm"):
+            return None
+        self.warm_pool.want(spec["template"], spec["size_slug"], rec["rootfs"])
+        if not self.warm_pool.eligible(spec):
+            return None
+        member = self.warm_pool.claim(spec["template"], spec["size_slug"], rec["rootfs"])
+        if member is not None:
+            rec["session_id"] = member.session_id  # ids are the server's: the pooled guest's was made in advance
+        return member
+
+    async def settle_warm(self, rec: dict) -> None:
+        """A create served from the pool answers once its guest is the session's (READY): milliseconds."""
+        sid = rec["session_id"]
+        if sid in self.warm_claims:
+            self.warm_claims.discard(sid)
+            task = self.boots.get(sid)
+            if task is not None:
+                try:
+                    await asyncio.shield(task)
+                except Exception:
+                    pass
+
+    async def _adopt_warm(self, rec: dict, member) -> bool:
+        """A pooled guest becomes this session's sandbox: it takes the session's hostname, and it is READY."""
+        sid = rec["session_id"]
+        try:
+            await self.warm_pool.adopt(member, hostname_for(rec["name"]))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.warning("session %s: the warm guest could not be adopted: %s", sid, e)
+            if rec["status"] not in (contract.DESTROYING, contract.DESTROYED):
+                self.fail(rec, "the sandbox failed to boot: %s" % e)
+                await self._quiet_destroy(sid)
+            return False
+        if rec["status"] in (contract.DESTROYING, contract.DESTROYED):
+            return False
+        self.activity.touch(sid)
+        self.set_status(rec, contract.READY, sandbox_id=member.sandbox_id)
+        return True
+
+    def _hold_workspace(self, rec: dict, spec: dict):
+        """The session's persistent workspace: the one named by workspace_id (attached now, 409 when another
+        session holds it), or a new one for `persistent_workspace: true`. -> a saved copy to start from, or None."""
+        if self.workspaces is None:
+            if spec.get("persistent_workspace"):
+                rec["workspace_id"] = str(uuid.uuid4())
+            return None
+        if spec.get("workspace_id"):
+            ws = self.workspaces.attach(spec["workspace_id"], rec["session_id"])
+            rec["workspace_id"] = ws["workspace_id"]
+            return self.workspaces.saved_copy(ws["workspace_id"])
+        if spec.get("persistent_workspace"):
+            rec["workspace_id"] = self.workspaces.create_for_spec(rec["session_id"])["workspace_id"]
+        return None
+
+    def create_from_config(self, name, config_id, resume_on_topoff=False, workspace_id=""):
+        """The JSON create form {name, config_id, workspace_id?}: the saved spec under a new name (resume_on_topoff
+        is per session); a persistent workspace is attached only this way (How to Use Persistent Workspaces)."""
         config = self.store.configs.get(config_id.lower()) if isinstance(config_id, str) else None
-        if config is None:
+        if config is None or config.get("deleted"):
             raise ApiFailure(404, "config %r not found: give the config_id of an Environment Config (a session "
                                   "created from a YAML spec reports the one made for it)" % config_id[:100])
-        spec = dict(config["spec"], name=name, config_id=config["config_id"])
+        spec = dict(config["spec"], name=name, config_id=config["config_id"], workspace_id=workspace_id)
         return self.create(spec, resume_on_topoff=resume_on_topoff)
 
     def update(self, rec, doc):
@@ -310,6 +379,12 @@ class Sessions:
             except BaseException:
                 pass
         async with self.lock(sid):
+            if self.workspaces is not None:
+                # Removing a session saves its persistent workspace's files, never deletes them.
+                if rec.get("sandbox_id"):
+                    await self.workspaces.release(sid, self.guests)
+                else:
+                    self.workspaces.release_unbooted(sid)
             await self._quiet_destroy(sid)
             for cid in list(self.store.checkpoints.get(sid, {})):
                 self.store.forget_checkpoint(sid, cid)
@@ -403,7 +478,8 @@ class Sessions:
 
     def _forget_unused_config(self, config_id):
         """Decision: a config the plane made for a YAML create lives as long as a session record refers to it."""
-        if config_id and not any(r.get("config_id") == config_id for r in self.store.sessions.values()):
+        named = (self.store.configs.get(config_id) or {}).get("name")  # a saved Environment Config stays (configs.py)
+        if config_id and not named and not any(r.get("config_id") == config_id for r in self.store.sessions.values()):
             self.store.forget_config(config_id)
 
     def _guest_died(self, session_id):

@@ -42,7 +42,8 @@ def test_create_defaults_and_normalization():
     spec = parse_create({"name": "box", "agent": "custom", "egress": ["Mirror.Example.com"], "env": {"A": "1"},
                          "secrets": {"TOKEN": "s3cret"}, "idle_timeout": "2m"})
     assert spec == {"name": "box", "agent": "custom", "template": "base", "size_slug": "mars-2vcpu-4gb",
-                    "idle_timeout_seconds": 120, "persistent_workspace": False, "env": {"A": "1"},
+                    "idle_timeout_seconds": 120, "persistent_workspace": False, "keep_warm": False,
+                    "env": {"A": "1"},
                     "secrets": {"TOKEN": "s3cret"}, "egress": ["mirror.example.com"],
                     # an omitted permissions block resolves to ask (Permission Policies)
                     "permissions": {"default": "ask", "rules": []}}
@@ -77,6 +78,7 @@ def test_status_filter_knows_all_and_unspecified():
                                  {"name": "b", "agent": "codex"},
                                  {"name": "b", "agent": "custom", "size": "small"},
                                  {"name": "b", "agent": "custom", "persistent_workspace": "yes"},
+                                 {"name": "b", "agent": "custom", "keep_warm": "yes"},
                                  {"name": "b", "agent": "custom", "tools": []},
                                  {"name": "b", "agent": "custom", "env": {"A": "1"}, "secrets": {"A": "2"}},
                                  {"name": "b", "agent": "custom", "secrets": {"A": 1}},

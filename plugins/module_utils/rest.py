@@ -658,6 +658,92 @@ class ApiClient(object):
         failed.sort(key=lambda b: str(b.get("created_at") or b.get("finished_at") or ""), reverse=True)
         return failed[0].get("error") or failed[0].get("error_message")
 
+    # -- persistent workspaces and environment configs (docs-objects) ------
+    # How to Use Persistent Workspaces; doctl harness-runtime workspace and config; pydo delete_workspace and
+    # create_config. A workspace is attached only to a session created from a saved config (JSON create form).
+    def create_workspace(self, size_limit_gib, name=None, idempotency_key=None):
+        """POST /workspaces. With an idempotency key a repeat cannot make a second workspace (within 24 hours the
+        same key and values return the first), so the call is retried like an idempotent one."""
+        body = {"size_limit_gib": size_limit_gib}
+        if name:
+            body["name"] = name
+        if idempotency_key:
+            body["idempotency_key"] = idempotency_key
+        return self.request("POST", "/workspaces", body=body, what="workspace", ident=name or None,
+                            retry=bool(idempotency_key))["workspace"]
+
+    def get_workspace(self, workspace_id):
+        return self.request("GET", _path("workspaces", workspace_id), what="workspace",
+                            ident=workspace_id)["workspace"]
+
+    def list_workspaces(self, state=None):
+        """Newest first; `state` keeps one state (AVAILABLE, ATTACHING, ATTACHED, RELEASING, FAILED, DELETING)."""
+        return self._paginate("/workspaces", "workspaces", {"state": state})
+
+    def delete_workspace(self, workspace_id):
+        return self.request("DELETE", _path("workspaces", workspace_id), what="workspace", ident=workspace_id)
+
+    def wait_workspace(self, workspace_id, states, timeout=300.0, gone_ok=False):
+        """Poll a workspace until its state is one of `states` (a save after a session's removal: RELEASING)."""
+        deadline = time.time() + timeout
+        delay = 0.1
+        while True:
+            try:
+                ws = self.get_workspace(workspace_id)
+            except ApiError as e:
+                if gone_ok and e.gone:
+                    return None
+                raise
+            if ws.get("state") in states:
+                return ws
+            if time.time() >= deadline:
+                raise WaitTimeout("timed out after %ss waiting for workspace %s to be %s; it is %s" % (
+                    timeout, workspace_id, " or ".join(states), ws.get("state")), ws, status=ws.get("state"),
+                    wanted="/".join(states), timeout=timeout, what="workspace")
+            self._sleep(delay)
+            delay = min(delay * 1.5, 2.0)
+
+    def create_config(self, name, manifest_yaml, insights=None):
+        """POST /configs: an immutable Environment Config from the environment spec's YAML text (pydo create_config)."""
+        body = {"name": name, "manifest_yaml": manifest_yaml}
+        if insights:
+            body["insights"] = insights
+        return self.request("POST", "/configs", body=body, what="config", ident=name)["config"]
+
+    def get_config(self, config_id):
+        return self.request("GET", _path("configs", config_id), what="config", ident=config_id)["config"]
+
+    def list_configs(self, search=None):
+        return self._paginate("/configs", "configs", {"search": search})
+
+    def delete_config(self, config_id):
+        """A soft delete (pydo delete_config): the name is released; sessions from it keep their config_id."""
+        return self.request("DELETE", _path("configs", config_id), what="config", ident=config_id)
+
+    def find_config(self, name_or_id):
+        """A config by id or by name (names are unique among a team's active configs, case-insensitively)."""
+        low = name_or_id.lower()
+        for c in self.list_configs(search=name_or_id if len(name_or_id) <= 64 else None):
+            if low == str(c.get("name") or "").lower():
+                return self.get_config(c["id"])
+        # Not a name: an id (never guessed from its shape).
+        try:
+            return self.get_config(name_or_id)
+        except ApiError as e:
+            if e.gone:
+                return None
+            raise
+
+    def create_session_from_config(self, name, config_id, workspace_id=None, resume_on_topoff=None):
+        """The JSON create form {name, config_id, workspace_id?} (CREATE-SESSION; doctl create --from-config)."""
+        body = {"name": name, "config_id": config_id}
+        if workspace_id:
+            body["workspace_id"] = workspace_id
+        query = {}
+        if resume_on_topoff is not None:
+            query["resume_on_topoff"] = "true" if resume_on_topoff else "false"
+        return self.request("POST", "/sessions", body=body, query=query, what="session", ident=name)["session"]
+
     # -- helpers -----------------------------------------------------------
     def _paginate(self, path, key, query, what=None, ident=None):
         items, token = [], None

@@ -95,6 +95,31 @@ options:
       - The platform does not offer fork and rollback for a session that has a workspace.
       - Compared with the existing session (whether it has a C(workspace_id)) when set.
     type: bool
+  keep_warm:
+    description:
+      - The spec's C(keep_warm)
+        (U(https://docs.digitalocean.com/products/managed-agents/agent-harness-runtime/reference/environment-spec/)),
+        reported back on the session. On the local control plane, a V(true) create keeps sandboxes of its template
+        and size booted ahead, and a later one is served from them in milliseconds (see docs/localplane.md).
+      - Compared with the existing session when set.
+    type: bool
+  config_id:
+    description:
+      - Create the session from a saved Environment Config instead of a spec (the JSON create form
+        C({name, config_id})), for example the C(id) of the RV(microvm.sandbox.environment_config#module:config)
+        M(microvm.sandbox.environment_config) returns, or the C(config_id) another session reports.
+      - The spec options (O(template), O(size), O(idle_timeout), O(persistent_workspace), O(keep_warm), O(repos),
+        O(env), O(secrets), O(egress)) come from the config and cannot be given with it; the adapter is the config's,
+        so O(agent) is not compared.
+      - Compared with the existing session's C(config_id).
+    type: str
+  workspace_id:
+    description:
+      - Attach this persistent workspace (M(microvm.sandbox.persistent_workspace)) as the session's C(/workspace).
+        A workspace is attached only to a session created from a saved config, so O(config_id) is required; one
+        session holds a workspace at a time, and removing the session saves its files.
+      - Compared with the existing session's C(workspace_id).
+    type: str
   repos:
     description:
       - GitHub repositories, as C(owner/repo), that the platform clones into the sandbox when the session starts (the
@@ -400,8 +425,11 @@ class SessionManager(object):
             have = existing.get(field)
             if want is not None and have != want:
                 out.append("%s: is %r, wanted %r" % (field, have, want))
+        for option in ("config_id", "workspace_id"):
+            if self.p[option] and existing.get(option) != self.p[option]:
+                out.append("%s: is %r, wanted %r" % (option, existing.get(option) or "", self.p[option]))
         have_kind = existing.get("agent_kind")
-        if not same_adapter(have_kind, self.p["agent"]):
+        if not self.p["config_id"] and not same_adapter(have_kind, self.p["agent"]):
             out.append("agent_kind: is %r, wanted %r (agent %r)" % (have_kind, agent_kind(self.p["agent"]), self.p["agent"]))
         if self.p["persistent_workspace"] is not None and bool(existing.get("workspace_id")) != self.p["persistent_workspace"]:
             out.append("persistent_workspace: is %r (workspace_id %r), wanted %r" % (
@@ -410,7 +438,7 @@ class SessionManager(object):
 
     def wanted_settings(self):
         """Requested settings the platform reports back on the session object, as they appear there."""
-        return {"idle_timeout_seconds": self.idle_timeout()}
+        return {"idle_timeout_seconds": self.idle_timeout(), "keep_warm": self.p["keep_warm"]}
 
     def idle_timeout(self):
         if self.p["idle_timeout"] is None:
@@ -444,8 +472,15 @@ class SessionManager(object):
                              resume_on_topoff=bool(self.p["resume_on_topoff"]))
             if self.p["persistent_workspace"] is not None:
                 predicted["workspace_id"] = "(known after creation)" if self.p["persistent_workspace"] else ""
+            if self.p["config_id"]:
+                predicted.update(config_id=self.p["config_id"], workspace_id=self.p["workspace_id"] or "")
             return predicted
-        session = self.client.create_session(spec, resume_on_topoff=self.p["resume_on_topoff"])
+        if self.p["config_id"]:
+            session = self.client.create_session_from_config(self.p["name"], self.p["config_id"],
+                                                             workspace_id=self.p["workspace_id"],
+                                                             resume_on_topoff=self.p["resume_on_topoff"])
+        else:
+            session = self.client.create_session(spec, resume_on_topoff=self.p["resume_on_topoff"])
         for warning in session.get("warnings") or []:
             self.module.warn("platform: %s" % warning)
         return self.settle(session)
@@ -453,7 +488,7 @@ class SessionManager(object):
     def create_spec(self):
         spec = {"name": self.p["name"], "agent": self.p["agent"]}
         for option, field in (("template", "template"), ("size", "size"),
-                              ("persistent_workspace", "persistent_workspace")):
+                              ("persistent_workspace", "persistent_workspace"), ("keep_warm", "keep_warm")):
             if self.p[option] is not None:
                 spec[field] = self.p[option]
         if self.p["idle_timeout"] is not None:
@@ -550,6 +585,10 @@ def env_string(value):
     return str(value)
 
 
+SPEC_OPTIONS = ("template", "size", "idle_timeout", "persistent_workspace", "keep_warm", "repos", "env", "secrets",
+                "egress")
+
+
 def main():
     module = AnsibleModule(
         argument_spec=api_argument_spec(
@@ -560,6 +599,9 @@ def main():
             size=dict(type="str"),
             idle_timeout=dict(type="str"),
             persistent_workspace=dict(type="bool"),
+            keep_warm=dict(type="bool"),
+            config_id=dict(type="str"),
+            workspace_id=dict(type="str"),
             repos=dict(type="list", elements="str"),
             permissions=dict(type="dict", options=dict(
                 default=dict(type="str", choices=list(profile.PERMISSION_DECISIONS)),
@@ -572,6 +614,9 @@ def main():
             recreate=dict(type="bool", default=False),
             wait=dict(type="bool", default=True),
         ),
+        # A session from a saved config takes its spec from the config; a workspace attaches only that way.
+        mutually_exclusive=[("config_id", option) for option in SPEC_OPTIONS],
+        required_by={"workspace_id": "config_id"},
         supports_check_mode=True,
     )
     run_api_module(module, lambda client: SessionManager(module, client).run())

@@ -62,7 +62,8 @@ def test_installed_collection_lists_its_plugins(installed):
         assert res.returncode == 0, res.stderr
         listed.update(json.loads(res.stdout))
     for name in ("session", "session_info", "session_fork", "size_info", "checkpoint", "checkpoint_info", "template",
-                 "template_info", "agent", "sessions"):
+                 "template_info", "persistent_workspace", "persistent_workspace_info", "environment_config",
+                 "environment_config_info", "agent", "sessions"):
         assert "microvm.sandbox." + name in listed
 
 
