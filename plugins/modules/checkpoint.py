@@ -59,9 +59,10 @@ options:
         then delete the older checkpoints with that label (RV(replaced)), so that the label names the session's
         state B(now). This is what a rerun on a kept session needs after its sources changed; without it, the label
         finds the old checkpoint, and everything forked or rolled back from it tests the old state.
-      - Forks of an older checkpoint stay as they are (and M(microvm.sandbox.session_fork) with O(label) counts only
-        the forks of the new one): delete them first with M(microvm.sandbox.session_fork) O(state=absent) and the
-        same label. See "Reruns on kept sessions" in docs/playbooks.md for labels per commit instead.
+      - Forks of an older checkpoint stay as they are, and M(microvm.sandbox.session_fork) given the label counts only
+        the forks of the new checkpoint, so it forks new copies. Delete the old copies first, with
+        M(microvm.sandbox.session_fork) and O(microvm.sandbox.session_fork#module:state=absent) for the same label.
+        See "Reruns on kept sessions" in docs/playbooks.md, also for labels per commit instead.
       - Always reports a change.
     type: bool
     default: false
