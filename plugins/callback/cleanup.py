@@ -93,13 +93,16 @@ class CallbackModule(CallbackBase):
         self.done = False
         self._pid = os.getpid()
         self._previous_sigterm = None
+        self._registered = False
 
     # -- recording ---------------------------------------------------------
     def v2_playbook_on_start(self, playbook):
         self.done = False
-        atexit.register(self._at_exit)
+        if not self._registered:
+            self._registered = True
+            atexit.register(self._at_exit)
         previous = signal.getsignal(signal.SIGTERM)
-        if previous is not self._on_sigterm:
+        if previous != self._on_sigterm:
             self._previous_sigterm = previous
             signal.signal(signal.SIGTERM, self._on_sigterm)
 
@@ -120,7 +123,7 @@ class CallbackModule(CallbackBase):
         action = getattr(task, "resolved_action", None) or task.action
         if action not in SESSION_ACTIONS:
             return
-        res = result._result
+        res = result.result  # ansible-core 2.19+: the task's result, as native types
         if res.get("results"):  # a loop's summary: its items were recorded one by one
             return
         args = (res.get("invocation") or {}).get("module_args") or {}
