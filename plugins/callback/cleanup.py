@@ -40,7 +40,7 @@ options:
       - V(always) deletes the created sessions at the end of every run.
       - V(failure) deletes them only when the run failed (a task failed and was not rescued, or a host was
         unreachable) or was interrupted, and keeps them after a successful run, for example to keep the session
-        that M(microvm.sandbox.provision) prepared only when it was prepared completely.
+        that the playbook C(microvm.sandbox.provision) prepared, when it was prepared completely.
     type: str
     choices: [always, failure]
     default: always
