@@ -179,7 +179,10 @@ def test_down_leaves_nothing_behind(ci_plane, tmp_path, wheels):
     client.wait_session(session["session_id"])
     st = status(ci_plane)
     assert st["containers"] and st["mounts"] and st["run_dirs"] and st["guests"], st
-    stop_local_plane(ci_plane)
+    down = subprocess.run([sys.executable, "-m", "microvm_localplane", "down", "--state-dir", ci_plane.state_dir],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "localplane")))
+    assert down.returncode == 0 and "stopped the local control plane" in down.stdout, down
     st = status(ci_plane)
     assert not st["plane"]["running"] and not st["containers"] and not st["mounts"] and not st["run_dirs"], st
     # the session's state stays for a restarted plane (guests lists state dirs), but nothing runs or is mounted
