@@ -359,7 +359,7 @@ def plane_status(state_dir: str) -> dict:
     }
 
 
-def cmd_status(args):
+def cmd_status(args: argparse.Namespace) -> int:
     status = plane_status(args.state_dir)
     if args.json:
         print(json.dumps(status, indent=1, sort_keys=True))

@@ -525,7 +525,7 @@ class GuestManager:
         self._guests.clear()
 
 
-def remove_empty_mount_dirs(scope_dir):
+def remove_empty_mount_dirs(scope_dir: str) -> None:
     """This plane's dir under /run (MOUNT_ROOT/<scope>), when empty: nothing of it stays behind after `down`.
 
     A guest still mounted keeps it (rmdir refuses a non-empty dir). MOUNT_ROOT itself is shared by every plane

@@ -72,6 +72,7 @@ seealso:
 import atexit  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
+import typing as t  # noqa: E402
 
 from ansible.plugins.callback import CallbackBase  # noqa: E402
 
@@ -86,17 +87,17 @@ class CallbackModule(CallbackBase):
     CALLBACK_NAME = "microvm.sandbox.cleanup"
     CALLBACK_NEEDS_ENABLED = True
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: t.Any, **kwargs: t.Any) -> None:
         super(CallbackModule, self).__init__(*args, **kwargs)
         # session_id -> (name, api_url, route_prefix), in the order they were created
-        self.created = {}
+        self.created: dict[str, tuple[str, str | None, str | None]] = {}
         self.done = False
         self._pid = os.getpid()
         self._previous_sigterm = None
         self._registered = False
 
     # -- recording ---------------------------------------------------------
-    def v2_playbook_on_start(self, playbook):
+    def v2_playbook_on_start(self, playbook: t.Any) -> None:
         self.done = False
         if not self._registered:
             self._registered = True
@@ -106,19 +107,19 @@ class CallbackModule(CallbackBase):
             self._previous_sigterm = previous
             signal.signal(signal.SIGTERM, self._on_sigterm)
 
-    def v2_runner_on_ok(self, result):
+    def v2_runner_on_ok(self, result: t.Any) -> None:
         self._record(result)
 
-    def v2_runner_on_failed(self, result, ignore_errors=False):
+    def v2_runner_on_failed(self, result: t.Any, ignore_errors: bool = False) -> None:
         self._record(result)
 
-    def v2_runner_item_on_ok(self, result):
+    def v2_runner_item_on_ok(self, result: t.Any) -> None:
         self._record(result)
 
-    def v2_runner_item_on_failed(self, result):
+    def v2_runner_item_on_failed(self, result: t.Any) -> None:
         self._record(result)
 
-    def _record(self, result):
+    def _record(self, result: t.Any) -> None:
         task = result._task
         action = getattr(task, "resolved_action", None) or task.action
         if action not in SESSION_ACTIONS:
@@ -132,16 +133,16 @@ class CallbackModule(CallbackBase):
             self.created.setdefault(session["session_id"], (session.get("name") or "",) + where)
 
     # -- the end -----------------------------------------------------------
-    def v2_playbook_on_stats(self, stats):
+    def v2_playbook_on_stats(self, stats: t.Any) -> None:
         failed = any(stats.failures.get(h) or stats.dark.get(h) for h in stats.processed)
         self._cleanup("failed" if failed else "ended")
 
-    def _at_exit(self):
+    def _at_exit(self) -> None:
         # Interrupted (SIGINT: the CLI exits without a recap) or ended some other way before the recap.
         if os.getpid() == self._pid and not self.done:
             self._cleanup("was interrupted")
 
-    def _on_sigterm(self, signum, frame):
+    def _on_sigterm(self, signum: int, frame: t.Any) -> None:
         if os.getpid() == self._pid:
             self._cleanup("was terminated")
         previous = self._previous_sigterm
@@ -151,7 +152,7 @@ class CallbackModule(CallbackBase):
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
 
-    def _cleanup(self, how):
+    def _cleanup(self, how: str) -> None:
         self.done = True
         if self.get_option("when") == "failure" and how == "ended":
             if self.created:
@@ -178,15 +179,15 @@ class CallbackModule(CallbackBase):
                 % (name or "-", session_id, problem, session_id))
 
     @staticmethod
-    def _names(sessions):
+    def _names(sessions: dict) -> str:
         return ", ".join(v[0] or k for k, v in sessions.items())
 
-    def _client(self, api_url, prefix):
+    def _client(self, api_url: str | None, prefix: str | None) -> ApiClient:
         return ApiClient(api_url=api_url or self.get_option("api_url"), api_token=self.get_option("api_token"),
                          prefix=prefix or self.get_option("route_prefix"), timeout=self.get_option("request_timeout"),
                          validate_certs=self.get_option("validate_certs"))
 
-    def _delete(self, session_id, api_url, prefix):
+    def _delete(self, session_id: str, api_url: str | None, prefix: str | None) -> str | None:
         """Delete one session and wait until it is gone -> None, or what went wrong (never the token)."""
         try:
             client = self._client(api_url, prefix)
@@ -204,7 +205,7 @@ class CallbackModule(CallbackBase):
             return str(e)
 
 
-def created_sessions(action, result):
+def created_sessions(action: str, result: t.Mapping[str, t.Any]) -> list[dict]:
     """The sessions (with an id) that one task result says it created; check mode predicts no ids."""
     if action == "microvm.sandbox.session":
         session = result.get("session") or {}
