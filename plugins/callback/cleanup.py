@@ -212,4 +212,3 @@ def created_sessions(action: str, result: t.Mapping[str, t.Any]) -> list[dict]:
         return [session] if result.get("created") and session.get("session_id") else []
     names = set(result.get("created") or [])
     return [s for s in result.get("sessions") or [] if s.get("session_id") and s.get("name") in names]
-
