@@ -113,3 +113,11 @@ def test_rerun_with_a_retaken_checkpoint_forks_this_runs_state(plane, env, tmp_p
             for f in plane.client().forks_of(source["session_id"]):
                 plane.client().delete_session(f["session_id"])
         playbook("teardown", env, tmp_path, session_name=name)
+
+
+def test_restore_that_fails_deletes_the_session_it_created(plane, env, tmp_path):
+    name = unique("rest")
+    res = playbook("restore", env, tmp_path, session_name=name, restore_src=str(tmp_path / "no-such-snapshot.tar.gz"))
+    assert res.rc == 2, res.output[-4000:]
+    assert "Delete the session this run created, since the restore failed" in res.output
+    assert live(plane, name) is None
