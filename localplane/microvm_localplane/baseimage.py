@@ -20,7 +20,8 @@ import time
 
 SUITE = "bookworm"
 PACKAGES = ("python3", "sudo", "python3-venv", "python3-pip", "ca-certificates", "git")
-VERSION = "2"                     # bump when _finish or the package list changes: the cache dir is keyed on it
+VERSION = "3"                     # bump when _finish or the package list changes: the cache dir is keyed on it
+# (3: venv, pip, CA certificates, git). ready() also checks READY_FILES: a build without them is never taken for this one.
 CACHE_ENV = "MICROVM_LOCALPLANE_CACHE"
 BUILD_TIMEOUT = 1800
 # The unprivileged user a guest's commands can switch to, with a password: `become` with sudo and su.
