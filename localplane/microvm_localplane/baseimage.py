@@ -1,8 +1,10 @@
 """The built-in `base` template: a Debian bookworm root filesystem of its own, built once and cached.
 
-`debootstrap --variant=minbase --include=python3,sudo bookworm DIR` with
+`debootstrap --variant=minbase --include=<PACKAGES> bookworm DIR` with
 Debian's configured sources (no mirror argument), then a few settings a guest
-needs (see _finish). Built under a lock in the cache dir, so that concurrent
+needs (see _finish). PACKAGES is what a CI job expects of a minimal Debian
+image: Python with venv and pip (`python3 -m venv` needs ensurepip, which
+Debian ships in python3-venv), CA certificates (pip and git over TLS) and git. Built under a lock in the cache dir, so that concurrent
 planes (tests, several engineers) build it once; the result is renamed into
 place only when complete.
 
@@ -17,8 +19,10 @@ import subprocess
 import time
 
 SUITE = "bookworm"
-PACKAGES = ("python3", "sudo")
-VERSION = "2"                     # bump when _finish or the package list changes
+PACKAGES = ("python3", "sudo", "python3-venv", "python3-pip", "ca-certificates", "git")
+VERSION = "3"                     # bump when _finish or the package list changes: the cache dir is keyed on it
+# (2: root's home is /workspace/home; 3: venv, pip, CA certificates, git). ready() also checks READY_FILES:
+# a build without them is never taken for this one.
 CACHE_ENV = "MICROVM_LOCALPLANE_CACHE"
 BUILD_TIMEOUT = 1800
 # The unprivileged user a guest's commands can switch to, with a password: `become` with sudo and su.
@@ -43,8 +47,14 @@ def rootfs_path(state_dir):
     return os.path.join(cache_dir(state_dir), "base-%s-v%s" % (SUITE, VERSION), "rootfs")
 
 
+# Files that prove a complete build of this VERSION (the build is renamed into place only when complete).
+READY_FILES = (("usr", "bin", "python3.11"), ("usr", "lib", "python3.11", "ensurepip", "__init__.py"),
+               ("usr", "bin", "git"), ("etc", "ssl", "certs", "ca-certificates.crt"))
+
+
 def ready(state_dir):
-    return os.path.isfile(os.path.join(rootfs_path(state_dir), "usr", "bin", "python3.11"))
+    root = rootfs_path(state_dir)
+    return all(os.path.isfile(os.path.join(root, *parts)) for parts in READY_FILES)
 
 
 def build_log_path(state_dir: str) -> str:

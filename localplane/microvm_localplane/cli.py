@@ -1,4 +1,4 @@
-"""`python -m microvm_localplane serve | up | down`: run, start in the background, stop.
+"""`python -m microvm_localplane serve | up | down | status`: run, start in the background, stop, list.
 
 The running server writes DIR/plane.json (url and pid, no token) once it
 answers; `up` and `down` and the pytest fixture find it there. The token lives
@@ -305,6 +305,90 @@ def cmd_down(args):
     return 0
 
 
+# -- status ---------------------------------------------------------------------------
+def _records(directory: str) -> list:
+    """The JSON records of a state dir, read only (the running plane owns them: nothing is removed here)."""
+    out = []
+    with contextlib.suppress(OSError):
+        for entry in sorted(os.listdir(directory)):
+            if entry.endswith(".json") and not entry.startswith("."):
+                with contextlib.suppress(OSError, ValueError), open(os.path.join(directory, entry)) as f:
+                    out.append(json.load(f))
+    return out
+
+
+def _mounts_under(prefixes: list) -> list:
+    """Mount points (from /proc/self/mountinfo) at or under any of these directories."""
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].encode().decode("unicode_escape")  # \040 and friends
+            if any(point == p or point.startswith(p.rstrip("/") + "/") for p in prefixes):
+                found.append(point)
+    return found
+
+
+def plane_status(state_dir: str) -> dict:
+    """Everything of this state dir's plane on the host: process, sessions, guests, containers, mounts, /run dirs."""
+    from .guests import RUNC
+    from .rootfs import SessionLayout
+    from .sessions import guest_state_dir
+
+    state_dir = os.path.abspath(state_dir)
+    info = read_info(state_dir)
+    running = bool(info and pid_alive(info.get("pid", -1)))
+    guests_dir = guest_state_dir(state_dir)
+    mount_scope = os.path.dirname(SessionLayout(guests_dir, "x").mount_dir)
+    containers = []
+    runc_root = os.path.join(guests_dir, "runc")
+    if os.path.isdir(runc_root):
+        proc = subprocess.run([RUNC, "--root", runc_root, "list", "--format", "json"], capture_output=True,
+                              text=True, check=False)
+        with contextlib.suppress(ValueError):
+            containers = [{"id": c.get("id"), "status": c.get("status"), "pid": c.get("pid")}
+                          for c in json.loads(proc.stdout or "null") or []]
+    guest_dirs = []
+    with contextlib.suppress(OSError):
+        guest_dirs = sorted(d for d in os.listdir(os.path.join(guests_dir, "sessions")) if not d.startswith("."))
+    sessions = [{"session_id": r.get("session_id"), "name": r.get("name"), "status": r.get("status")}
+                for r in _records(os.path.join(state_dir, "sessions"))]
+    return {
+        "state_dir": state_dir,
+        "plane": {"running": running, "pid": info.get("pid") if running else None,
+                  "url": info.get("url") if running else None},
+        "sessions": sessions,
+        "live_sessions": [s for s in sessions if str(s.get("status")).rsplit("_", 1)[-1] not in ("DESTROYED",)],
+        "guests": guest_dirs,
+        "containers": containers,
+        "mounts": _mounts_under([state_dir, mount_scope]),
+        "run_dirs": [mount_scope] if os.path.isdir(mount_scope) else [],
+    }
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = plane_status(args.state_dir)
+    if args.json:
+        print(json.dumps(status, indent=1, sort_keys=True))
+        return 0
+    plane = status["plane"]
+    print("plane: %s" % ("running at %s (pid %d)" % (plane["url"], plane["pid"]) if plane["running"] else "not running"))
+    print("sessions: %d live of %d recorded" % (len(status["live_sessions"]), len(status["sessions"])))
+    for s in status["live_sessions"]:
+        print("  %s  %s  %s" % (s["session_id"], s["name"], s["status"]))
+    print("guests (state dirs): %d" % len(status["guests"]))
+    for g in status["guests"]:
+        print("  %s" % g)
+    print("containers: %d" % len(status["containers"]))
+    for c in status["containers"]:
+        print("  %s  %s  pid %s" % (c["id"], c["status"], c["pid"]))
+    print("mounts: %d" % len(status["mounts"]))
+    for m in status["mounts"]:
+        print("  %s" % m)
+    for d in status["run_dirs"]:
+        print("run dir: %s" % d)
+    return 0
+
+
 # The bounds of one archive upload, handed to every guest's agent (agentarchive.DEFAULT_LIMITS when unset).
 ARCHIVE_LIMITS = (("archive_max_members", "--archive-max-members", "MICROVM_LOCALPLANE_ARCHIVE_MAX_MEMBERS",
                    "most members one uploaded archive may have"),
@@ -424,5 +508,9 @@ def main(argv=None):
     p = sub.add_parser("down", help="stop the background plane and every guest")
     p.add_argument("--state-dir", required=True)
     p.set_defaults(func=cmd_down)
+    p = sub.add_parser("status", help="list the plane's process, sessions, guests, containers and mounts on this host")
+    p.add_argument("--state-dir", required=True)
+    p.add_argument("--json", action="store_true", help="print one JSON object (what a script checks)")
+    p.set_defaults(func=cmd_status)
     args = parser.parse_args(argv)
     return args.func(args)

@@ -535,8 +535,19 @@ class GuestManager:
             for session_id in os.listdir(os.path.join(self.state_dir, "sessions")):
                 if SESSION_ID_RE.match(session_id) and not await asyncio.to_thread(self._running, session_id):
                     await asyncio.to_thread(disk.release, self._layout(session_id))
+            remove_empty_mount_dirs(os.path.dirname(self._layout("x").mount_dir))
         self._guests.clear()
         await asyncio.to_thread(self._agentfs.close)
+
+
+def remove_empty_mount_dirs(scope_dir: str) -> None:
+    """This plane's dir under /run (MOUNT_ROOT/<scope>), when empty: nothing of it stays behind after `down`.
+
+    A guest still mounted keeps it (rmdir refuses a non-empty dir). MOUNT_ROOT itself is shared by every plane
+    of the host, and another plane may be making its own dir in it right now: it stays.
+    """
+    with contextlib.suppress(OSError):
+        os.rmdir(scope_dir)
 
 
 PLANE_LOG_MAX = 1 << 20     # the plane's notes about one guest: a few lines a boot; emptied past this

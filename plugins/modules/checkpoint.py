@@ -36,7 +36,8 @@ options:
   state:
     description:
       - V(present) creates a checkpoint labelled O(label) unless the session already has one with that label in
-        status C(READY) or C(PENDING). Without O(label), a new checkpoint is created on every run.
+        status C(READY) or C(PENDING) (and O(retake) is not set). Without O(label), a new checkpoint is created on
+        every run.
       - V(rolled_back) rolls the session back to the checkpoint given by O(checkpoint_id) or O(label) (the newest
         with that label) and waits until the session is usable. The platform boots a new sandbox from the checkpoint
         every time, so this B(always reports a change) (in check mode too, without doing it).
@@ -52,6 +53,19 @@ options:
     description:
       - Id of the checkpoint, for V(rolled_back) and V(absent).
     type: str
+  retake:
+    description:
+      - For V(present) with O(label), take a new checkpoint even when the session already has one with that label,
+        then delete the older checkpoints with that label (RV(replaced)), so that the label names the session's
+        state B(now). This is what a rerun on a kept session needs after its sources changed; without it, the label
+        finds the old checkpoint, and everything forked or rolled back from it tests the old state.
+      - Forks of an older checkpoint stay as they are, and M(microvm.sandbox.session_fork) given the label counts only
+        the forks of the new checkpoint, so it forks new copies. Delete the old copies first, with
+        M(microvm.sandbox.session_fork) and O(microvm.sandbox.session_fork#module:state=absent) for the same label.
+        See "Reruns on kept sessions" in docs/playbooks.md, also for labels per commit instead.
+      - Always reports a change.
+    type: bool
+    default: false
   wait:
     description:
       - For V(rolled_back), wait until the session is usable again, up to O(wait_timeout) seconds.
@@ -71,6 +85,12 @@ EXAMPLES = r"""
     session: ci-job-42
     label: deps-installed
   register: cp
+
+- name: On a rerun after the sources changed, take it again (the label now names the new state)
+  microvm.sandbox.checkpoint:
+    session: ci-job-42
+    label: deps-installed
+    retake: true
 
 - name: Roll back to it after a test run (always reports a change)
   microvm.sandbox.checkpoint:
@@ -134,6 +154,11 @@ checkpoint:
     label: deps-installed
     event_id: 01JABCDEFGHJKLMNPQRSTVWXYZ
     size_bytes: 73400320
+replaced:
+  description: Ids of the older checkpoints with the same label that O(retake) deleted.
+  returned: when O(retake) is set and O(state=present)
+  type: list
+  elements: str
 session:
   description: The session after a rollback (same C(session_id), new C(sandbox_id)).
   returned: when O(state=rolled_back)
@@ -176,6 +201,8 @@ class CheckpointManager(object):
         if state == "present":
             before, after, changed = self.present(sid)
             result = dict(changed=changed, checkpoint=after)
+            if self.p["retake"]:
+                result["replaced"] = self.replaced
         elif state == "absent":
             before, after, changed = self.absent(sid)
             result = dict(changed=changed, checkpoint=before if changed else {})
@@ -188,13 +215,36 @@ class CheckpointManager(object):
 
     def present(self, sid):
         label = self.p["label"]
+        self.replaced = []
+        existing = None
         if label:
             existing = self.client.find_checkpoint(sid, label=label)
-            if existing is not None and checkpoint_status(existing) in KEPT:
+            if existing is not None and checkpoint_status(existing) in KEPT and not self.p["retake"]:
                 return existing, existing, False
+        before = (existing or {}) if self.p["retake"] else {}
         if self.check:
-            return {}, dict(session_id=sid, label=label, status="READY"), True
-        return {}, self.client.create_checkpoint(sid, label=label), True
+            if self.p["retake"]:
+                self.replaced = [cp["checkpoint_id"] for cp in self.labelled(sid, label)]
+            return before, dict(session_id=sid, label=label, status="READY"), True
+        # A retake lists the older ones first: the new checkpoint carries the same label.
+        older = self.labelled(sid, label) if self.p["retake"] else []
+        created = self.client.create_checkpoint(sid, label=label)
+        if checkpoint_status(created) == "READY":  # never give up the old state for a failed new one
+            self.replaced = self.delete_all(sid, older)
+        return before, created, True
+
+    def labelled(self, sid, label):
+        return [cp for cp in self.client.list_checkpoints(sid) if cp.get("label") == label]
+
+    def delete_all(self, sid, checkpoints):
+        """Delete these checkpoints (already gone is fine) -> their ids."""
+        for cp in checkpoints:
+            try:
+                self.client.delete_checkpoint(sid, cp["checkpoint_id"])
+            except ApiError as e:
+                if not e.gone:  # already gone is what we want
+                    raise
+        return [cp["checkpoint_id"] for cp in checkpoints]
 
     def absent(self, sid):
         if self.p["checkpoint_id"]:
@@ -205,12 +255,7 @@ class CheckpointManager(object):
         if not doomed:
             return {}, {}, False
         if not self.check:
-            for cp in doomed:
-                try:
-                    self.client.delete_checkpoint(sid, cp["checkpoint_id"])
-                except ApiError as e:
-                    if not e.gone:  # already gone is what we want
-                        raise
+            self.delete_all(sid, doomed)
         return doomed[0], {}, True
 
     def rolled_back(self, sid):
@@ -239,6 +284,7 @@ def main():
             label=dict(type="str"),
             checkpoint_id=dict(type="str"),
             wait=dict(type="bool", default=True),
+            retake=dict(type="bool", default=False),
         ),
         required_if=[
             ("state", "rolled_back", ("checkpoint_id", "label"), True),
@@ -249,6 +295,9 @@ def main():
     )
     if module.params["state"] == "present" and module.params["checkpoint_id"]:
         module.fail_json(msg="checkpoint_id cannot be chosen when creating a checkpoint; use label to name it")
+    if module.params["retake"] and not (module.params["state"] == "present" and module.params["label"]):
+        module.fail_json(msg="retake needs state: present and a label (it takes the labelled checkpoint again); "
+                             "without a label every run takes a new checkpoint anyway")
     run_api_module(module, lambda client: CheckpointManager(module, client).run())
 
 

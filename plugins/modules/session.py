@@ -276,7 +276,10 @@ EXAMPLES = r"""
 RETURN = r"""
 session:
   description:
-    - The session as the platform reports it after the task (in check mode, the expected result).
+    - The session as the platform reports it after the task.
+    - In check mode, the expected result. A session that would be created has its name, status, agent kind, idle
+      timeout and empty lineage, but no C(session_id), C(sandbox_id) or times, since the platform assigns them; use
+      the name to address it (C(ansible_host) may be the name), or guard on C(session_id is defined).
     - For O(state=absent), the session as last seen, or empty when there was none.
     - The platform reports neither the template, the size, repos, env, secrets nor egress of a session.
   returned: always
@@ -351,13 +354,21 @@ session:
     agent_kind: AGENT_KIND_CUSTOM
     idle_timeout_seconds: 900
     workspace_id: ""
+created:
+  description:
+    - Whether this task created the session (also with O(recreate)); in check mode, whether it would.
+    - The callback plugin P(microvm.sandbox.cleanup#callback) deletes the sessions that tasks report as created.
+  returned: always
+  type: bool
+  sample: true
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, parse_duration, run_api_module  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import (  # noqa: E402
+    api_argument_spec, describe_error, parse_duration, run_api_module)
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError, WaitTimeout  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.views import agent_kind, same_adapter, session_view, status_of  # noqa: E402
 
 SECRET_LOOKING_KEY = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "APIKEY", "PRIVATE_KEY", "CREDENTIAL")
@@ -375,6 +386,7 @@ class SessionManager(object):
         self.changed = False
         self.timeout = self.p["wait_timeout"]
         self.last_seen = None
+        self.created = False
 
     # -- the task ----------------------------------------------------------
     def run(self):
@@ -386,7 +398,7 @@ class SessionManager(object):
             session = self.present(existing)
             session = self.settings_in_place(session)
             session = self.to_state(session)
-        result = dict(changed=self.changed, session=session or {})
+        result = dict(changed=self.changed, session=session or {}, created=self.created)
         if self.module._diff:
             result["diff"] = dict(before=before, after=session_view(session) if self.p["state"] != "absent" else {})
         return result
@@ -466,15 +478,9 @@ class SessionManager(object):
         self.warn_about_secret_looking_env()
         spec = self.create_spec()
         self.changed = True
+        self.created = True
         if self.check:
-            predicted = dict((k, v) for k, v in self.wanted_settings().items() if v is not None)
-            predicted.update(name=self.p["name"], status="SESSION_STATUS_READY", agent_kind=agent_kind(self.p["agent"]),
-                             resume_on_topoff=bool(self.p["resume_on_topoff"]))
-            if self.p["persistent_workspace"] is not None:
-                predicted["workspace_id"] = "(known after creation)" if self.p["persistent_workspace"] else ""
-            if self.p["config_id"]:
-                predicted.update(config_id=self.p["config_id"], workspace_id=self.p["workspace_id"] or "")
-            return predicted
+            return self.predicted()
         if self.p["config_id"]:
             session = self.client.create_session_from_config(self.p["name"], self.p["config_id"],
                                                              workspace_id=self.p["workspace_id"],
@@ -483,7 +489,31 @@ class SessionManager(object):
             session = self.client.create_session(spec, resume_on_topoff=self.p["resume_on_topoff"])
         for warning in session.get("warnings") or []:
             self.module.warn("platform: %s" % warning)
-        return self.settle(session)
+        try:
+            return self.settle(session)
+        except (ApiError, WaitTimeout) as e:
+            # It exists now: say so, so that whoever cleans up after the run (the cleanup callback) knows.
+            msg, details = describe_error(e, self.client)
+            details.setdefault("session", session)
+            self.module.fail_json(msg=msg, created=True, **details)
+
+    def predicted(self):
+        """The session check mode expects: what can be known before the platform creates it, and nothing made up.
+
+        The ids, times and workspace id exist only once it is created, so they are absent (a task that needs the id
+        in check mode must guard on it, see the README); a new session is no fork and not paused.
+        """
+        predicted = dict((k, v) for k, v in self.wanted_settings().items() if v is not None)
+        predicted.update(name=self.p["name"], status="SESSION_STATUS_READY", agent_kind=agent_kind(self.p["agent"]),
+                         resume_on_topoff=bool(self.p["resume_on_topoff"]), pause_reason="", parent_session_id="",
+                         fork_id="", fork_from_checkpoint_id="")
+        if self.p["persistent_workspace"] is False:
+            predicted["workspace_id"] = ""
+        if self.p["config_id"]:
+            predicted["config_id"] = self.p["config_id"]
+            if self.p["workspace_id"]:
+                predicted["workspace_id"] = self.p["workspace_id"]
+        return predicted
 
     def create_spec(self):
         spec = {"name": self.p["name"], "agent": self.p["agent"]}

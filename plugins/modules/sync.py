@@ -49,7 +49,8 @@ options:
     default: push
   src:
     description:
-      - The source directory. Its contents are synced into O(dest) (like rsync's C(src/ dest/)).
+      - The source directory. Its contents are synced into O(dest), B(with or without a trailing slash) (always like
+        rsync's C(src/ dest/); unlike rsync, C(src) without the slash does not create C(dest/src)).
       - On the controller (push), a relative path is looked up like M(ansible.builtin.copy)'s (the role's or
         playbook's C(files/), then the playbook's directory). In the sandbox (pull), a relative path is relative
         to C(/workspace); C(~) is the sandbox's home.
@@ -66,6 +67,9 @@ options:
     description:
       - Remove entries of O(dest) that O(src) does not have. Excluded entries of O(dest) are never removed
         (and a directory holding one stays).
+      - What the other side wrote into O(dest) goes too, on every run, for example the C(__pycache__) directories
+        Python writes next to the sources it imports in the sandbox (rebuilt at the next import, at a cost). List
+        them in O(exclude) (C(__pycache__/)) to keep them.
     type: bool
     default: false
   checksum:
@@ -81,6 +85,8 @@ options:
         C(*) and C(?) stay within a name, C(**) crosses directories, C(!pattern) includes again; the last pattern
         that matches decides. rsync's C(- pattern) and C(+ pattern) work too.
       - An excluded directory is left out with everything in it.
+      - With O(delete), exclude what the destination makes for itself, such as C(__pycache__/) or
+        C(.pytest_cache/), or O(delete) removes it on every push.
     type: list
     elements: str
     default: []

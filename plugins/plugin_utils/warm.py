@@ -99,7 +99,13 @@ class WarmRunner:
             waiting = list(self.pending.values())
             self.pending.clear()
             self.whole.clear()
-        log.warning("session %s: warm runner for %s ended: %s", self.agent.label, self.interpreter, why)
+        if waiting:
+            log.warning("session %s: warm runner for %s ended: %s", self.agent.label, self.interpreter, why)
+        else:
+            # Nothing was running in it (the session was deleted, paused or rolled back between tasks): nothing was
+            # lost, and the next task starts a new runner. The stream's own error would say a command was lost.
+            log.info("session %s: warm runner for %s ended while no module ran in it", self.agent.label,
+                     self.interpreter)
         for q in waiting:
             q.put(("dead", why))
 
