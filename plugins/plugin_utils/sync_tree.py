@@ -409,7 +409,7 @@ def open_root(path, create=False, workspace=None):
     fds = [os.open(b"/", DIR_FLAGS)]
     names = []
     todo = list(reversed(path.split(b"/")))
-    links = made = 0
+    links = made = retries = 0
     try:
         while todo:
             part = todo.pop()
@@ -444,11 +444,12 @@ def open_root(path, create=False, workspace=None):
                     raise
                 try:
                     target = os.readlink(part, dir_fd=fds[-1])
-                except FileNotFoundError:
-                    todo.append(part)  # removed meanwhile: look again
+                except OSError as e2:
+                    retries += 1
+                    if e2.errno not in (errno.ENOENT, errno.EINVAL) or retries > 100:
+                        raise SyncError("%s is not a directory" % text)
+                    todo.append(part)  # changed since the open (a link again a directory): look again
                     continue
-                except OSError:
-                    raise SyncError("%s is not a directory" % text)
                 links += 1
                 if links > MAX_LINKS:
                     raise SyncError("%s: too many levels of symbolic links" % text)

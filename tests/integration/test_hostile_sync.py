@@ -156,3 +156,55 @@ def test_guest_program_fits_one_argument():
     from ansible_collections.microvm.sandbox.plugins.action.sync import guest_program
     assert len(guest_program().encode()) < 128 * 1024 - 4096
 
+
+
+# The guest's unprivileged user swaps a directory and a link to /etc/decoy with renameat2(RENAME_EXCHANGE), as fast
+# as it can, until the stop file appears (or ten minutes pass).
+RACER = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+nr = {"x86_64": 316, "aarch64": 276}[os.uname().machine]
+a, b, stop, count = sys.argv[1].encode(), sys.argv[2].encode(), sys.argv[3], sys.argv[4]
+n, end = 0, time.time() + 600
+while n % 4096 or not (os.path.exists(stop) or time.time() > end):
+    if libc.syscall(nr, -100, a, -100, b, 2) == 0:
+        n += 1
+with open(count, "w") as f:
+    f.write(str(n))
+"""
+PUSHES = 24
+
+
+def test_root_push_and_pull_cannot_be_raced_out_of_the_tree_by_the_guest_user(plane, box, tmp_path):
+    """The `sandbox` user owns /workspace/race and exchanges its dir `t` with a link `evil -> /etc/decoy` in a loop
+    while root pushes (with delete) into /workspace/race/t/sub and pulls it: nothing under /etc changes, nothing of
+    /etc/decoy reaches the controller. On main about half the pushes wrote and deleted in /etc/decoy."""
+    sid = box["sid"]
+    guest_sh(plane, sid, "rm -rf /workspace/race /etc/decoy && mkdir -p /etc/decoy/sub /workspace/race/t/sub && "
+                         "echo keep > /etc/decoy/sub/keep.conf && ln -s /etc/decoy /workspace/race/evil && "
+                         "chown -hR sandbox:sandbox /workspace/race && cat > /workspace/.racer.py <<'EOF'\n%sEOF" % RACER)
+    etc_before = guest_state(plane, sid, "/etc")
+    src = str(tmp_path / "src")
+    write(src, "pwn.conf", "written by the push\n")
+    guest_sh(plane, sid, "setsid -f setpriv --reuid=sandbox --regid=sandbox --init-groups -- python3 /workspace/.racer.py "
+                         "/workspace/race/t /workspace/race/evil /workspace/race/stop /workspace/race/count "
+                         "</dev/null >/dev/null 2>&1 &")
+    try:
+        tasks = [{"name": "push", "microvm.sandbox.sync": {"src": src, "dest": "/workspace/race/t/sub",
+                                                           "delete": True},
+                  "loop": list(range(PUSHES)), "ignore_errors": True},
+                 {"name": "pull", "microvm.sandbox.sync": {"mode": "pull", "src": "/workspace/race/t/sub",
+                                                           "dest": str(tmp_path / "out-{{ item }}")},
+                  "loop": list(range(PUSHES // 2)), "ignore_errors": True}]
+        run = sync(plane, box, tmp_path, tasks=tasks)
+    finally:
+        guest_sh(plane, sid, "touch /workspace/race/stop; for i in $(seq 100); do "
+                             "[ -e /workspace/race/count ] && break; sleep 0.1; done")
+    swaps = int(guest_sh(plane, sid, "cat /workspace/race/count"))
+    assert swaps > 1000, "the racer hardly ran: %d exchanges" % swaps
+    assert guest_state(plane, sid, "/etc") == etc_before, "a root push wrote or deleted under /etc"
+    for i in range(PUSHES // 2):
+        out = tmp_path / ("out-%d" % i)
+        assert not (out / "keep.conf").exists(), "a root pull read /etc/decoy"
+    pushed = guest_sh(plane, sid, "cat /workspace/race/t/sub/pwn.conf /workspace/race/evil/sub/pwn.conf 2>/dev/null; true")
+    assert "written by the push" in pushed, run  # the pushes did land, in the tree
