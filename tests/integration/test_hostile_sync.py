@@ -1,6 +1,7 @@
 """microvm.sandbox.sync against a hostile guest, through the real stack (ansible-playbook -> action plugin -> mux ->
 gRPC -> local plane -> runc guest): what a guest sends back never writes, deletes or grants anything outside `dest`
 on the controller, and the guest's unprivileged user cannot race a root push or pull out of its tree (issue 23)."""
+import json
 import os
 import stat
 import sys
@@ -9,7 +10,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from test_sync import guest_sh, guest_state, make_box, result, sync, write  # noqa: E402
+from test_sync import guest, guest_sh, guest_state, make_box, result, sync, write  # noqa: E402
 
 # A guest whose python3 runs the sync program with its own link check switched off: the controller must not care
 # what the guest's side decided (root in a guest can replace any program there).
@@ -208,3 +209,88 @@ def test_root_push_and_pull_cannot_be_raced_out_of_the_tree_by_the_guest_user(pl
         assert not (out / "keep.conf").exists(), "a root pull read /etc/decoy"
     pushed = guest_sh(plane, sid, "cat /workspace/race/t/sub/pwn.conf /workspace/race/evil/sub/pwn.conf 2>/dev/null; true")
     assert "written by the push" in pushed, run  # the pushes did land, in the tree
+
+
+# Builds a tree spec (as tests/unit/plugins/plugin_utils/test_sync_hostile.py makes them) in the guest, as the
+# guest's user would: never through a link.
+GUEST_BUILD = r"""
+import json, os, stat, sys
+root, outside, spec = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+os.makedirs(root, exist_ok=True)
+for parts, kind, target in spec:
+    here = root
+    for part in parts[:-1]:
+        here = os.path.join(here, part)
+        if not os.path.lexists(here):
+            os.mkdir(here)
+        elif not stat.S_ISDIR(os.lstat(here).st_mode):
+            break
+    else:
+        path = os.path.join(here, parts[-1])
+        if os.path.lexists(path):
+            continue
+        if kind == "f":
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            os.write(fd, b"guest %s\n" % "/".join(parts).encode())
+            os.close(fd)
+        elif kind == "d":
+            os.mkdir(path)
+        else:
+            os.symlink(target.replace("@OUT@", outside), path)
+"""
+
+
+def test_random_trees_of_links_pushed_and_pulled_change_nothing_outside(plane, box, tmp_path):
+    """A few random trees of links (the unit property tests run many more) through the real stack: pushed into a
+    guest dest where the guest plants its own random links (to /etc/decoy-prop, up with `..`, loops), and pulled
+    back into a controller dest holding random links of its own, twice: nothing outside either dest changes."""
+    import hypothesis
+    from hypothesis import strategies as hst
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "unit", "plugins", "plugin_utils"))
+    import test_sync_hostile as props
+
+    sid = box["sid"]
+    guest_sh(plane, sid, "rm -rf /etc/decoy-prop && mkdir -p /etc/decoy-prop/sub && echo keep > /etc/decoy-prop/f && "
+                         "cat > /workspace/.build.py <<'EOF'\n%sEOF" % GUEST_BUILD)
+    etc_before = guest_state(plane, sid, "/etc")
+    counter = [0]
+    worked = set()
+
+    @hypothesis.settings(max_examples=3, deadline=None, derandomize=True, database=None,
+                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.given(rounds=hst.lists(hst.tuples(props.TREE, props.TREE, props.TREE, hst.booleans()),
+                                       min_size=2, max_size=2))
+    def run(rounds):
+        counter[0] += 1
+        area = tmp_path / ("arena-%d" % counter[0])
+        outside = props.arena(str(area))
+        dest = os.path.join(str(area), "area", "D")
+        gdest = "/workspace/prop-%d/D" % counter[0]
+        guest_sh(plane, sid, "mkdir -p %s && echo sibling > /workspace/prop-%d/sibling" % (gdest, counter[0]))
+        for i, (src_tree, planted, local_links, delete) in enumerate(rounds):
+            src = os.path.join(str(area), "src-%d" % i)
+            props.build(src, src_tree, outside)
+            res = guest(plane, sid, ["python3", "/workspace/.build.py", gdest, "/etc/decoy-prop", json.dumps(planted)])
+            assert res["exit_code"] == 0, res
+            props.build(dest, local_links, outside)
+            guest_before = guest_state(plane, sid, "/workspace/prop-%d" % counter[0])
+            local_before = props.snapshot(str(area), dest)
+            tasks = [{"name": "push", "microvm.sandbox.sync": {"src": src, "dest": gdest, "delete": delete},
+                      "ignore_errors": True},
+                     {"name": "pull", "microvm.sandbox.sync": {"mode": "pull", "src": gdest, "dest": dest,
+                                                               "delete": delete}, "ignore_errors": True}]
+            played = sync(plane, box, tmp_path, tasks=tasks)
+            assert played.rc == 0, played
+            for task in ("push", "pull"):
+                res = played.result(task)
+                if not res.get("failed") and res.get("changed"):
+                    worked.add(task)
+            guest_after = guest_state(plane, sid, "/workspace/prop-%d" % counter[0])
+            assert {k: v for k, v in guest_after.items() if not k.startswith("D")} == \
+                {k: v for k, v in guest_before.items() if not k.startswith("D")}
+            assert props.snapshot(str(area), dest) == local_before
+            assert guest_state(plane, sid, "/etc") == etc_before
+
+    run()
+    assert worked == {"push", "pull"}, "no push or no pull of the random trees went through: the test proved nothing"
