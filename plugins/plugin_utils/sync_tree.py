@@ -176,8 +176,11 @@ def sort_key(path):
 
 def parse_meta(path, meta, extra):
     kind = meta[:1]
-    mode, size, mtime = meta[1:].split(b" ")
-    return Entry(path, kind, int(mode, 8), int(size), int(mtime), extra)
+    try:
+        mode, size, mtime = meta[1:].split(b" ")
+        return Entry(path, kind, int(mode, 8), int(size), int(mtime), extra)
+    except ValueError:
+        raise SyncError("a malformed manifest record for %r" % rel_text(path)[:200])
 
 
 # ------------------------------------------------------------------ walking
@@ -212,11 +215,20 @@ def link_is_safe(rel, target):
 def source_entries(entries, keep_setid=False, private_root=False):
     """The source side's manifest as the receiver may apply it (every entry the guest sends passes here).
 
-    Links that fail link_is_safe() become KIND_SKIPPED (left out), whoever walked the tree; set-id bits are
-    dropped unless keep_setid; with private_root, the root directory never becomes world-writable.
+    The root first, then plain relative paths in canonical order (else SyncError); links that fail
+    link_is_safe() become KIND_SKIPPED (left out), whoever walked the tree; set-id bits are dropped unless
+    keep_setid; with private_root, the root directory never becomes world-writable.
     """
     mask = 0o7777 if keep_setid else SETID_MASK
+    last = None
     for entry in entries:
+        key = entry.key()
+        if (last is None) != (entry.path == ROOT) or (last is not None and key <= last) or \
+                entry.kind not in (KIND_FILE, KIND_DIR, KIND_LINK, KIND_SKIPPED):
+            raise SyncError("refused the manifest at %r: not a plain path in order" % rel_text(entry.path)[:200])
+        if entry.path != ROOT:
+            split_rel(entry.path)
+        last = key
         if entry.kind == KIND_LINK and not link_is_safe(entry.path, entry.extra):
             entry = Entry(entry.path, KIND_SKIPPED, 0, 0, 0, entry.extra)
         elif entry.kind in (KIND_FILE, KIND_DIR):

@@ -344,3 +344,23 @@ def test_open_root_follows_links_of_the_named_path_but_not_out_of_the_workspace(
     assert os.path.isdir(str(ws / "real" / "a" / "b"))
     fd = st.open_root(str(ws / "out"))  # no workspace: the user named it, links are followed (like rsync)
     os.close(fd)
+
+
+@pytest.mark.parametrize("paths", [
+    [b"a"],                      # no root first
+    [b".", b"b", b"a"],          # out of order
+    [b".", b"a", b"a"],          # twice
+    [b".", b"../x"],             # not a plain relative path
+    [b".", b"/etc"],
+    [b".", b"a//b"],
+])
+def test_a_manifest_that_is_not_plain_paths_in_order_is_refused(paths):
+    entries = [st.Entry(p, st.KIND_DIR if p == st.ROOT else st.KIND_FILE, 0o644, 0, 0) for p in paths]
+    with pytest.raises(st.SyncError):
+        list(st.source_entries(iter(entries)))
+
+
+def test_a_malformed_manifest_record_is_a_sync_error():
+    reader = sp.ManifestReader(iter([b".\0dzz 0 0\0\0"]))
+    with pytest.raises(st.SyncError, match="malformed"):
+        list(reader.entries())
