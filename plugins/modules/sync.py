@@ -102,7 +102,7 @@ options:
     default: []
   preserve_setid:
     description:
-      - Keep set-user-ID and set-group-ID bits (mode C(04000) and C(02000)) on what is synced. Off by default:
+      - Keep set-user-ID and set-group-ID bits (mode C(04000) and C(02000)) on what is synced. Off by default -
         like rsync without C(--perms), the special bits are dropped, on both ends - so a guest's C(chmod 4755)
         copy of a shell, pulled by root, gives no local user root. The other permission bits are kept, as with
         C(rsync --perms), and a mode that differs only by those bits is not a change.
