@@ -18,6 +18,8 @@ HOSTILE_PYTHON = r"""#!/usr/bin/python3
 import sys
 src = sys.argv[2].replace("def link_is_safe(rel, target):",
                           "def link_is_safe(rel, target):\n    return True\n\n\ndef _honest(rel, target):")
+# ... and packs `logs` into every pull's archive, asked for or not
+src = src.replace("tar_selected(root_fd, wanted, f)", "tar_selected(root_fd, list(wanted) + [b'logs'], f)")
 sys.argv = ["-c"] + sys.argv[3:]
 exec(compile(src, "<hostile sync>", "exec"), {"__name__": "__main__"})
 """
@@ -81,7 +83,7 @@ def test_pull_never_writes_or_deletes_outside_dest_cve_2024_12088(plane, box, tm
     assert not run.result("first").get("failed"), run
     assert os.readlink(str(dest / "d")) == "."
 
-    guest_sh(plane, sid, "ln -s d/d/../../srv/victim %s/out/logs" % base)
+    guest_sh(plane, sid, "ln -s d/d/../../srv/victim {0}/out/logs && echo n > {0}/out/new.txt".format(base))
     run = sync(plane, box, tmp_path, tasks=[pull_task("second", base + "/out", str(dest), interpreter)])
     second = run.result("second")
 
@@ -93,8 +95,10 @@ def test_pull_never_writes_or_deletes_outside_dest_cve_2024_12088(plane, box, tm
                if before.get(p) != after.get(p) and not p.startswith(str(dest)) and "/run-" not in p}
     assert sorted(os.listdir(str(victim))) == ["precious.txt"], "the pull wrote and deleted in the victim dir"
     assert changed == set(), "the pull changed things outside dest: %s" % sorted(changed)
-    # the hostile guest sent it as a link to pull: the controller left it out on its own judgement
-    assert not second.get("failed") and second["left_out"] == ["logs"], second
+    if guest_side == "honest":
+        assert not second.get("failed") and second["left_out"] == ["logs"], second
+    else:  # sent as a link to pull, left out by the controller's own judgement, then slipped into the archive
+        assert second.get("failed") and "logs: not asked for" in second["msg"], second
     assert (dest / "logs" / "planted.txt").read_text() == "planted\n" and not os.path.islink(str(dest / "logs"))
 
 
