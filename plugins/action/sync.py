@@ -353,7 +353,8 @@ class ActionModule(ActionBase):
             stream.close()
 
     @staticmethod
-    def _apply_local(root_fd, tar_path, ops_path, excludes, dest, args, wanted_path=None):
+    def _apply_local(root_fd: int, tar_path: "str | None", ops_path: str, excludes: "st.Excludes | None", dest: str,
+                     args: dict, wanted_path: "str | None" = None) -> None:
         """Extract the checked tar into a stage dir beside dest, judge its links against dest as it is on disk,
         rename it into place, then the operations. Every path below dest is opened from root_fd, no link followed."""
         if tar_path is not None:
@@ -383,10 +384,10 @@ class OnDisk:
     """The links of the tree a pull leaves, as archive_check's resolver asks for them (name -> target or None):
     the stage's entry where it has one, else dest's, each looked up from its directory fd, no link followed."""
 
-    def __init__(self, stage_fd, dest_fd):
+    def __init__(self, stage_fd: int, dest_fd: int) -> None:
         self.fds = (stage_fd, dest_fd)
 
-    def get(self, name):
+    def get(self, name: str) -> "str | None":
         parents, _sep, last = os.fsencode(name).rpartition(b"/")
         for fd in self.fds:
             try:
@@ -403,7 +404,7 @@ class OnDisk:
         return None
 
 
-def judge_links(links, stage_fd, dest_fd, dest):
+def judge_links(links: "list[tuple[bytes, bytes]]", stage_fd: int, dest_fd: int, dest: str) -> None:
     """Refuse the pull (nothing moved yet) when a link it brings would lead out of dest through the tree as it
     is on disk: dest's own links (however they got there) and the pull's, resolved together."""
     view = OnDisk(stage_fd, dest_fd)

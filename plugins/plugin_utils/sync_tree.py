@@ -27,6 +27,11 @@ import re
 import stat
 import sys
 
+try:  # only for the annotations (strings): nothing here is needed to run
+    from typing import BinaryIO, Callable, Iterable, Iterator  # noqa: F401
+except ImportError:  # pragma: no cover
+    pass
+
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 HASH_CHUNK = 1024 * 1024
@@ -189,7 +194,7 @@ def rel_text(path):
     return path.decode("utf-8", "surrogateescape")
 
 
-def link_is_safe(rel, target):
+def link_is_safe(rel: bytes, target: bytes) -> bool:
     """A link that stays inside the tree, judged on its text alone (rsync's --safe-links, as rsync 3.4 made it).
 
     Relative, and `..` only as leading components, no more of them than the link's depth: `d/../../x` is
@@ -212,7 +217,7 @@ def link_is_safe(rel, target):
     return True
 
 
-def source_entries(entries, keep_setid=False, private_root=False):
+def source_entries(entries: "Iterable[Entry]", keep_setid: bool = False, private_root: bool = False) -> "Iterator[Entry]":
     """The source side's manifest as the receiver may apply it (every entry the guest sends passes here).
 
     The root first, then plain relative paths in canonical order (else SyncError); links that fail
@@ -321,7 +326,7 @@ BENEATH = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
 _openat2 = []  # [] until probed, then [function or None]
 
 
-def _load_openat2():
+def _load_openat2() -> "Callable[[int, bytes, int, int, int], int] | None":
     """openat2 through ctypes, or None where the python (no ctypes), a filter (EPERM) or the kernel (ENOSYS) has none."""
     try:
         import ctypes
@@ -354,7 +359,7 @@ def _load_openat2():
     return openat2
 
 
-def use_openat2(enabled=None):
+def use_openat2(enabled: "bool | None" = None) -> bool:
     """Whether paths below a directory fd are opened with openat2; enabled=False forces the per-component walk
     (tests run both), True or None probes the kernel again."""
     del _openat2[:]
@@ -362,7 +367,7 @@ def use_openat2(enabled=None):
     return _openat2[0] is not None
 
 
-def open_beneath(dir_fd, rel, flags, mode=0):
+def open_beneath(dir_fd: int, rel: bytes, flags: int, mode: int = 0) -> int:
     """Open dir_fd/rel (bytes, a plain relative path) without following any link, on the way or at the end.
 
     openat2 with RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS where the kernel has it, else one O_NOFOLLOW openat per
@@ -390,7 +395,7 @@ def open_beneath(dir_fd, rel, flags, mode=0):
         os.close(parent)
 
 
-def open_dir_at(root_fd, parts):
+def open_dir_at(root_fd: int, parts: "list[bytes]") -> int:
     """The fd of the directory root/parts[0]/..., no link followed on the way (open_beneath)."""
     if not parts:
         return os.dup(root_fd)
@@ -404,7 +409,7 @@ def split_rel(rel):
     return parts[:-1], parts[-1]
 
 
-def open_root(path, create=False, workspace=None):
+def open_root(path: "str | bytes", create: bool = False, workspace: "str | None" = None) -> "int | None":
     """Open the tree's root directory, following the links of the path the user named (like rsync); -> fd or None.
 
     Resolved here one component at a time from held directory fds (each opened with O_NOFOLLOW, each link read
@@ -773,7 +778,8 @@ def add_member(tar, dir_fd, name, rel):
     return True
 
 
-def extract_checked(fileobj, stage_fd, wanted=None, keep_setid=False):
+def extract_checked(fileobj: "BinaryIO", stage_fd: int, wanted: "Iterator[bytes] | None" = None,
+                    keep_setid: bool = False) -> "list[tuple[bytes, bytes]]":
     """Extract a checked tar stream under stage_fd, with exact modes and mtimes and no link ever followed.
 
     Only plain relative names, regular files, directories and links that pass link_is_safe(); parents must come
@@ -842,7 +848,7 @@ def read_chunks(stream, size=65536):
         yield data
 
 
-def guest_main(argv):
+def guest_main(argv: "list[str]") -> int:
     """python3 -c <this file> '<json>': one sync run's guest side, over the Exec's stdin and stdout.
 
     push: make the stage dir (0700, ours) -> manifest of the destination -> wait for b"+" (the archive is
@@ -887,7 +893,7 @@ def guest_main(argv):
                 os.close(fd)
 
 
-def guest_pull(root_fd, run_fd, stage_name, stdin, out):
+def guest_pull(root_fd: int, run_fd: int, stage_name: bytes, stdin: "BinaryIO", out: "BinaryIO") -> int:
     records = split_stream(read_chunks(stdin))
     wanted = iter(lambda: next(records, b""), b"")
     fd = os.open(stage_name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
@@ -908,7 +914,8 @@ def guest_pull(root_fd, run_fd, stage_name, stdin, out):
     return 0
 
 
-def guest_push(args, root_fd, run_fd, stage_name, stage_fd, stdin, out, excludes):
+def guest_push(args: dict, root_fd: "int | None", run_fd: int, stage_name: bytes, stage_fd: int, stdin: "BinaryIO",
+               out: "BinaryIO", excludes: Excludes) -> int:
     records = split_stream(read_chunks(stdin))
     summary = {"moved": 0, "deleted": 0, "fixed": 0}
     try:
