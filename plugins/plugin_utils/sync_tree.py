@@ -886,8 +886,10 @@ def guest_main(argv: "list[str]") -> int:
         out.flush()
         if mode == "pull":
             return guest_pull(root_fd, run_fd, stage_name, stdin, out)
-        return guest_push(args, root_fd, run_fd, stage_name, stage_fd, stdin, out, excludes)
+        return guest_push(args, root_fd, stage_fd, stdin, out, excludes)
     finally:
+        if stage_fd is not None:
+            remove_entry(run_fd, stage_name, b"stage")  # whatever happened: the stage never outlives the run
         for fd in (run_fd, root_fd, stage_fd):
             if fd is not None:
                 os.close(fd)
@@ -914,19 +916,20 @@ def guest_pull(root_fd: int, run_fd: int, stage_name: bytes, stdin: "BinaryIO", 
     return 0
 
 
-def guest_push(args: dict, root_fd: "int | None", run_fd: int, stage_name: bytes, stage_fd: int, stdin: "BinaryIO",
-               out: "BinaryIO", excludes: Excludes) -> int:
+def guest_push(args: dict, root_fd: "int | None", stage_fd: int, stdin: "BinaryIO", out: "BinaryIO",
+               excludes: Excludes) -> int:
     records = split_stream(read_chunks(stdin))
     summary = {"moved": 0, "deleted": 0, "fixed": 0}
+    first = next(records, None)
+    if first is None:
+        return 0  # nothing to do (or check mode)
+    owner = args.get("owner")
+    made = root_fd is None
+    if made:
+        root_fd = open_root(args["root"], create=True, workspace=args.get("workspace"))
+        if owner:
+            os.fchown(root_fd, owner[0], owner[1])
     try:
-        first = next(records, None)
-        if first is None:
-            return 0  # nothing to do (or check mode)
-        owner = args.get("owner")
-        if root_fd is None:
-            root_fd = open_root(args["root"], create=True, workspace=args.get("workspace"))
-            if owner:
-                os.fchown(root_fd, owner[0], owner[1])
         if first == b"+":
             summary["moved"] = apply_stage(stage_fd, root_fd, owner=owner)
             if not summary["moved"]:
@@ -935,7 +938,8 @@ def guest_push(args: dict, root_fd: "int | None", run_fd: int, stage_name: bytes
             raise SyncError("unexpected first operation %r" % first[:20])
         summary["deleted"], summary["fixed"] = run_ops(root_fd, records, excludes)
     finally:
-        remove_entry(run_fd, stage_name, b"stage")
+        if made:
+            os.close(root_fd)
     out.write(json.dumps(summary).encode() + b"\n")
     out.flush()
     return 0
