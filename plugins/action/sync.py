@@ -11,9 +11,11 @@ push: the guest streams the destination's manifest -> the controller walks the s
       agent (Upload with is_archive) into a stage dir in the run's scratch -> "+" and the operations
       go down the same Exec's stdin: the guest renames each staged entry into place, then deletes and
       fixes modes and mtimes.
-pull: the guest streams the source's manifest -> the controller walks its destination beside it and
-      sends back the wanted paths -> the guest writes a tar of exactly those into its scratch ->
-      Download, checked member by member, extracted into a local stage dir and renamed into place.
+pull: the guest streams the source's manifest, judged again here (sync_tree.source_entries: the guest is
+      hostile) -> the controller walks its destination beside it and sends back the wanted paths -> the guest
+      writes a tar of exactly those into its scratch -> Download of the path this run chose, checked member
+      by member (only the paths asked for), extracted into a local stage dir, its links resolved against dest
+      as it is on disk (judge_links), and renamed into place from dest's fd, no link followed.
 """
 
 from __future__ import absolute_import, division, print_function

@@ -13,6 +13,12 @@ guest's python3 (`python3 -c <this file> <json>`), so it is stdlib only and self
   with O_NOFOLLOW, so a link inside the tree is described as a link and never entered.
 - Manifest records: `path \\0 kind+"mode size mtime" \\0 extra \\0` (extra: a link's target or a
   file's sha256), streamed and parsed in chunks.
+- `open_beneath()`: a path below a directory fd, no link followed on the way or at the end (openat2 with
+  RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS through ctypes where the kernel has it, one O_NOFOLLOW openat per
+  component where not); `open_root()`: the root the user named, resolved one held fd per component (links of
+  that path followed like rsync, never out of the workspace), so a check and the open are one.
+- `link_is_safe()` (rsync 3.4's --safe-links rule) and `source_entries()`: what a receiver accepts of the
+  sender's manifest, judged by the receiver whatever the sender decided; set-id bits dropped unless asked.
 - `apply_stage()` moves a staged tree into place one entry at a time with rename(2) (atomic per
   file: a cut leaves each file old or new), and `run_ops()` does the deletions and the
   directory/mode/mtime fixes, in the order the plan wrote them.
@@ -27,10 +33,7 @@ import re
 import stat
 import sys
 
-try:  # only for the annotations (strings): nothing here is needed to run
-    from typing import BinaryIO, Callable, Iterable, Iterator  # noqa: F401
-except ImportError:  # pragma: no cover
-    pass
+from typing import BinaryIO, Callable, Iterable, Iterator  # noqa: F401 (named in the annotations' strings)
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
