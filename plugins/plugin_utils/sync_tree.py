@@ -33,7 +33,7 @@ import re
 import stat
 import sys
 
-from typing import BinaryIO, Callable, Iterable, Iterator  # noqa: F401 (named in the annotations' strings)
+from typing import BinaryIO, Callable, Iterable, Iterator, Optional  # noqa: F401 (named in the annotations' strings)
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -329,7 +329,7 @@ BENEATH = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
 _openat2 = []  # [] until probed, then [function or None]
 
 
-def _load_openat2() -> "Callable[[int, bytes, int, int, int], int] | None":
+def _load_openat2() -> "Optional[Callable[..., int]]":
     """openat2 through ctypes, or None where the python (no ctypes), a filter (EPERM) or the kernel (ENOSYS) has none."""
     try:
         import ctypes
