@@ -11,9 +11,11 @@ push: the guest streams the destination's manifest -> the controller walks the s
       agent (Upload with is_archive) into a stage dir in the run's scratch -> "+" and the operations
       go down the same Exec's stdin: the guest renames each staged entry into place, then deletes and
       fixes modes and mtimes.
-pull: the guest streams the source's manifest -> the controller walks its destination beside it and
-      sends back the wanted paths -> the guest writes a tar of exactly those into its scratch ->
-      Download, checked member by member, extracted into a local stage dir and renamed into place.
+pull: the guest streams the source's manifest, judged again here (sync_tree.source_entries: the guest is
+      hostile) -> the controller walks its destination beside it and sends back the wanted paths -> the guest
+      writes a tar of exactly those into its scratch -> Download of the path this run chose, checked member
+      by member (only the paths asked for), extracted into a local stage dir, its links resolved against dest
+      as it is on disk (judge_links), and renamed into place from dest's fd, no link followed.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -22,6 +24,7 @@ __metaclass__ = type
 
 import os
 import posixpath
+import stat
 import tempfile
 import time
 import uuid
@@ -31,7 +34,7 @@ from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
-from ansible_collections.microvm.sandbox.plugins.module_utils.archive_check import ArchiveRefused, check_archive
+from ansible_collections.microvm.sandbox.plugins.module_utils.archive_check import ArchiveRefused, check_archive, link_problem
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import sync_tree as st
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.sync_plan import ManifestReader, Planner
@@ -45,6 +48,7 @@ ARGUMENT_SPEC = dict(
     exclude=dict(type="list", elements="str", default=[]),
     exclude_from=dict(type="list", elements="path", default=[]),
     list_limit=dict(type="int", default=1000),
+    preserve_setid=dict(type="bool", default=False),
 )
 COPY_CHUNK = 1024 * 1024
 
@@ -249,7 +253,8 @@ class ActionModule(ActionBase):
                 with open(ops_path, "wb") as ops:
                     planner = Planner(writer.add, ops.write, delete=args["delete"], checksum=args["checksum"],
                                       limit=args["list_limit"])
-                    local = st.walk(root_fd, st.Excludes(guest_excludes), args["checksum"], skip_unsafe_links=True)
+                    local = st.source_entries(st.walk(root_fd, st.Excludes(guest_excludes), args["checksum"],
+                                                      skip_unsafe_links=True), keep_setid=args["preserve_setid"])
                     try:
                         planner.run(local, reader.entries())
                     except st.SyncError:
@@ -312,8 +317,10 @@ class ActionModule(ActionBase):
                 planner = Planner(want, ops.write, delete=args["delete"], checksum=args["checksum"],
                                   limit=args["list_limit"])
                 local = st.walk(root_fd, local_excludes, args["checksum"]) if root_fd is not None else iter(())
+                # What the guest sends is judged here again, whatever its own walk did (the guest is not trusted).
+                source = st.source_entries(reader.entries(), keep_setid=args["preserve_setid"], private_root=True)
                 try:
-                    planner.run(reader.entries(), local)
+                    planner.run(source, local)
                 except st.SyncError:
                     raise self._guest_failed(stream, reader, "could not read %s in the sandbox" % src)
             outcome = self._outcome(planner, args, src, dest)
@@ -322,7 +329,7 @@ class ActionModule(ActionBase):
                 stream.close_stdin()
                 reader.finish()
                 if not self._task.check_mode and planner.changed:
-                    self._apply_local(root_fd, None, ops_path, local_excludes, dest)
+                    self._apply_local(root_fd, None, ops_path, local_excludes, dest, args)
                 self._timing("done")
                 return outcome
             with open(wanted_path, "rb") as wanted:
@@ -334,22 +341,24 @@ class ActionModule(ActionBase):
                 raise self._guest_failed(stream, reader, "could not pack the changes of %s" % src)
             local_tar = os.path.join(tmp, "changes.tar")
             try:
-                self._connection.fetch_file(made["tar"], local_tar)
+                self._connection.fetch_file(stage, local_tar)  # the path this run chose, never one the guest names
             except AnsibleError as e:
                 raise SyncFailed("could not download the changes of %s: %s" % (src, e))
             stream.close_stdin()
             reader.finish()
             self._timing("archive of %s members downloaded" % made.get("members"))
             check_archive(local_tar, dest)
-            self._apply_local(root_fd, local_tar, ops_path, local_excludes, dest)
+            self._apply_local(root_fd, local_tar, ops_path, local_excludes, dest, args, wanted_path)
             self._timing("applied")
             return outcome
         finally:
             stream.close()
 
     @staticmethod
-    def _apply_local(root_fd, tar_path, ops_path, excludes, dest):
-        """Extract the checked tar into a stage dir beside dest, rename it into place, then the operations."""
+    def _apply_local(root_fd: int, tar_path: "str | None", ops_path: str, excludes: "st.Excludes | None", dest: str,
+                     args: dict, wanted_path: "str | None" = None) -> None:
+        """Extract the checked tar into a stage dir beside dest, judge its links against dest as it is on disk,
+        rename it into place, then the operations. Every path below dest is opened from root_fd, no link followed."""
         if tar_path is not None:
             parent = os.path.dirname(os.path.abspath(dest.rstrip("/")))
             try:
@@ -359,8 +368,10 @@ class ActionModule(ActionBase):
             try:
                 stage_fd = os.open(stage, st.DIR_FLAGS)
                 try:
-                    with open(tar_path, "rb") as f:
-                        st.extract_checked(f, stage_fd)
+                    with open(tar_path, "rb") as f, open(wanted_path, "rb") as wanted:
+                        asked = (p for p in st.split_stream(iter(lambda: wanted.read(COPY_CHUNK), b"")) if p)
+                        links = st.extract_checked(f, stage_fd, wanted=asked, keep_setid=args["preserve_setid"])
+                    judge_links(links, stage_fd, root_fd, dest)
                     st.apply_stage(stage_fd, root_fd)
                 finally:
                     os.close(stage_fd)
@@ -369,3 +380,41 @@ class ActionModule(ActionBase):
                 shutil.rmtree(stage, ignore_errors=True)
         with open(ops_path, "rb") as ops:
             st.run_ops(root_fd, st.split_stream(iter(lambda: ops.read(COPY_CHUNK), b"")), excludes)
+
+
+class OnDisk:
+    """The links of the tree a pull leaves, as archive_check's resolver asks for them (name -> target or None):
+    the stage's entry where it has one, else dest's, each looked up from its directory fd, no link followed."""
+
+    def __init__(self, stage_fd: int, dest_fd: int) -> None:
+        self.fds = (stage_fd, dest_fd)
+
+    def get(self, name: str) -> "str | None":
+        parents, _sep, last = os.fsencode(name).rpartition(b"/")
+        for fd in self.fds:
+            try:
+                dir_fd = st.open_dir_at(fd, parents.split(b"/") if parents else [])
+            except OSError:
+                continue  # missing, or not a directory there
+            try:
+                mode = os.stat(last, dir_fd=dir_fd, follow_symlinks=False).st_mode
+                return st.rel_text(os.readlink(last, dir_fd=dir_fd)) if stat.S_ISLNK(mode) else None
+            except FileNotFoundError:
+                continue
+            finally:
+                os.close(dir_fd)
+        return None
+
+
+def judge_links(links: "list[tuple[bytes, bytes]]", stage_fd: int, dest_fd: int, dest: str) -> None:
+    """Refuse the pull (nothing moved yet) when a link it brings would lead out of dest through the tree as it
+    is on disk: dest's own links (however they got there) and the pull's, resolved together."""
+    view = OnDisk(stage_fd, dest_fd)
+    offending = []
+    for rel, target in links:
+        problem = link_problem(st.rel_text(rel), st.rel_text(target), view, dest)
+        if problem:
+            offending.append("%s (%s)" % (st.rel_text(rel), problem))
+    if offending:
+        raise SyncFailed("refused the sandbox's tree, nothing was changed in %s: through the links already there, "
+                         "these links would lead outside it: %s" % (dest, "; ".join(offending[:20])))

@@ -27,10 +27,19 @@ description:
     run's scratch dir in the sandbox, a hidden directory beside O(dest) on the controller). Each entry is then
     renamed into place on its own, so a connection cut in the middle leaves every file either as it was or
     as it should be, never half written. Destinations outside C(/workspace) work the same way.
-  - No link is ever followed inside either tree - every directory is opened without following links -
-    and links whose target leaves the tree (absolute, or climbing out with C(..)) are left out and reported in
-    RV(left_out), like C(rsync --safe-links). A guest path inside C(/workspace) that resolves outside it
-    through a link is refused.
+  - No link is ever followed inside either tree - every path below the tree's root is opened from the root's
+    directory fd with C(openat2) C(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS) where the kernel has it, one
+    C(O_NOFOLLOW) component at a time where not - and links whose target may leave the tree are left out and
+    reported in RV(left_out), with the rule of C(rsync --safe-links) since rsync 3.4 (CVE-2024-12088) - a link
+    must be relative, with C(..) only as its leading components and no more of them than its depth, so
+    C(d/../x) is left out even where it would land inside. The controller judges what a guest sends again,
+    whatever the guest's side decided, and a pulled link that would lead out through links O(dest) already
+    holds on disk (the user's own, say) refuses the whole pull before anything changes.
+  - A guest path inside C(/workspace) that resolves outside it through a link is refused. The guest side
+    resolves its paths one component at a time from held directory fds, so a guest user who swaps a directory
+    for a link while a push or pull runs as root moves nothing outside the tree.
+  - Set-user-ID and set-group-ID bits are dropped unless O(preserve_setid), and a pull never makes O(dest)
+    itself world-writable.
   - Memory stays bounded whatever the size of the tree; manifests are compared as they stream, and the
     archive is written to and read from disk.
   - The sandbox's scratch dir is never synced nor deleted when it lies inside the guest tree.
@@ -97,6 +106,16 @@ options:
     type: list
     elements: path
     default: []
+  preserve_setid:
+    description:
+      - Keep set-user-ID and set-group-ID bits (mode C(04000) and C(02000)) on what is synced. Off by default -
+        like rsync without C(--perms), the special bits are dropped, on both ends - so a guest's C(chmod 4755)
+        copy of a shell, pulled by root, gives no local user root. The other permission bits are kept, as with
+        C(rsync --perms), and a mode that differs only by those bits is not a change.
+      - Whatever this says, a pull never makes O(dest) itself world-writable (the C(o+w) bit of the source's
+        root directory is dropped); entries below O(dest) keep their modes.
+    type: bool
+    default: false
   list_limit:
     description:
       - How many paths of each kind (added, updated, deleted, left out) the result and the diff list; the counts

@@ -13,6 +13,12 @@ guest's python3 (`python3 -c <this file> <json>`), so it is stdlib only and self
   with O_NOFOLLOW, so a link inside the tree is described as a link and never entered.
 - Manifest records: `path \\0 kind+"mode size mtime" \\0 extra \\0` (extra: a link's target or a
   file's sha256), streamed and parsed in chunks.
+- `open_beneath()`: a path below a directory fd, no link followed on the way or at the end (openat2 with
+  RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS through ctypes where the kernel has it, one O_NOFOLLOW openat per
+  component where not); `open_root()`: the root the user named, resolved one held fd per component (links of
+  that path followed like rsync, never out of the workspace), so a check and the open are one.
+- `link_is_safe()` (rsync 3.4's --safe-links rule) and `source_entries()`: what a receiver accepts of the
+  sender's manifest, judged by the receiver whatever the sender decided; set-id bits dropped unless asked.
 - `apply_stage()` moves a staged tree into place one entry at a time with rename(2) (atomic per
   file: a cut leaves each file old or new), and `run_ops()` does the deletions and the
   directory/mode/mtime fixes, in the order the plan wrote them.
@@ -27,6 +33,8 @@ import re
 import stat
 import sys
 
+from typing import BinaryIO, Callable, Iterable, Iterator, Optional  # noqa: F401 (named in the annotations' strings)
+
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 HASH_CHUNK = 1024 * 1024
@@ -34,6 +42,8 @@ ROOT = b"."
 END = b""               # the empty path ends the manifest
 KIND_FILE, KIND_DIR, KIND_LINK, KIND_SKIPPED = b"f", b"d", b"l", b"x"
 PLAIN_MODES = (0o644, 0o755)  # what every tar extractor keeps as it is; other modes get an explicit fix
+SETID_MASK = 0o1777  # permission bits without set-user-ID and set-group-ID
+MAX_LINKS = 40  # symbolic links followed in one resolution, as Linux does
 
 
 class SyncError(Exception):
@@ -174,8 +184,11 @@ def sort_key(path):
 
 def parse_meta(path, meta, extra):
     kind = meta[:1]
-    mode, size, mtime = meta[1:].split(b" ")
-    return Entry(path, kind, int(mode, 8), int(size), int(mtime), extra)
+    try:
+        mode, size, mtime = meta[1:].split(b" ")
+        return Entry(path, kind, int(mode, 8), int(size), int(mtime), extra)
+    except ValueError:
+        raise SyncError("a malformed manifest record for %r" % rel_text(path)[:200])
 
 
 # ------------------------------------------------------------------ walking
@@ -184,20 +197,53 @@ def rel_text(path):
     return path.decode("utf-8", "surrogateescape")
 
 
-def link_is_safe(rel, target):
-    """A link that stays inside the tree, judged on its text alone (rsync's --safe-links)."""
+def link_is_safe(rel: bytes, target: bytes) -> bool:
+    """A link that stays inside the tree, judged on its text alone (rsync's --safe-links, as rsync 3.4 made it).
+
+    Relative, and `..` only as leading components, no more of them than the link's depth: `d/../../x` is
+    refused even where it would land inside, because `d` may be (or become) a link on either end
+    (CVE-2024-12088: `d -> .` then `logs -> d/d/d/../../../x` climbs out through the receiver's own tree).
+    With every link of a tree so, no chain of them leaves it.
+    """
     if not target or target.startswith(b"/"):
         return False
     parent = rel.rsplit(b"/", 1)[0] if b"/" in rel else b""
     depth = len([p for p in parent.split(b"/") if p])
+    named = False
     for part in target.split(b"/"):
         if part == b"..":
             depth -= 1
-            if depth < 0:
+            if depth < 0 or named:
                 return False
         elif part and part != b".":
-            depth += 1
+            named = True
     return True
+
+
+def source_entries(entries: "Iterable[Entry]", keep_setid: bool = False, private_root: bool = False) -> "Iterator[Entry]":
+    """The source side's manifest as the receiver may apply it (every entry the guest sends passes here).
+
+    The root first, then plain relative paths in canonical order (else SyncError); links that fail
+    link_is_safe() become KIND_SKIPPED (left out), whoever walked the tree; set-id bits are dropped unless
+    keep_setid; with private_root, the root directory never becomes world-writable.
+    """
+    mask = 0o7777 if keep_setid else SETID_MASK
+    last = None
+    for entry in entries:
+        key = entry.key()
+        if (last is None) != (entry.path == ROOT) or (last is not None and key <= last) or \
+                entry.kind not in (KIND_FILE, KIND_DIR, KIND_LINK, KIND_SKIPPED):
+            raise SyncError("refused the manifest at %r: not a plain path in order" % rel_text(entry.path)[:200])
+        if entry.path != ROOT:
+            split_rel(entry.path)
+        last = key
+        if entry.kind == KIND_LINK and not link_is_safe(entry.path, entry.extra):
+            entry = Entry(entry.path, KIND_SKIPPED, 0, 0, 0, entry.extra)
+        elif entry.kind in (KIND_FILE, KIND_DIR):
+            entry.mode &= mask
+            if private_root and entry.path == ROOT:
+                entry.mode &= ~0o002
+        yield entry
 
 
 def file_digest(dir_fd, name):
@@ -275,18 +321,88 @@ def _walk_dir(dir_fd, prefix, excludes, checksum, skip_unsafe_links):
 
 # ------------------------------------------------------------------ opening paths without following links
 
-def open_dir_at(root_fd, parts):
-    """The fd of the directory root/parts[0]/..., each step opened with O_NOFOLLOW."""
-    fd = os.dup(root_fd)
+# openat2(2) (Linux 5.6): one call that walks a relative path below a directory fd and refuses every link on the
+# way. Its number is the same on every architecture (calls from 424 on share one table).
+SYS_OPENAT2 = 437
+RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
+BENEATH = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
+_openat2 = []  # [] until probed, then [function or None]
+
+
+def _load_openat2() -> "Optional[Callable[..., int]]":
+    """openat2 through ctypes, or None where the python (no ctypes), a filter (EPERM) or the kernel (ENOSYS) has none."""
     try:
-        for part in parts:
-            nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+        import ctypes
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+    except (ImportError, OSError, AttributeError):
+        return None
+
+    class OpenHow(ctypes.Structure):
+        _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+    syscall.restype = ctypes.c_long
+
+    def openat2(dir_fd, path, flags, mode, resolve):
+        how = OpenHow(flags, mode if flags & os.O_CREAT else 0, resolve)
+        fd = syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_int(dir_fd), ctypes.c_char_p(path), ctypes.byref(how),
+                     ctypes.c_size_t(ctypes.sizeof(how)))
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), os.fsdecode(path))
+        return fd
+
+    try:
+        probe = os.open(".", DIR_FLAGS)
+        try:
+            os.close(openat2(probe, b".", DIR_FLAGS, 0, BENEATH))
+        finally:
+            os.close(probe)
+    except OSError:
+        return None
+    return openat2
+
+
+def use_openat2(enabled: "bool | None" = None) -> bool:
+    """Whether paths below a directory fd are opened with openat2; enabled=False forces the per-component walk
+    (tests run both), True or None probes the kernel again."""
+    del _openat2[:]
+    _openat2.append(_load_openat2() if enabled is not False else None)
+    return _openat2[0] is not None
+
+
+def open_beneath(dir_fd: int, rel: bytes, flags: int, mode: int = 0) -> int:
+    """Open dir_fd/rel (bytes, a plain relative path) without following any link, on the way or at the end.
+
+    openat2 with RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS where the kernel has it, else one O_NOFOLLOW openat per
+    component from held fds: either way a link anywhere is ELOOP/ENOTDIR, never followed.
+    """
+    if not _openat2:
+        use_openat2()
+    fn = _openat2[0]
+    if fn is not None:
+        for _attempt in range(16):
+            try:
+                return fn(dir_fd, rel, flags | os.O_NOFOLLOW, mode, BENEATH)
+            except OSError as e:
+                if e.errno != errno.EAGAIN:  # EAGAIN: a rename raced the walk; the kernel asks for a retry
+                    raise
+    parts = rel.split(b"/")
+    parent = os.dup(dir_fd)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, DIR_FLAGS, dir_fd=parent)
+            os.close(parent)
+            parent = nxt
+        return os.open(parts[-1], flags | os.O_NOFOLLOW, mode, dir_fd=parent)
+    finally:
+        os.close(parent)
+
+
+def open_dir_at(root_fd: int, parts: "list[bytes]") -> int:
+    """The fd of the directory root/parts[0]/..., no link followed on the way (open_beneath)."""
+    if not parts:
+        return os.dup(root_fd)
+    return open_beneath(root_fd, b"/".join(parts), DIR_FLAGS)
 
 
 def split_rel(rel):
@@ -296,30 +412,81 @@ def split_rel(rel):
     return parts[:-1], parts[-1]
 
 
-def open_root(path, create=False, workspace=None):
-    """Open the tree's root directory (following the links of the path the user named, like rsync).
+def open_root(path: "str | bytes", create: bool = False, workspace: "str | None" = None) -> "int | None":
+    """Open the tree's root directory, following the links of the path the user named (like rsync); -> fd or None.
 
-    With workspace set, a root named inside it must still be inside it once resolved: a link that
-    leads out of the workspace is refused, never followed.
+    Resolved here one component at a time from held directory fds (each opened with O_NOFOLLOW, each link read
+    and expanded by this code, `..` going back to the fd held for the parent), so the directory checked is the
+    directory opened: swapping a directory for a link meanwhile changes nothing. With workspace set, a root named
+    inside it must stay inside it at every step: a link that leads out is refused, never followed, and nothing is
+    created outside. With create, missing directories are made (mode 0777 less the umask, like mkdir -p).
     """
-    real = os.path.realpath(path)
-    if workspace:
-        ws = workspace.rstrip("/")
-        if within(os.path.normpath(path), ws) and not within(real, os.path.realpath(ws)):
-            raise SyncError("%s resolves to %s through a link, outside %s: refused (name the real path "
-                            "if you mean it)" % (path, real, workspace))
-    if create and not os.path.lexists(real):
-        os.makedirs(real, exist_ok=True)
+    path = os.fsencode(path)
+    text = rel_text(path)
+    bound = None
+    if workspace and within(os.path.normpath(text), workspace.rstrip("/")):
+        bound = [p for p in os.fsencode(workspace).split(b"/") if p]
+    fds = [os.open(b"/", DIR_FLAGS)]
+    names = []
+    todo = list(reversed(path.split(b"/")))
+    links = made = retries = 0
     try:
-        return os.open(real, DIR_FLAGS)
-    except FileNotFoundError:
-        return None
-    except NotADirectoryError:
-        raise SyncError("%s is not a directory" % path)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise SyncError("%s changed into a link while it was opened" % path)
-        raise
+        while todo:
+            part = todo.pop()
+            if part in (b"", b"."):
+                continue
+            if part == b"..":
+                if len(fds) > 1:
+                    os.close(fds.pop())
+                    names.pop()
+                continue
+            here = names + [part]
+            if bound is not None and here[:len(bound)] != bound and bound[:len(here)] != here:
+                where = os.path.normpath("/" + rel_text(b"/".join(here + list(reversed(todo)))))
+                raise SyncError("%s resolves to %s through a link, outside %s: refused (name the real path "
+                                "if you mean it)" % (text, where, workspace))
+            try:
+                fd = os.open(part, DIR_FLAGS, dir_fd=fds[-1])
+            except FileNotFoundError:
+                if not create:
+                    return None
+                if bound is not None and here[:len(bound)] != bound or made > 4096:
+                    raise SyncError("%s: cannot create %s" % (text, rel_text(b"/" + b"/".join(here))))
+                try:
+                    os.mkdir(part, 0o777, dir_fd=fds[-1])
+                except FileExistsError:
+                    pass  # made meanwhile: opened below like anything else found there
+                made += 1
+                todo.append(part)
+                continue
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                try:
+                    target = os.readlink(part, dir_fd=fds[-1])
+                except OSError as e2:
+                    retries += 1
+                    if e2.errno not in (errno.ENOENT, errno.EINVAL) or retries > 100:
+                        raise SyncError("%s is not a directory" % text)
+                    todo.append(part)  # changed since the open (a link again a directory): look again
+                    continue
+                links += 1
+                if links > MAX_LINKS:
+                    raise SyncError("%s: too many levels of symbolic links" % text)
+                if target.startswith(b"/"):
+                    while len(fds) > 1:
+                        os.close(fds.pop())
+                    del names[:]
+                todo.extend(reversed(target.split(b"/")))
+                continue
+            fds.append(fd)
+            names.append(part)
+        if bound is not None and names[:len(bound)] != bound:
+            raise SyncError("%s resolves to /%s, outside %s: refused" % (text, rel_text(b"/".join(names)), workspace))
+        return os.dup(fds[-1])
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def within(path, root):
@@ -486,11 +653,15 @@ def set_attrs(fd_or_dir, mode, mtime, name=None):
             return  # a link: links carry no mode of their own
         if e.errno != errno.EACCES:
             raise
-        # unreadable to a non-root owner (mode 000): change it by name, having checked it is no link
-        if stat.S_ISLNK(os.stat(name, dir_fd=fd_or_dir, follow_symlinks=False).st_mode):
-            return
-        os.chmod(name, mode, dir_fd=fd_or_dir)
-        os.utime(name, ns=(mtime * 10 ** 9, mtime * 10 ** 9), dir_fd=fd_or_dir, follow_symlinks=False)
+        # unreadable to a non-root owner (mode 000): an O_PATH fd of that very entry (never a link's target), changed
+        # through its /proc/self/fd name, which names the inode the fd holds, not a path to look up again
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=fd_or_dir)
+        try:
+            if not stat.S_ISLNK(os.fstat(fd).st_mode):
+                os.chmod("/proc/self/fd/%d" % fd, mode)
+                os.utime("/proc/self/fd/%d" % fd, ns=(mtime * 10 ** 9, mtime * 10 ** 9))
+        finally:
+            os.close(fd)
         return
     try:
         set_attrs(fd, mode, mtime)
@@ -594,27 +765,45 @@ def add_member(tar, dir_fd, name, rel):
         elif stat.S_ISREG(st.st_mode):
             fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
             with os.fdopen(fd, "rb") as f:
-                info.size = os.fstat(fd).st_size
+                now = os.fstat(fd)
+                if not stat.S_ISREG(now.st_mode):
+                    return False  # swapped for a FIFO or a device since the stat: never read one
+                info.size = now.st_size
                 tar.addfile(info, f)
         else:
             return False
     except FileNotFoundError:
         return False
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO):  # swapped for a link (or a socket) since the stat
+            return False
+        raise
     return True
 
 
-def extract_checked(fileobj, stage_fd):
+def extract_checked(fileobj: "BinaryIO", stage_fd: int, wanted: "Iterator[bytes] | None" = None,
+                    keep_setid: bool = False) -> "list[tuple[bytes, bytes]]":
     """Extract a checked tar stream under stage_fd, with exact modes and mtimes and no link ever followed.
 
-    Only plain relative names, regular files, directories and symbolic links; parents must come first.
+    Only plain relative names, regular files, directories and links that pass link_is_safe(); parents must come
+    first. With wanted (an iterator of the paths asked for, in the order asked), every member must be one of them,
+    in that order: the sender cannot slip in anything else. Set-id bits are dropped unless keep_setid.
+    -> [(path, target)] of the links it made, for a judgement against the tree they join (sync's pull).
     """
     import tarfile
+    mask = 0o7777 if keep_setid else SETID_MASK
     dirs = []
+    links = []
     with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
         for member in iter(tar.next, None):
             tar.members = []  # tarfile keeps every header it read: memory would grow with the archive
             rel = os.fsencode(member.name.rstrip("/"))
             parents, name = split_rel(rel)
+            if wanted is not None and next((p for p in wanted if p == rel), None) is None:
+                raise SyncError("refused archive member %s: not asked for (or out of order)" % member.name)
+            if member.issym() and not link_is_safe(rel, os.fsencode(member.linkname)):
+                raise SyncError("refused archive member %s: a link to %s, which may lead out of the tree"
+                                % (member.name, member.linkname))
             dir_fd = open_dir_at(stage_fd, parents)
             try:
                 if member.isdir():
@@ -622,9 +811,10 @@ def extract_checked(fileobj, stage_fd):
                         os.mkdir(name, 0o700, dir_fd=dir_fd)
                     except FileExistsError:
                         pass
-                    dirs.append((rel, member.mode, int(member.mtime)))
+                    dirs.append((rel, member.mode & mask, int(member.mtime)))
                 elif member.issym():
                     os.symlink(os.fsencode(member.linkname), name, dir_fd=dir_fd)
+                    links.append((rel, os.fsencode(member.linkname)))
                 elif member.isreg():
                     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
                     try:
@@ -634,7 +824,7 @@ def extract_checked(fileobj, stage_fd):
                             if not data:
                                 break
                             os.write(fd, data)
-                        set_attrs(fd, member.mode & 0o7777, int(member.mtime))
+                        set_attrs(fd, member.mode & mask, int(member.mtime))
                     finally:
                         os.close(fd)
                 else:
@@ -645,9 +835,10 @@ def extract_checked(fileobj, stage_fd):
         parents, name = split_rel(rel)
         dir_fd = open_dir_at(stage_fd, parents)
         try:
-            set_attrs(dir_fd, mode & 0o7777, mtime, name)
+            set_attrs(dir_fd, mode, mtime, name)
         finally:
             os.close(dir_fd)
+    return links
 
 
 # ------------------------------------------------------------------ the guest's side of a run
@@ -660,86 +851,98 @@ def read_chunks(stream, size=65536):
         yield data
 
 
-def guest_main(argv):
+def guest_main(argv: "list[str]") -> int:
     """python3 -c <this file> '<json>': one sync run's guest side, over the Exec's stdin and stdout.
 
-    push: manifest of the destination -> wait for b"+" (the archive is extracted in the stage dir)
-          -> move it into place, then the deletions and fixes that follow -> a JSON summary.
-    pull: manifest of the source -> the wanted paths, ended by an empty record -> a tar of them in
-          the stage file and a JSON line naming it -> at stdin EOF, remove the stage file.
+    push: make the stage dir (0700, ours) -> manifest of the destination -> wait for b"+" (the archive is
+          extracted in the stage dir) -> move it into place, then the deletions and fixes that follow -> a JSON
+          summary.
+    pull: manifest of the source -> the wanted paths, ended by an empty record -> a tar of them in the stage
+          file (0600, ours) and a JSON line -> at stdin EOF, remove the stage file.
+    Every path is opened from held directory fds (open_root, open_beneath): a guest user who swaps a directory
+    for a link while this runs as root moves nothing outside the tree.
     """
     args = json.loads(argv[1])
     out = sys.stdout.buffer
     stdin = sys.stdin.buffer
     excludes = Excludes(args.get("excludes") or [])
     mode = args["mode"]
+    workspace = args.get("workspace")
+    run_fd = root_fd = stage_fd = None
     try:
-        root_fd = open_root(args["root"], create=False, workspace=args.get("workspace"))
-    except SyncError as e:
-        sys.stderr.write("%s\n" % e)
-        return 3
-    if root_fd is None and mode == "pull":
-        sys.stderr.write("%s does not exist\n" % args["root"])
-        return 4
-    if root_fd is not None:
-        for entry in walk(root_fd, excludes, args.get("checksum"), skip_unsafe_links=(mode == "pull")):
-            out.write(entry.encode())
-    out.write(b"\0END\0" + json.dumps({"exists": root_fd is not None}).encode() + b"\0")
-    out.flush()
-    stage = os.path.join(os.environ.get("TMPDIR") or "/tmp", args["stage_name"])
-    if mode == "pull":
-        return guest_pull(root_fd, stage, stdin, out)
-    return guest_push(args, root_fd, stage, stdin, out, excludes)
+        run_fd = open_root(os.environ.get("TMPDIR") or "/tmp", workspace=workspace)
+        if run_fd is None:
+            raise SyncError("the run's scratch dir %s does not exist" % os.environ.get("TMPDIR"))
+        stage_name = os.fsencode(args["stage_name"])
+        split_rel(stage_name)
+        if mode == "push":
+            # Made here, before anything names it in the guest: one that exists already (planted) is refused.
+            os.mkdir(stage_name, 0o700, dir_fd=run_fd)
+            stage_fd = os.open(stage_name, DIR_FLAGS, dir_fd=run_fd)
+        root_fd = open_root(args["root"], create=False, workspace=workspace)
+        if root_fd is None and mode == "pull":
+            raise SyncError("%s does not exist" % args["root"])
+        if root_fd is not None:
+            for entry in walk(root_fd, excludes, args.get("checksum"), skip_unsafe_links=(mode == "pull")):
+                out.write(entry.encode())
+        out.write(b"\0END\0" + json.dumps({"exists": root_fd is not None}).encode() + b"\0")
+        out.flush()
+        if mode == "pull":
+            return guest_pull(root_fd, run_fd, stage_name, stdin, out)
+        return guest_push(args, root_fd, stage_fd, stdin, out, excludes)
+    finally:
+        if stage_fd is not None:
+            remove_entry(run_fd, stage_name, b"stage")  # whatever happened: the stage never outlives the run
+        for fd in (run_fd, root_fd, stage_fd):
+            if fd is not None:
+                os.close(fd)
 
 
-def guest_pull(root_fd, stage, stdin, out):
+def guest_pull(root_fd: int, run_fd: int, stage_name: bytes, stdin: "BinaryIO", out: "BinaryIO") -> int:
     records = split_stream(read_chunks(stdin))
     wanted = iter(lambda: next(records, b""), b"")
-    members = None
+    fd = os.open(stage_name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                 0o600, dir_fd=run_fd)
     try:
-        with open(stage, "xb") as f:
+        with os.fdopen(os.dup(fd), "wb") as f:
             members = tar_selected(root_fd, wanted, f)
-        out.write(json.dumps({"tar": stage, "members": members, "size": os.path.getsize(stage)}).encode() + b"\n")
+        out.write(json.dumps({"members": members, "size": os.fstat(fd).st_size}).encode() + b"\n")
         out.flush()
         for _chunk in read_chunks(stdin):
             pass  # hold the stage file until the controller has it
     finally:
-        if members is not None or os.path.lexists(stage):
-            try:
-                os.unlink(stage)
-            except OSError:
-                pass
+        os.close(fd)
+        try:
+            os.unlink(stage_name, dir_fd=run_fd)
+        except OSError:
+            pass
     return 0
 
 
-def guest_push(args, root_fd, stage, stdin, out, excludes):
+def guest_push(args: dict, root_fd: "int | None", stage_fd: int, stdin: "BinaryIO", out: "BinaryIO",
+               excludes: Excludes) -> int:
     records = split_stream(read_chunks(stdin))
-    first = next(records, None)
     summary = {"moved": 0, "deleted": 0, "fixed": 0}
+    first = next(records, None)
+    if first is None:
+        return 0  # nothing to do (or check mode)
+    owner = args.get("owner")
+    made = root_fd is None
+    if made:
+        root_fd = open_root(args["root"], create=True, workspace=args.get("workspace"))
+        if owner:
+            os.fchown(root_fd, owner[0], owner[1])
     try:
-        if first is None:
-            return 0  # nothing to do (or check mode)
-        owner = args.get("owner")
-        if root_fd is None:
-            root_fd = open_root(args["root"], create=True, workspace=args.get("workspace"))
-            if owner:
-                os.fchown(root_fd, owner[0], owner[1])
         if first == b"+":
-            stage_fd = os.open(stage, DIR_FLAGS)
-            try:
-                summary["moved"] = apply_stage(stage_fd, root_fd, owner=owner)
-            finally:
-                os.close(stage_fd)
+            summary["moved"] = apply_stage(stage_fd, root_fd, owner=owner)
+            if not summary["moved"]:
+                raise SyncError("the stage dir held nothing: the archive was not extracted where this run made it")
         elif first != b".":
             raise SyncError("unexpected first operation %r" % first[:20])
         summary["deleted"], summary["fixed"] = run_ops(root_fd, records, excludes)
     finally:
-        if os.path.isdir(stage):
-            parent = os.open(os.path.dirname(stage), DIR_FLAGS)
-            try:
-                remove_entry(parent, os.fsencode(os.path.basename(stage)), b"stage")
-            finally:
-                os.close(parent)
+        if made:
+            os.close(root_fd)
     out.write(json.dumps(summary).encode() + b"\n")
     out.flush()
     return 0

@@ -75,6 +75,10 @@ def write(root, rel, data=b"", mode=0o644, mtime=None):
 @pytest.fixture(scope="module")
 def box(plane, tmp_path_factory):
     """One session for the module's tests (each uses its own directories), a private mux dir and an inventory."""
+    yield from make_box(plane, tmp_path_factory)
+
+
+def make_box(plane, tmp_path_factory):
     client = plane.client()
     session = client.wait_session(client.create_session({"name": unique_name("sync"), "agent": "custom"})["session_id"],
                                   timeout=120)

@@ -40,7 +40,9 @@ def test_excludes_last_match_wins():
 
 @pytest.mark.parametrize("rel,target,safe", [
     (b"l", b"x", True), (b"a/l", b"../x", True), (b"a/l", b"../../x", False), (b"l", b"/etc", False),
-    (b"a/b/l", b"../c/./../../y", True), (b"l", b"..", False), (b"l", b"", False),
+    (b"a/b/l", b"../../c/./y", True), (b"l", b"..", False), (b"l", b"", False), (b"d", b".", True),
+    # rsync 3.4's rule (CVE-2024-12088): `..` only before the first name, whatever the text adds up to
+    (b"a/b/l", b"../c/./../../y", False), (b"logs", b"d/d/d/../../../srv/victim", False), (b"l", b"d/..", False),
 ])
 def test_link_is_safe(rel, target, safe):
     assert st.link_is_safe(rel, target) is safe
