@@ -15,6 +15,7 @@ from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
 
 DEFAULT_POOL_SIZE = min(os.cpu_count() or 1, 4)
+TRANSPORTS = ("agent", "api", "auto")  # the roads into a session (plugin_utils/api_road.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +32,7 @@ class SessionConfig:
     scratch_dir: str = profile.SCRATCH_DIR
     validate_certs: bool = True
     host_tag: str = ""
+    transport: str = "agent"  # agent, api or auto (api_road.py)
 
     def __post_init__(self) -> None:
         # the options may arrive as strings or None (env vars, ini): normalise once, here
@@ -42,10 +44,15 @@ class SessionConfig:
         object.__setattr__(self, "scratch_dir", self.scratch_dir or profile.SCRATCH_DIR)
         if self.validate_certs is None:
             object.__setattr__(self, "validate_certs", True)
+        object.__setattr__(self, "transport", (self.transport or "agent").lower())
+        if self.transport not in TRANSPORTS:
+            raise ValueError("transport must be one of %s, got %r" % (", ".join(TRANSPORTS), self.transport))
 
     @property
     def key(self) -> str:
-        return mp.session_key(self.api_url, self.prefix, self.session, self.agent_port, self.token)
+        # each road its own link: a play on `api` never rides on a link another opened on the agent
+        port = self.agent_port if self.transport == "agent" else "%s/%s" % (self.agent_port, self.transport)
+        return mp.session_key(self.api_url, self.prefix, self.session, port, self.token)
 
     def to_wire(self) -> dict:
         return dataclasses.asdict(self)
