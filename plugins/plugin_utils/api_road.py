@@ -217,7 +217,9 @@ class ApiRoadClient:
                 writer = threading.Thread(target=self._write_stdin, args=(call, feed), name="api-stdin", daemon=True)
                 writer.start()
             else:
-                stdin = self._collect(feed, call)
+                stdin = self._collect(feed)
+                if call.cancelled.is_set():  # the worker went away before its stdin was complete: never start it
+                    raise ac.CommandLost("the command on session %s was cancelled before it started" % self.label)
                 if len(stdin) > ONE_SHOT_MAX:
                     staged, call.argv = self._stage_stdin(stdin, call.argv)
                     stdin = b""
@@ -227,6 +229,7 @@ class ApiRoadClient:
         finally:
             if not finished:
                 call.cancel()  # a consumer that gave up, or a failure: the command must not run on
+            feed.put(None)  # unblock the stdin writer if stdin never ended
             if call.conn is not None:
                 call.conn.close()
             if staged:
@@ -235,14 +238,12 @@ class ApiRoadClient:
                 except ac.AgentError as e:
                     log.warning("session %s: could not remove staged stdin %s: %s", self.label, staged, e)
 
-    def _collect(self, feed: queue.Queue, call: ApiExec) -> bytes:
+    def _collect(self, feed: queue.Queue) -> bytes:
         parts = []
         while True:
             item = feed.get()
             if item is None:
                 return b"".join(parts)
-            if call.cancelled.is_set():
-                raise ac.CommandLost("the command on session %s was cancelled before it started" % self.label)
             parts.append(item)
 
     def _stage_stdin(self, stdin: bytes, argv: list) -> tuple[str, list]:

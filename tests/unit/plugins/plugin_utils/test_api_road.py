@@ -96,6 +96,17 @@ def test_held_stdin_without_the_team_setting_names_it_and_remembers(fake):
     assert len(server.seen) == 1
 
 
+def test_a_command_whose_worker_left_before_its_stdin_ended_is_never_started(fake):
+    server, client = fake
+    call, feed = client.exec_stream(["sh"])
+    feed.put(b"half of a payload")
+    call.cancel()     # the mux saw the worker hang up ...
+    feed.put(None)    # ... and ended the stdin queue
+    with pytest.raises(ac.CommandLost, match="before it started"):
+        list(client.iter_exec(call, feed))
+    assert server.seen == []
+
+
 def footer(payload):
     return b"DOWSSHA1" + hashlib.sha256(payload).hexdigest().encode() + b"\n"
 
