@@ -225,7 +225,7 @@ class DataPlane:
                     await send(sse("error", {"message": "the command was lost: %s" % (e.details() or e.code().name)}))
                 finally:
                     call.cancel()  # a client that hung up stops the command, as a cancelled agent stream does
-        except (ConnectionError, asyncio.CancelledError):
+        except ConnectionError:
             pass  # the client went away: the command was stopped above
         finally:
             ticker.cancel()

@@ -122,3 +122,12 @@ def test_a_payload_too_big_for_one_shot_stdin_is_staged(plane, sandbox, env, tmp
         res = playbook_runner(LONG_STDIN, inventory({"box": sandbox["session_id"]}), env, workdir=str(work))
     assert res.rc == 0, res
     assert "REMOTE=%s" % hashlib.sha1(text.encode()).hexdigest() in res.stdout, res
+
+
+def test_auto_keeps_the_agent_road_when_the_agent_answers(plane, sandbox, env, playbook_runner):
+    """auto with the agent port open: the agent road (its warm runner runs the modules), not the api."""
+    with team(plane, interactive_stdin=False, closed_ports=[]):
+        res = playbook_runner(ROAD, inventory({"box": sandbox["session_id"]}), dict(env, MICROVM_TRANSPORT="auto"),
+                              extra_args=["-vvv"])
+    assert res.rc == 0 and "failed=0" in res.stdout, res
+    assert "WARM RUNNER ran the module" in res.stdout and "the api transport has no warm runner" not in res.stdout, res
