@@ -163,3 +163,16 @@ def test_a_closed_agent_port_refuses_the_port_forward_not_the_data_plane(plane, 
         assert resp.status_code == 502 and "8443" in resp.json()["error"]["message"]
         resp = api.call("POST", "/sessions/%s/sandbox/exec" % sid, json={"argv": ["echo", "still here"]})
         assert resp.status_code == 200 and resp.json()["stdout"] == "still here\n"
+
+
+def test_relative_transfer_paths_resolve_under_the_workspace(plane, api, make_session):
+    sid = make_session()["session_id"]
+    up = api.call("POST", "/sessions/%s/workspace/upload" % sid, params={"path": "rel dir/x.txt"}, data=b"rel\n",
+                  headers={"Content-Type": "application/octet-stream"})
+    assert up.status_code == 200, up.text
+    assert up.json()["path"] == "/workspace/rel dir/x.txt"
+    down = api.call("GET", "/sessions/%s/workspace/download" % sid, params={"path": "/workspace/rel dir/x.txt"})
+    assert down.content[:-73] == b"rel\n" and down.content[-73:-65] == b"DOWSSHA1"
+    escape = api.call("POST", "/sessions/%s/workspace/upload" % sid, params={"path": "../etc/x"}, data=b"x",
+                      headers={"Content-Type": "application/octet-stream"})
+    assert escape.status_code == 403, escape.text
