@@ -55,7 +55,10 @@ class SessionConfig:
         return mp.session_key(self.api_url, self.prefix, self.session, port, self.token)
 
     def to_wire(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if data["transport"] == "agent":
+            del data["transport"]  # the default: a mux started before the option existed still takes the attach
+        return data
 
     @classmethod
     def from_wire(cls, data: dict) -> SessionConfig:

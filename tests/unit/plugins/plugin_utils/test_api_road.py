@@ -157,3 +157,14 @@ def test_bad_env_names_are_refused():
     with pytest.raises(ac.AgentError):
         api_road.env_argv(["true"], {"A=B": "1"})
     assert api_road.env_argv(["true"], {}) == ["true"]
+
+
+def test_the_transport_setting_on_the_wire_and_in_the_link_key():
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import SessionConfig
+    agent = SessionConfig(session="box", token="t")
+    api = SessionConfig(session="box", token="t", transport="API")
+    assert "transport" not in agent.to_wire()  # the default stays off the wire: an older mux still takes it
+    assert SessionConfig.from_wire(api.to_wire()) == api and api.transport == "api"
+    assert len({agent.key, api.key, SessionConfig(session="box", token="t", transport="auto").key}) == 3
+    with pytest.raises(ValueError, match="agent, api, auto"):
+        SessionConfig(session="box", token="t", transport="ssh")
