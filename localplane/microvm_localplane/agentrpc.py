@@ -157,7 +157,8 @@ def _transfer_path(request):
     if not path:
         raise ApiFailure(400, "path is required: an absolute path under %s" % contract.TRANSFER_ROOT)
     if not path.startswith("/"):
-        raise ApiFailure(400, "path %r is relative: give an absolute path under %s" % (path, contract.TRANSFER_ROOT))
+        # "Relative paths resolve under the workspace root" (create_session_workspace_upload, ..._download)
+        path = posixpath.join(contract.TRANSFER_ROOT, path)
     norm = posixpath.normpath(path)
     if norm != contract.TRANSFER_ROOT and not norm.startswith(contract.TRANSFER_ROOT + "/"):
         raise ApiFailure(403, "path outside workspace: %s" % json.dumps(path))

@@ -7,7 +7,7 @@ import time
 
 from aiohttp import web
 
-from . import agentrpc, baseimage, contract, portforward
+from . import agentrpc, baseimage, contract, dataplane, portforward
 from .checkpoints import Checkpoints
 from .checkpoints import public_view as checkpoint_view
 from .createspec import parse_config_form, parse_create
@@ -142,6 +142,7 @@ class Routes:
     def __init__(self, plane):
         self.plane = plane
         self.sessions = plane.sessions
+        self.data = dataplane.DataPlane(self)  # exec as events, interactive stdin, the team's switches
 
     def session(self, request):
         return self.sessions.get(check_id(request.match_info["sid"], "session"))
@@ -249,10 +250,7 @@ class Routes:
 
     # sandbox I/O through the agent
     async def exec_(self, request):
-        rec = self.session(request)
-        doc = await read_document(request, contract.EXEC_KEYS, "exec")
-        agentrpc.parse_exec(doc)  # refuse a bad body before waking anything
-        return await self._with_guest(rec, "exec", lambda guest: agentrpc.rest_exec(guest, doc), json_result=True)
+        return await self.data.exec_(request)  # buffered JSON, or Server-Sent Events (dataplane.py)
 
     async def upload(self, request):
         rec = self.session(request)
@@ -282,6 +280,8 @@ class Routes:
 
     async def port_forward(self, request):
         sid = check_id(request.match_info["sid"], "session")
+        self.sessions.get(sid)  # an unknown session is a 404 before any port question
+        self.data.check_port(request.match_info["port"])
         return await portforward.handle(request, self.sessions, sid, request.match_info["port"])
 
     # templates
@@ -397,6 +397,7 @@ def add_routes(app, routes):
         ("DELETE", s + "/checkpoints/{cid}", routes.delete_checkpoint),
         ("POST", s + "/checkpoints/{cid}/rollback", routes.rollback),
         ("POST", s + "/sandbox/exec", routes.exec_),
+        ("POST", s + "/sandbox/exec/{eid}/stdin", routes.data.write_stdin),
         ("POST", s + "/workspace/upload", routes.upload),
         ("GET", s + "/workspace/download", routes.download),
         ("GET", s + "/port-forward/{port}", routes.port_forward),

@@ -116,6 +116,26 @@ options:
     ini:
       - section: microvm_agent_connection
         key: route_prefix
+  transport:
+    description:
+      - The road into the sandbox.
+      - V(agent) is the gRPC guest agent on O(agent_port) through the port-forward (the fast road, every feature).
+      - V(api) is the platform's documented exec (Server-Sent Events) and workspace file API only, for templates
+        without the agent or networks that block the port-forward. Each command is limited to 240 seconds by the
+        platform, there is no warm runner, and stdin while a command runs (become with a password,
+        M(microvm.sandbox.sync)) needs the team's interactive stdin; see docs/connection.md.
+      - V(auto) tries the agent and falls back to V(api) when the agent port does not answer within 5 seconds of the
+        session being usable.
+    type: str
+    default: agent
+    choices: [agent, api, auto]
+    env:
+      - name: MICROVM_TRANSPORT
+    vars:
+      - name: ansible_microvm_transport
+    ini:
+      - section: microvm_agent_connection
+        key: transport
   agent_port:
     description:
       - Guest port of the sandbox agent.
@@ -617,7 +637,7 @@ class Connection(ConnectionBase):
                              prefix=self.get_option("route_prefix"), agent_port=self.get_option("agent_port"),
                              connect_timeout=self.get_option("connect_timeout"), persist=self.get_option("persist"),
                              scratch_dir=self._scratch_dir(), validate_certs=self.get_option("validate_certs"),
-                             host_tag=host_tag())
+                             host_tag=host_tag(), transport=self.get_option("transport"))
 
     def _mux_client(self, cfg):
         session = cfg.session
@@ -726,8 +746,10 @@ class Connection(ConnectionBase):
             raise AnsibleConnectionFailure(become_error_message(
                 "Timed out (%ds, option become_timeout)" % become_timeout, e.stdout, e.stderr, prompted))
         if info.get("timed_out"):
-            raise AnsibleError("microvm.sandbox.agent: the command on session %s timed out after %ds "
-                               "(option command_timeout) and was stopped" % (session, timeout))
+            limit = ("%ds (option command_timeout)" % timeout if timeout else
+                     "the platform's exec limit of 240 s (transport api; use transport agent or async for longer work)")
+            raise AnsibleError("microvm.sandbox.agent: the command on session %s timed out after %s and was stopped"
+                               % (session, limit))
         if info.get("hitl_rejected"):
             raise AnsibleError("microvm.sandbox.agent: %s" % profile.hitl_rejected_message(session))
         if interact is not None and not succeeded:

@@ -257,8 +257,10 @@ class AgentClient:
         line.channel.close()
 
     # -- Exec ------------------------------------------------------------------
-    def exec_stream(self, argv, env=None, workdir="", timeout=0, stdin=None, deadline=None):
+    def exec_stream(self, argv, env=None, workdir="", timeout=0, stdin=None, deadline=None, hold_stdin=False):
         """Start a command; returns (call, stdin_queue).
+
+        `hold_stdin` (stdin arrives while the command runs) changes nothing here: the stream carries it anyway.
 
         Feed stdin with stdin_queue.put(bytes) and end it with put(None). Iterate
         `call` with `iter_exec()`. A `stdin` bytes value is sent up front (and EOF).

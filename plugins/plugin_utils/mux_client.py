@@ -300,6 +300,8 @@ class MuxClient:
         """
         request = {"op": "exec", "argv": list(argv), "env": env or {}, "workdir": workdir, "timeout": timeout,
                    "run": run}
+        if interact is not None:
+            request["hold_stdin"] = True  # stdin waits for output: the api road needs interactive stdin for it
         return self._retrying(lambda: self._exec_once(request, stdin or b"", interact, interact_timeout))
 
     def _exec_once(self, request, stdin, interact, interact_timeout=0.0):

@@ -18,6 +18,7 @@ DEFAULT_POOL_SIZE = min(os.cpu_count() or 1, 4)
 # The most stdout + stderr of one command a task holds in memory (option max_output_bytes): a guest printing
 # 200 MB took the task's process to 838 MB, as Ansible copies and decodes the output several times over.
 DEFAULT_MAX_OUTPUT = 64 * 1024 * 1024
+TRANSPORTS = ("agent", "api", "auto")  # the roads into a session (plugin_utils/api_road.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +35,7 @@ class SessionConfig:
     scratch_dir: str = profile.SCRATCH_DIR
     validate_certs: bool = True
     host_tag: str = ""
+    transport: str = "agent"  # agent, api or auto (api_road.py)
 
     def __post_init__(self) -> None:
         # the options may arrive as strings or None (env vars, ini): normalise once, here
@@ -45,13 +47,21 @@ class SessionConfig:
         object.__setattr__(self, "scratch_dir", self.scratch_dir or profile.SCRATCH_DIR)
         if self.validate_certs is None:
             object.__setattr__(self, "validate_certs", True)
+        object.__setattr__(self, "transport", (self.transport or "agent").lower())
+        if self.transport not in TRANSPORTS:
+            raise ValueError("transport must be one of %s, got %r" % (", ".join(TRANSPORTS), self.transport))
 
     @property
     def key(self) -> str:
-        return mp.session_key(self.api_url, self.prefix, self.session, self.agent_port, self.token)
+        # each road its own link: a play on `api` never rides on a link another opened on the agent
+        port = self.agent_port if self.transport == "agent" else "%s/%s" % (self.agent_port, self.transport)
+        return mp.session_key(self.api_url, self.prefix, self.session, port, self.token)
 
     def to_wire(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if data["transport"] == "agent":
+            del data["transport"]  # the default: a mux started before the option existed still takes the attach
+        return data
 
     @classmethod
     def from_wire(cls, data: dict) -> SessionConfig:

@@ -21,6 +21,7 @@ import time
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, WaitTimeout
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_client as ac
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import api_road
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_errors as errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
@@ -52,7 +53,8 @@ class SessionLink:
         self.session_id: str | None = None
         self.label = cfg.session
         self.tunnel: Tunnel | None = None
-        self.agent: ac.AgentClient | None = None
+        self.agent: ac.AgentClient | api_road.ApiRoadClient | None = None
+        self.road = "agent"  # or "api": the documented exec and file API (api_road.attach)
         self.warm: warm.WarmRunners | None = None
         self.runs = RunDirs(self)
         self.state = None
@@ -82,23 +84,36 @@ class SessionLink:
             if self.opened:
                 return
             self.resolve()
-            os.makedirs(self.socket_dir, mode=0o700, exist_ok=True)
-            self.tunnel = Tunnel(self.cfg.api_url, self.cfg.prefix, self.session_id, self.cfg.token,
-                                 port=self.cfg.agent_port, label=self.label, connect_timeout=self.cfg.connect_timeout,
-                                 validate_certs=self.cfg.validate_certs, socket_dir=self.socket_dir)
-            self.tunnel.start()
-            # A lost stream drops its connection: the agent client then dials through a fresh channel (_dial).
-            self.agent = ac.AgentClient(self._dial(), self.label, self.cfg.scratch_dir, redial=self._dial)
-            self.warm = warm.WarmRunners(self.agent)
-            try:
-                self.ensure_ready()
-            except errors.MuxFailure:
-                self._teardown()
-                raise
+            if self.cfg.transport == "api" or not self._open_agent_road():
+                api_road.attach(self)
             self.opened = True
         log.info("session %s: link %d open", self.label, self.generation)
         if self.cfg.host_tag:
             threading.Thread(target=self.runs.sweep_stale, args=(self.cfg.host_tag,), name="sweep", daemon=True).start()
+
+    def _open_agent_road(self) -> bool:
+        """The tunnel and gRPC channel to the agent; False when `auto` finds the agent port silent (then api)."""
+        auto = self.cfg.transport == "auto"
+        if auto:
+            self.wake_if_paused()  # a paused session is woken first, so its quiet agent is not mistaken for none
+        os.makedirs(self.socket_dir, mode=0o700, exist_ok=True)
+        self.tunnel = Tunnel(self.cfg.api_url, self.cfg.prefix, self.session_id, self.cfg.token,
+                             port=self.cfg.agent_port, label=self.label, connect_timeout=self.cfg.connect_timeout,
+                             validate_certs=self.cfg.validate_certs, socket_dir=self.socket_dir)
+        self.tunnel.start()
+        # A lost stream drops its connection: the agent client then dials through a fresh channel (_dial).
+        self.agent = ac.AgentClient(self._dial(), self.label, self.cfg.scratch_dir, redial=self._dial)
+        self.warm = warm.WarmRunners(self.agent)
+        try:
+            self.ensure_ready(limit=api_road.AUTO_PROBE_SECONDS if auto else None)
+        except errors.MuxFailure as e:
+            self._teardown()
+            if not auto or isinstance(e, errors.SessionGone):
+                raise
+            log.info("session %s: the agent port does not answer (%s): falling back to the api road", self.label, e)
+            self.tunnel = self.agent = self.warm = None
+            return False
+        return True
 
     def close(self, why: str, clean: bool = True, because: errors.MuxFailure | None = None) -> None:
         """Close this link only: its warm runners, channel and tunnel. With clean, reap ended runs first."""
@@ -225,13 +240,16 @@ class SessionLink:
         except errors.Unreachable:
             return False
 
-    def ensure_ready(self) -> None:
-        """Wait until the gRPC channel is connected; wake a paused session; fail clearly otherwise."""
-        if self.state == grpc.ChannelConnectivity.READY:
+    def ensure_ready(self, limit: float | None = None) -> None:
+        """Wait until the gRPC channel is connected; wake a paused session; fail clearly otherwise.
+
+        On the api road there is no channel: the data plane wakes a paused session by itself.
+        """
+        if self.road == "api" or self.state == grpc.ChannelConnectivity.READY:
             return
         with self.ready_lock:
             since = time.monotonic()
-            deadline = since + self.cfg.connect_timeout
+            deadline = since + (limit or self.cfg.connect_timeout)
             checked = 0.0
             while True:
                 future = grpc.channel_ready_future(self.channel)

@@ -26,7 +26,7 @@ class ExecStream:
         client.connect()
         self.sock = client.sock
         mp.send_frame(self.sock, mp.REQUEST, {"op": "exec", "argv": list(argv), "env": env or {}, "workdir": "",
-                                              "timeout": 0, "run": run})
+                                              "timeout": 0, "run": run, "hold_stdin": True})
         frame = mp.recv_frame(self.sock)
         if frame is None or frame[0] != mp.ACK:
             raise mp.MuxError(mp.ERR_UNREACHABLE, "the connection multiplexer did not take the command")

@@ -1,0 +1,178 @@
+"""The documented data plane: exec as Server-Sent Events, one-shot and interactive stdin, the team's switches.
+
+Pages: "How to Send Interactive Stdin to a Sandbox Command" (18 Nov 2026), the DoTs page of
+`.../sandbox/exec/{exec_id}/stdin` (v1.25.0), pydo `post_session_sandbox_exec`; docs/platform-contract.md,
+"Data plane (exec and files)".
+"""
+import base64
+import contextlib
+import hashlib
+import json
+
+import pytest
+from contract_support import PREFIX, Api, local_only
+
+from microvm_localplane import dataplane
+
+EVENTS = {"Accept": "text/event-stream"}
+
+
+def read_events(resp):
+    """(event, data) pairs of an SSE response, in order; comment lines are skipped."""
+    event, data = None, []
+    for raw in resp.iter_lines(decode_unicode=False):
+        line = raw.decode()
+        if line.startswith(":"):
+            continue
+        if not line:
+            if event is not None:
+                yield event, json.loads("\n".join(data))
+            event, data = None, []
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].strip())
+
+
+def collect(events):
+    out, err, rest = bytearray(), bytearray(), []
+    for event, data in events:
+        if event == "stdout":
+            out += base64.b64decode(data["data"])
+        elif event == "stderr":
+            err += base64.b64decode(data["data"])
+        else:
+            rest.append((event, data))
+    return bytes(out), bytes(err), rest
+
+
+def start(api, sid, body):
+    return api.call("POST", "/sessions/%s/sandbox/exec" % sid, headers=EVENTS, json=body, stream=True)
+
+
+@contextlib.contextmanager
+def team(plane, **values):
+    """Set the team's switches of the local plane for one test, then put them back."""
+    dataplane.write_settings(plane.state_dir, **values)
+    try:
+        yield
+    finally:
+        dataplane.write_settings(plane.state_dir, interactive_stdin=False, closed_ports=[])
+
+
+@pytest.mark.parametrize("prefix", [PREFIX, "/v2/harness-runtime"])
+def test_exec_streams_started_output_and_exit_events(plane, make_session, prefix):
+    sid = make_session()["session_id"]
+    api = Api(plane, prefix=prefix)
+    resp = start(api, sid, {"argv": ["/bin/sh", "-c", "printf out; printf err >&2; exit 3"]})
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    events = list(read_events(resp))
+    assert events[0][0] == "started" and events[0][1]["exec_id"]
+    out, err, rest = collect(events[1:])
+    assert (out, err) == (b"out", b"err")
+    assert rest[-1][0] == "exit" and rest[-1][1]["exit_code"] == 3 and rest[-1][1]["timed_out"] is False
+
+
+def test_one_shot_stdin_is_delivered_then_closed(plane, api, make_session):
+    sid = make_session()["session_id"]
+    payload = bytes(range(256)) * 2048  # 512 KiB of every byte value (as base64, within a 1 MiB body)
+    resp = start(api, sid, {"argv": ["sha256sum"], "stdin": base64.b64encode(payload).decode()})
+    assert resp.status_code == 200, resp.text
+    out, _err, rest = collect(list(read_events(resp))[1:])
+    assert out.split()[0].decode() == hashlib.sha256(payload).hexdigest()
+    assert rest[-1][1]["exit_code"] == 0
+
+
+def test_timeout_stops_the_command_and_says_so(plane, api, make_session):
+    sid = make_session()["session_id"]
+    resp = start(api, sid, {"argv": ["sleep", "30"], "timeout_seconds": 1})
+    _out, _err, rest = collect(list(read_events(resp))[1:])
+    assert rest[-1][0] == "exit" and rest[-1][1]["timed_out"] is True
+
+
+@local_only
+def test_keep_stdin_open_is_403_unless_the_team_has_it(plane, api, make_session):
+    sid = make_session()["session_id"]
+    resp = start(api, sid, {"argv": ["cat"], "keep_stdin_open": True})
+    assert resp.status_code == 403, resp.text
+    assert "not enabled for this team" in resp.json()["error"]["message"]
+    # the buffered form is refused the same way: the switch is the team's, whatever the media type
+    resp = api.call("POST", "/sessions/%s/sandbox/exec" % sid, json={"argv": ["cat"], "keep_stdin_open": True})
+    assert resp.status_code == 403
+
+
+@local_only
+def test_interactive_stdin_offsets_retries_and_eof(plane, api, make_session):
+    sid = make_session()["session_id"]
+    with team(plane, interactive_stdin=True):
+        resp = api.call("POST", "/sessions/%s/sandbox/exec" % sid, json={"argv": ["cat"], "keep_stdin_open": True})
+        assert resp.status_code == 400 and "Accept: text/event-stream" in resp.json()["error"]["message"]
+        resp = start(api, sid, {"argv": ["cat"], "keep_stdin_open": True})
+        assert resp.status_code == 200, resp.text
+        events = read_events(resp)
+        event, data = next(events)
+        assert event == "started"
+        path = "/sessions/%s/sandbox/exec/%s/stdin" % (sid, data["exec_id"])
+
+        def write(**body):
+            if "data" in body:
+                body["data"] = base64.b64encode(body["data"]).decode()
+            return api.call("POST", path, json=body)
+
+        assert write(offset=0, data=b"hello ").json()["offset"] == 6
+        assert write(offset=3, data=b"lo world").json()["offset"] == 11  # a retry: the overlap is trimmed
+        gap = write(offset=20, data=b"x")
+        assert gap.status_code == 409 and "offset" in gap.json()["error"]["message"]
+        assert write(offset=11).status_code == 400  # neither data nor eof
+        assert write(offset=11, eof=True).json()["eof"] is True
+        assert write(offset=11, data=b"late").status_code in (404, 409)  # closed (or already finished)
+        out, _err, rest = collect(events)
+        assert out == b"hello world"
+        assert rest[-1][1]["exit_code"] == 0
+        # finished: unknown from now on
+        assert write(offset=11, data=b"x").status_code == 404
+
+
+@local_only
+def test_stdin_of_a_one_shot_exec_is_closed(plane, api, make_session):
+    sid = make_session()["session_id"]
+    with team(plane, interactive_stdin=True):
+        resp = start(api, sid, {"argv": ["sleep", "5"], "timeout_seconds": 10})
+        event, data = next(read_events(resp))
+        path = "/sessions/%s/sandbox/exec/%s/stdin" % (sid, data["exec_id"])
+        late = api.call("POST", path, json={"offset": 0, "data": "eA=="})
+        assert late.status_code == 409 and "closed" in late.json()["error"]["message"]
+        resp.close()
+
+
+def test_stdin_of_an_unknown_exec_is_404(plane, api, make_session):
+    sid = make_session()["session_id"]
+    resp = api.call("POST", "/sessions/%s/sandbox/exec/01932a6e-7b4c-7d2e-8f10-1a2b3c4d5e6f/stdin" % sid,
+                    json={"offset": 0, "eof": True})
+    assert resp.status_code == 404
+
+
+@local_only
+def test_a_closed_agent_port_refuses_the_port_forward_not_the_data_plane(plane, api, make_session):
+    sid = make_session()["session_id"]
+    with team(plane, closed_ports=[8443]):
+        resp = api.call("GET", "/sessions/%s/port-forward/8443" % sid,
+                        headers={"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+                                 "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+        assert resp.status_code == 502 and "8443" in resp.json()["error"]["message"]
+        resp = api.call("POST", "/sessions/%s/sandbox/exec" % sid, json={"argv": ["echo", "still here"]})
+        assert resp.status_code == 200 and resp.json()["stdout"] == "still here\n"
+
+
+def test_relative_transfer_paths_resolve_under_the_workspace(plane, api, make_session):
+    sid = make_session()["session_id"]
+    up = api.call("POST", "/sessions/%s/workspace/upload" % sid, params={"path": "rel dir/x.txt"}, data=b"rel\n",
+                  headers={"Content-Type": "application/octet-stream"})
+    assert up.status_code == 200, up.text
+    assert up.json()["path"] == "/workspace/rel dir/x.txt"
+    down = api.call("GET", "/sessions/%s/workspace/download" % sid, params={"path": "/workspace/rel dir/x.txt"})
+    assert down.content[:-73] == b"rel\n" and down.content[-73:-65] == b"DOWSSHA1"
+    escape = api.call("POST", "/sessions/%s/workspace/upload" % sid, params={"path": "../etc/x"}, data=b"x",
+                      headers={"Content-Type": "application/octet-stream"})
+    assert escape.status_code == 403, escape.text
