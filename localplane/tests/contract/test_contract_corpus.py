@@ -23,7 +23,8 @@ RATE_HEADERS = ("ratelimit-limit", "ratelimit-remaining", "ratelimit-reset")
 
 @pytest.fixture(scope="module")
 def world(plane, api):
-    """The objects the examples' path parameters name: a session, a checkpoint, a template with a build."""
+    """The objects the examples' path parameters name: a session, a checkpoint, a template with a build, an
+    Environment Config and a persistent workspace."""
     client = plane.client()
     made = []
 
@@ -44,11 +45,28 @@ def world(plane, api):
         if builds and builds[0]["status"] in ("FAILED", "SUCCEEDED"):
             break
         time.sleep(0.1)
+    config = _make_config(api)
     yield {"session_id": session["session_id"], "checkpoint_id": cp["checkpoint_id"],
-           "template_id": template["template_id"], "build_id": builds[0]["build_id"], "make_session": make_session}
+           "template_id": template["template_id"], "build_id": builds[0]["build_id"], "make_session": make_session,
+           "config_id": config, "make_config": lambda: _make_config(api),
+           "make_workspace": lambda: _make_workspace(api)}
     for sid in made:
         api.call("DELETE", "/sessions/%s" % sid)
+    api.call("DELETE", "/configs/%s" % config)
     client.delete_template(template["template_id"])
+
+
+def _make_config(api):
+    resp = api.call("POST", "/configs", json={"name": unique("corpuscfg"),
+                                              "manifest_yaml": "name: from-config\nagent: custom\n"})
+    assert resp.status_code == 201, resp.text
+    return resp.json()["config"]["id"]
+
+
+def _make_workspace(api):
+    resp = api.call("POST", "/workspaces", json={"size_limit_gib": 1, "name": unique("corpusws")})
+    assert resp.status_code in (200, 201), resp.text
+    return resp.json()["workspace"]["workspace_id"]
 
 
 def _fill(path, ids):
@@ -77,6 +95,8 @@ RECIPES = {
     "templates.create": None,  # a build needs a registry: covered by the template module tests
     "templates.update": None,
     "templates.delete": None,
+    "configs.delete": lambda w, ex: ({"config_id": w["make_config"]()}, None, None, None),
+    "workspaces.delete": lambda w, ex: ({"workspace_id": w["make_workspace"]()}, None, None, None),
     "errors.not_found": lambda w, ex: ({"session_id": "sess_doesnotexist"}, None, None, None),
     "errors.bad_request": lambda w, ex: ({}, None, None, {"page_token": "not-a-token"}),
 }
