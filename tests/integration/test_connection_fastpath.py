@@ -3,21 +3,16 @@ and the runner itself driven locally with hand-made AnsiballZ-like payloads."""
 import base64
 import io
 import json
-import os
 import struct
-import subprocess
-import sys
 import zipfile
 
-import pytest
 
+from microvm_warm_testing import LocalRunner
 from test_connection import BATTERY, env, inventory, mux_dir  # noqa: F401  (fixtures are re-used)
 
 # pytest finds fixtures by name in this module's namespace: referenced so linters keep the imports.
 _REUSED_FIXTURES = (env, inventory, mux_dir)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RUNNER = os.path.join(ROOT, "plugins", "plugin_utils", "warm_runner.py")
 HEADER = struct.Struct("!IIB")
 RUN, KILL = 1, 2
 READY, STARTED, OUT, ERR, EXIT, REFUSE = 10, 11, 12, 13, 14, 15
@@ -73,44 +68,6 @@ if ACTION == "sleep":
 def payload(basic_source="X = 1\n"):
     zip_data = base64.b64encode(make_zip(basic_source)).decode()
     return ("ARGS = dict(\nzip_data='%s',\n)\n" % zip_data + PAYLOAD).encode()
-
-
-class LocalRunner:
-    def __init__(self, tmp_path):
-        self.proc = subprocess.Popen([sys.executable, "-c", open(RUNNER).read(), "microvm-warm-runner"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=str(tmp_path),
-                                     env={"PATH": os.environ["PATH"], "TMPDIR": str(tmp_path)})
-        kind, body = self.frame()[1:]
-        assert kind == READY, body
-
-    def frame(self):
-        head = self.proc.stdout.read(HEADER.size)
-        length, rid, kind = HEADER.unpack(head)
-        return rid, kind, self.proc.stdout.read(length)
-
-    def send(self, rid, kind, body=b""):
-        self.proc.stdin.write(HEADER.pack(len(body), rid, kind) + body)
-        self.proc.stdin.flush()
-
-    def run(self, rid, run_env, data):
-        meta = json.dumps({"env": run_env}).encode()
-        self.send(rid, RUN, struct.pack("!I", len(meta)) + meta + data)
-        out, err = b"", b""
-        while True:
-            got, kind, body = self.frame()
-            assert got == rid
-            if kind == REFUSE:
-                return "refused", json.loads(body)["reason"], b""
-            if kind == OUT:
-                out += body
-            elif kind == ERR:
-                err += body
-            elif kind == EXIT:
-                return json.loads(body)["rc"], out, err
-
-    def close(self):
-        self.proc.stdin.close()
-        assert self.proc.wait(timeout=10) == 0
 
 
 def test_runner_env_state_failures_and_mismatch(tmp_path):
@@ -199,11 +156,12 @@ def test_runner_preloads_what_clean_runs_import(tmp_path):
 
 
 def test_runner_takes_a_held_zip_by_reference(tmp_path):
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
     from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm_runner as wr
 
     r = LocalRunner(tmp_path)
     data = payload()
-    source, zip_b64 = wr.split_payload(data)
+    source, zip_b64 = wr.split_payload(data, warm.CORE)
     key = wr.zip_key(zip_b64)
 
     def run_ref(rid, run_env):
@@ -232,14 +190,15 @@ def test_runner_takes_a_held_zip_by_reference(tmp_path):
 
 
 def test_runner_replaces_only_the_zip_literal():
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
     from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm_runner as wr
 
     data = payload()
-    source, zip_b64 = wr.split_payload(data)
+    source, zip_b64 = wr.split_payload(data, warm.CORE)
     assert base64.b64decode(zip_b64) == make_zip("X = 1\n")
     assert source.count(b"\n") == data.count(b"\n")  # line numbers in tracebacks stay the same
     assert b"zip_data=__microvm_zip_data__,\n" in source and zip_b64.encode() not in source
-    assert wr.split_payload(b"print('no wrapper')") is None
+    assert wr.split_payload(b"print('no wrapper')", warm.CORE) is None
 
 
 # -- through ansible-playbook -----------------------------------------------------------------
@@ -384,20 +343,6 @@ def test_runner_killed_mid_run(plane, sandbox, env, playbook_runner):  # noqa: F
     assert "died during the task" in res.stdout, res
     assert "it is not re-run" in res.stdout, res  # a lost module is UNREACHABLE, like a lost cold command
     assert res.stdout.count(WARM_RAN) >= 2, res
-
-
-@pytest.mark.parametrize("dummy", [None])
-def test_shape_detection(dummy):
-    sys.path.insert(0, os.path.join(ROOT, ".local", "collections"))
-    from ansible_collections.microvm.sandbox.plugins.connection.agent import warm_shape
-    body = b"#!/usr/bin/python3\n_ANSIBALLZ_WRAPPER = True\n"
-    script = "MY='a b' TMPDIR=/workspace/.scratch/run.x /usr/bin/python3 && sleep 0"
-    assert warm_shape(["/bin/sh", "-c", script], body) == (("/usr/bin/python3", {"MY": "a b", "TMPDIR": "/workspace/.scratch/run.x"}), None)
-    assert warm_shape(["/bin/sh", "-c", script], b"print(1)")[0] is None
-    assert warm_shape(["/bin/sh", "-c", "sudo -H -S -n -u root /bin/sh -c 'echo BECOME; /usr/bin/python3' && sleep 0"], body)[0] is None
-    assert warm_shape(["/bin/sh", "-c", "MY=$HOME /usr/bin/python3 && sleep 0"], body)[0] is None
-    assert warm_shape(["/bin/sh", "-c", "/usr/bin/python3 /x/async_wrapper.py 1 2 && sleep 0"], b"")[1] == "async task"
-    assert warm_shape(["/bin/sh", "-c", "/usr/bin/perl && sleep 0"], body)[0] is None
 
 
 NO_RUNNER_PYTHON = r"""
