@@ -573,7 +573,8 @@ class Connection(ConnectionBase):
             return None
         interpreter, env = shape
         try:
-            rc, stdout, stderr, _info = self._call("a module run", self._mux.warm, interpreter, env, stdin, run=run)
+            rc, stdout, stderr, _info = self._call("a module run", self._mux.warm, interpreter, env, stdin, run=run,
+                                                   core=core_compat.core_version())
         except mp.MuxError as e:  # ERR_WARM only (see _call)
             display.vvv("WARM RUNNER refused, running cold: %s" % e, host=session)
             return None

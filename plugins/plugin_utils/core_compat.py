@@ -115,6 +115,14 @@ PRELOAD = ("ansible.module_utils.basic", "ansible.module_utils._internal._ansiba
 MODULE_UTILS = r"^(ansible\.module_utils|ansible_collections\.[^.]+\.[^.]+\.plugins\.module_utils)\."
 
 
+def core_version() -> str:
+    """This controller's ansible-core version: the mux keeps one warm runner per (interpreter, core), since
+    payloads of two cores carry different module_utils and would never run warm in the other's runner."""
+    from ansible.release import __version__
+
+    return __version__
+
+
 def runner_config() -> dict[str, Any]:
     """What the warm runner (which runs in the guest and imports nothing of ours) must know about core."""
     return {"marker": ANSIBALLZ_MARKER.decode("ascii"), "zip_data": ZIP_DATA, "preload": list(PRELOAD),

@@ -345,12 +345,12 @@ class MuxClient:
             for t in sender:
                 t.join()
 
-    def warm(self, interpreter, env, payload, run=None):
-        """Run a pipelined module payload in the session's warm runner; like exec().
+    def warm(self, interpreter, env, payload, run=None, core=""):
+        """Run a pipelined module payload in the session's warm runner for (interpreter, core); like exec().
 
         A MuxError of kind ERR_WARM means the payload was not started: run it cold.
         """
-        request = {"op": "warm", "interpreter": interpreter, "env": env, "run": run}
+        request = {"op": "warm", "interpreter": interpreter, "env": env, "run": run, "core": core}
         return self._retrying(lambda: self._exec_once(request, payload, None))
 
     def tmp(self, op, run=None):

@@ -79,7 +79,7 @@ def op_warm(link, conn, req: dict) -> str | None:
     try:
         link.ensure_ready()
         link.runs.ensure(req.get("run"))
-        runner = link.warm.get(req["interpreter"])
+        runner = link.warm.get(req["interpreter"], req.get("core") or "")
         rid, events = runner.submit(req.get("env") or {}, bytes(payload))
     except warm.Refused as e:
         mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_WARM, "message": str(e)})

@@ -19,7 +19,7 @@ the socket is reachable only by its user), then sends one request at a time:
     worker -> REQUEST {"op": "exec", ...}, STDIN*, STDIN_EOF
     mux    -> ACK, STDOUT* / STDERR* (as they arrive), then EXIT or ERROR
 
-    worker -> REQUEST {"op": "warm", "interpreter", "env", "run"}, STDIN*, STDIN_EOF
+    worker -> REQUEST {"op": "warm", "interpreter", "env", "run", "core"}, STDIN*, STDIN_EOF
     mux    -> ACK, then STDOUT* / STDERR*, EXIT, or ERROR (kind warm_refused: run it cold)
 
     worker -> REQUEST {"op": "tmp", "tmp": {...}, "run"}, STDIN_EOF   (a task tmp dir command, core_compat.tmp_op)

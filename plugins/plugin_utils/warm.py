@@ -220,7 +220,9 @@ class WarmRunner:
 
 
 class WarmRunners:
-    """A session's runners, one per interpreter; interpreters that cannot run one are remembered."""
+    """A session's runners, one per (interpreter, controller core version): the payloads of two cores
+    differ in their module_utils, so each core's runs preload their own. Interpreters that cannot run
+    a runner are remembered."""
 
     def __init__(self, agent):
         self.agent = agent
@@ -228,22 +230,22 @@ class WarmRunners:
         self.runners = {}
         self.broken = {}
 
-    def get(self, interpreter):
+    def get(self, interpreter, core=""):
         with self.lock:
             if interpreter in self.broken:
                 raise Refused(self.broken[interpreter])
-            runner = self.runners.get(interpreter)
+            runner = self.runners.get((interpreter, core))
             if runner is not None and runner.alive:
                 return runner
             if runner is not None:
-                log.info("warm runner for %s died: starting a new one", interpreter)
+                log.info("warm runner for %s (core %s) died: starting a new one", interpreter, core or "?")
             runner = WarmRunner(self.agent, interpreter)
             try:
                 runner.start()
             except Refused as e:
                 self.broken[interpreter] = str(e)
                 raise
-            self.runners[interpreter] = runner
+            self.runners[(interpreter, core)] = runner
             return runner
 
     def any_alive(self):

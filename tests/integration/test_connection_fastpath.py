@@ -373,3 +373,35 @@ def test_interpreter_without_runner_runs_cold(plane, sandbox, env, playbook_runn
     assert res.stdout.count("WARM RUNNER refused, running cold: the warm runner could not start with /workspace/python3") == 2, \
         warm_lines(res)
     assert "no runner here" in res.stdout, warm_lines(res)
+
+
+SERVED_WARM = r"""
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - ansible.builtin.command: echo {{ item }}
+      loop: [1, 2, 3]
+    - name: changed (mkdtemp, stat, put, chmod, copy, rm)
+      ansible.builtin.copy: {content: "one\n", dest: /workspace/served-warm.txt}
+    - name: unchanged (mkdtemp, stat, file, rm)
+      ansible.builtin.copy: {content: "one\n", dest: /workspace/served-warm.txt}
+    - ansible.builtin.ping:
+"""
+
+
+def test_every_task_is_served_warm(plane, sandbox, env, mux_dir, playbook_runner):  # noqa: F811
+    """On this ansible-core, every module and every task tmp dir command is served by the warm runner.
+
+    The mux counts how it served each request ("hello"); a core whose commands the connection no longer
+    recognises (2.21 dropped ` && sleep 0`) shows up here as cold execs, failing this test.
+    """
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import pool_status
+
+    res = playbook_runner(SERVED_WARM, inventory({"box": sandbox["name"]}), env, extra_args=["-vvv"])
+    assert res.rc == 0 and "failed=0" in res.stdout, res
+    served = {}
+    for status in pool_status(mux_dir).values():
+        for how, count in status["served_by_session"].get(sandbox["session_id"], {}).items():
+            served[how] = served.get(how, 0) + count
+    # 3 commands + 2 (stat, copy) + 2 (stat, file) + ping; mkdtemp and rm twice, chmod once; one put
+    assert served == {"warm": 8, "tmp": 5, "put": 1}, (served, warm_lines(res))
