@@ -292,3 +292,44 @@ def test_a7_runner_refuses_what_it_cannot_do_exactly(tmp_path):
         assert runner.tmp(6, {"op": "rm", "path": str(tmp_path / "ansible-tmp-3.5-77-88") + "/"})["rc"] == 0
     finally:
         runner.close()
+
+
+WORKERS = r'''
+import builtins, json, os, sys
+from ansible import constants as C
+from ansible.plugins.loader import init_plugin_loader, connection_loader
+init_plugin_loader([sys.argv[1]])
+C.DEFAULT_LOCAL_TMP  # the run's local temp dir, made by the parent before it forks workers, as ansible-playbook does
+for worker in range(2):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        compiled, real = [], builtins.compile
+        def counting(*args, **kwargs):
+            name = str(kwargs.get("filename") or (args[1] if len(args) > 1 else ""))
+            if "/microvm/sandbox/" in name:
+                compiled.append(name.rsplit("/", 1)[-1])
+            return real(*args, **kwargs)
+        builtins.compile = counting
+        plugin = connection_loader.get("microvm.sandbox.agent", class_only=True)
+        from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_client
+        os.write(w, json.dumps({"compiled": compiled, "transport": plugin.transport,
+                                "file": mux_client.__file__}).encode())
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    print(os.read(r, 65536).decode())
+'''
+
+
+def test_a8_collection_code_compiled_once_per_run(tmp_path):
+    """The first worker of a run compiles this collection's modules; the next one loads them compiled."""
+    env = dict(os.environ, ANSIBLE_LOCAL_TEMP=str(tmp_path), PYTHONPATH=os.pathsep.join([COLLECTIONS, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", WORKERS, COLLECTIONS], env=env, capture_output=True, text=True, timeout=120,
+                         check=True).stdout.splitlines()
+    first, second = json.loads(out[0]), json.loads(out[1])
+    assert {"mux_client.py", "mux_protocol.py", "profile.py"} <= set(first["compiled"]), first
+    # left: the plugin itself (core loads it before it can install anything) and what installs the cache
+    assert set(second["compiled"]) <= {"agent.py", "__init__.py", "core_compat.py"}, second
+    assert second["transport"] == first["transport"] == "microvm.sandbox.agent"
+    assert second["file"] == first["file"] and second["file"].startswith(COLLECTIONS)
