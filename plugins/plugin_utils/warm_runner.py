@@ -32,7 +32,7 @@ Frames: 9-byte header (4-byte length, 4-byte request id, 1-byte kind) + payload.
                    EXIT (JSON {"rc": n}), REFUSE (JSON {"reason": "..."}),
                    MISS (a RUNREF's zip is not held: send the whole RUN),
                    DONE (a TMP op's JSON {"rc", "stdout", "stderr"}: what the shell command prints)
-    child -> runner (its own pipe, never forwarded): the module_utils it imported
+    child -> runner (its own pipe, never forwarded): the module_utils it imported and what it compiled
 Stdlib only; Python 3.6+.
 """
 
@@ -95,9 +95,49 @@ def zip_key(zip_b64):
     return hashlib.sha256(zip_b64.encode("ascii")).hexdigest()
 
 
+class CodeCache:
+    """Compiled code of what forks import from the runner's own zips, kept in the runner for the next forks.
+
+    zipimport compiles a module's source on every import, in every fork (5-10 ms for a module like
+    `stat`). The zips are the runner's content-addressed copies, so a (zip, module) names one source:
+    after a clean run the runner compiles what that run compiled, with zipimport's own function (the
+    same file names, so the same tracebacks), and every later fork finds it compiled. A Python whose
+    zipimport is not the pure-Python one (before 3.8) just compiles as before.
+    """
+
+    def __init__(self):
+        self.code = {}         # (archive, prefix, fullname) -> zipimport's (code, ispackage, modpath)
+        self.compiled = None   # in a child: the keys it had to compile itself
+        self.original = getattr(zipimport, "_get_module_code", None)
+        if self.original is not None:
+            zipimport._get_module_code = self.get
+
+    def get(self, importer, fullname):
+        key = (importer.archive, importer.prefix, fullname)
+        found = self.code.get(key)
+        if found is not None:
+            return found
+        result = self.original(importer, fullname)
+        if self.compiled is not None:
+            self.compiled.append(key)
+        return result
+
+    def learn(self, keys, archives):
+        for archive, prefix, fullname in keys:
+            key = (archive, prefix, fullname)
+            if archive in archives and key not in self.code:
+                importer = zipimport.zipimporter(os.path.join(archive, prefix) if prefix else archive)
+                self.code[key] = self.original(importer, fullname)
+
+    def forget(self, archive):
+        for key in [k for k in self.code if k[0] == archive]:
+            del self.code[key]
+
+
 class Runner:
     def __init__(self, proto_in, proto_out, core):
         self.core = core
+        self.codes = CodeCache()
         self.proto_in = proto_in
         self.proto_out = proto_out
         self.sel = selectors.DefaultSelector()
@@ -221,6 +261,7 @@ class Runner:
             for old_key, (old_path, _gen, _b64) in self.verified.items():
                 if old_path not in self.roots:
                     del self.verified[old_key]
+                    self.codes.forget(old_path)
                     try:
                         os.unlink(old_path)
                     except OSError:
@@ -296,6 +337,7 @@ class Runner:
             os.environ.update(env)
             tempfile.tempdir = None
             os.chdir(self.cwd)
+            self.codes.compiled = []
             # Packages preloaded from the runner's zips now look in this payload's zip first,
             # so its own module (and module_utils that were not preloaded) are imported from it.
             for mod in list(sys.modules.values()):
@@ -324,7 +366,7 @@ class Runner:
             prefix = own_zip + os.sep
             report = [name for name, mod in list(sys.modules.items())
                       if self.core.module_utils.match(name) and (getattr(mod, "__file__", None) or "").startswith(prefix)]
-            os.write(rep_w, json.dumps(report).encode("utf-8"))
+            os.write(rep_w, json.dumps({"imports": report, "compiled": self.codes.compiled}).encode("utf-8"))
         except BaseException as e:  # the runner's own set-up failed: say so on the task's stderr
             try:
                 os.write(2, ("microvm warm runner: %s: %s\n" % (type(e).__name__, e)).encode("utf-8", "replace"))
@@ -372,7 +414,9 @@ class Runner:
             report, zip_path = self.reports.pop(rid, b""), self.zip_of.pop(rid, None)
             if rc == 0 and report and zip_path:
                 try:
-                    self.extend_preload(json.loads(report.decode("utf-8")), zip_path)
+                    learned = json.loads(report.decode("utf-8"))
+                    self.extend_preload(learned["imports"], zip_path)
+                    self.codes.learn(learned["compiled"], set(self.roots) | {v[0] for v in self.verified.values()})
                 except Exception:  # preloading more is an optimisation: a failure keeps what there is
                     pass
 

@@ -405,3 +405,40 @@ def test_every_task_is_served_warm(plane, sandbox, env, mux_dir, playbook_runner
             served[how] = served.get(how, 0) + count
     # 3 commands + 2 (stat, copy) + 2 (stat, file) + ping; mkdtemp and rm twice, chmod once; one put
     assert served == {"warm": 8, "tmp": 5, "put": 1}, (served, warm_lines(res))
+
+
+COUNT_PAYLOAD = r'''
+_ANSIBALLZ_WRAPPER = True
+import json, sys, zipimport
+compiled = []
+real = zipimport._compile_source
+zipimport._compile_source = lambda pathname, source: compiled.append(pathname.rsplit("/", 1)[-1]) or real(pathname, source)
+import ansible.module_utils.extra as extra
+import ansible.modules.probe as probe
+print(json.dumps({"compiled": compiled, "probe": probe.WHO, "file": probe.__file__}))
+'''
+
+
+def test_runner_compiles_a_module_once(tmp_path):
+    """After a clean run, later forks find the module (and the module_utils it imported) compiled."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name in ("ansible/__init__.py", "ansible/module_utils/__init__.py", "ansible/modules/__init__.py",
+                     "ansible/module_utils/_internal/__init__.py", "ansible/module_utils/_internal/_ansiballz/__init__.py",
+                     "ansible/module_utils/_internal/_ansiballz/_loader.py", "ansible/module_utils/basic.py"):
+            z.writestr(name, "")
+        z.writestr("ansible/module_utils/extra.py", "V = 1\n")
+        z.writestr("ansible/modules/probe.py", "WHO = 'probe'\n")
+    data = ("ARGS = dict(\nzip_data='%s',\n)\n" % base64.b64encode(buf.getvalue()).decode() + COUNT_PAYLOAD).encode()
+    r = LocalRunner(tmp_path)
+    try:
+        seen = []
+        for rid in (1, 2, 3):
+            rc, out, err = r.run(rid, {}, data)
+            assert rc == 0, err
+            seen.append(json.loads(out))
+        assert {"extra.py", "probe.py"} <= set(seen[0]["compiled"])
+        assert seen[1]["compiled"] == seen[2]["compiled"] == []  # extra.py preloaded, probe.py compiled in the runner
+        assert seen[0]["file"] == seen[2]["file"] and seen[2]["probe"] == "probe"
+    finally:
+        r.close()
