@@ -173,7 +173,7 @@ galaxy-import: setup
 build: setup
 	$(BIN)/ansible-galaxy collection build --force --output-path .local/dist .
 
-bench: setup
+bench: setup .venv-newest/.stamp
 	bash bench/run.sh
 
 # Images this project put into the containers store (buildah's and podman's):
