@@ -587,8 +587,8 @@ class Connection(ConnectionBase):
     def _exec_tmp_op(self, argv, run):
         """A task tmp dir command (mkdtemp, chmod, rm) done by the warm runner: (rc, stdout, stderr), or None."""
         op = core_compat.tmp_op(self._shell, argv)
-        if op is None:
-            return None
+        if op is None or (self._mux.attached or {}).get("version", 0) < mp.TMP_OP_VERSION:
+            return None  # not one of them, or a mux started by an older collection that lacks the op
         try:
             rc, stdout, stderr, _info = self._call("a tmp dir command", self._mux.tmp, op, run=run)
         except mp.MuxError as e:  # ERR_WARM only (see _call): nothing was done

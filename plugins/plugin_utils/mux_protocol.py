@@ -47,7 +47,8 @@ import socket
 import stat
 import struct
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3  # 3: the "tmp" op; a worker uses it only with a mux that says 3 or more
+TMP_OP_VERSION = 3
 
 HEADER = struct.Struct("!IB")
 MAX_FRAME = 64 * 1024 * 1024  # a worker never needs more; refuse garbage early
