@@ -27,10 +27,13 @@ DEB_PACKAGES := runc uidmap umoci skopeo buildah docker-registry debootstrap ope
 SUBID_START := 1000000000
 SUBID_COUNT := 1073741824
 PYTEST_ARGS ?=
-NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_ssh_habits.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py tests/unit/plugins/plugin_utils/test_option_defs.py tests/unit/plugins/plugin_utils/test_warm.py
+NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_ssh_habits.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py tests/unit/plugins/plugin_utils/test_option_defs.py tests/unit/plugins/plugin_utils/test_warm.py $(CORE_SUITES)
+# What every supported ansible-core must pass: its internals the connection relies on (core_compat.py),
+# and every task served by the warm runner through the real stack.
+CORE_SUITES := tests/unit/plugins/plugin_utils/test_core_compat.py tests/integration/test_connection_fastpath.py::test_every_task_is_served_warm
 
 .PHONY: help venv system-deps collection base-rootfs proto proto-check lint sanity ansible-lint docs-lint docs \
-        unit localplane-test integration molecule galaxy-import ee-test test test-live demo local-up local-down build clean clean-images bench docsite
+        unit localplane-test integration molecule galaxy-import ee-test test test-core220 test-live demo local-up local-down build clean clean-images bench docsite
 
 help:
 	@echo "make demo   - set up everything and run the demo end to end on the local control plane"
@@ -61,6 +64,16 @@ PYTHON_NEWEST ?= $(shell for p in $$HOME/.pyenv/versions/3.13*/bin/python3.13 py
 	$(PYTHON_NEWEST) -m venv .venv-newest
 	.venv-newest/bin/pip install --quiet --upgrade pip
 	.venv-newest/bin/pip install --quiet -r requirements-newest.txt
+	touch $@
+
+# ansible-core 2.20 (Python 3.12+), for make test-core220: the supported core between .venv's and .venv-newest's.
+PYTHON_CORE220 ?= $(shell for p in $$HOME/.pyenv/versions/3.12*/bin/python3.12 python3.12 $$HOME/.pyenv/versions/3.13*/bin/python3.13 python3.13; do \
+  "$$p" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && { echo "$$p"; break; }; done)
+.venv-220/.stamp: requirements-core220.txt
+	@[ -n "$(PYTHON_CORE220)" ] || { echo "Python 3.12 or 3.13 not found: install one (pyenv install 3.12) or set PYTHON_CORE220"; exit 1; }
+	$(PYTHON_CORE220) -m venv .venv-220
+	.venv-220/bin/pip install --quiet --upgrade pip
+	.venv-220/bin/pip install --quiet -r requirements-core220.txt
 	touch $@
 
 system-deps:
@@ -137,6 +150,11 @@ test-newest: setup .venv-newest/.stamp
 	PATH=$(CURDIR)/.venv-newest/bin:$$PATH PYTEST_PYTHON=$(CURDIR)/.venv-newest/bin/python \
 	  bash hack/pytest-count.sh newest-core $(NEWEST_SUITES)
 
+# ansible-core 2.20: its internals the connection relies on, and the warm path through the real stack.
+test-core220: setup .venv-220/.stamp
+	PATH=$(CURDIR)/.venv-220/bin:$$PATH PYTEST_PYTHON=$(CURDIR)/.venv-220/bin/python \
+	  bash hack/pytest-count.sh core-220 $(CORE_SUITES)
+
 test-live: setup
 	@if [ -z "$$DO_AGENTS_API_URL" ] || [ -z "$$DO_AGENTS_API_TOKEN" ]; then \
 	  echo "test-live skipped: set DO_AGENTS_API_URL and DO_AGENTS_API_TOKEN to run the contract tests against the real platform"; \
@@ -160,7 +178,7 @@ galaxy-import: setup
 build: setup
 	$(BIN)/ansible-galaxy collection build --force --output-path .local/dist .
 
-bench: setup
+bench: setup .venv-newest/.stamp
 	bash bench/run.sh
 
 # Images this checkout put into the containers store (buildah's and podman's): the

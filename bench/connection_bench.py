@@ -6,24 +6,60 @@
    - `connection: ssh` to a private sshd on 127.0.0.1 with ControlPersist and pipelining,
    each warmed up once (mux / ControlMaster started) and then timed REPEAT times, interleaved.
 2. A 256 MiB file copied in and out REPEAT times, interleaved (median): the plugin's put_file/fetch_file path (the shared mux)
-   against scp to localhost over the same warm ControlMaster.
+   against scp to localhost over the same warm ControlMaster. Each copy also records the CPU time each side's
+   processes used, per MiB: ours (the mux), the local plane's port-forward (its server process) and guest agent
+   (the guest's process tree), against scp's client (with its ssh), the ControlMaster and sshd (with scp -t).
 
 Prints a table with ratios and writes bench/results/connection.json.
-Usage: PYTHONPATH=.local/collections:localplane .venv/bin/python bench/connection_bench.py [--repeat 3] [--size-mib 256]
+Usage: PYTHONPATH=.local/collections:localplane:tests/support .venv/bin/python bench/connection_bench.py [--repeat 3] [--size-mib 256]
 """
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import time
 
 import benchlib  # first: it puts the collection and localplane on sys.path
-from benchlib import ROOT, playbook_text, run_playbook, write
+from benchlib import ROOT, playbook_text, processes, run_playbook, tree, write
 
+from microvm_plane_testing import mux_pids
 from stage import Stage
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import MuxClient
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import SessionConfig
+
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids):
+    """CPU seconds used by `pids` and their reaped children (utime + stime + cutime + cstime)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in fields[11:15])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / HZ
+
+
+def cpu_groups(stage, mux_dir):
+    """The processes of each side of a copy, by name: {name: [pids]}."""
+    procs = processes()
+    plane = stage.plane.process.pid
+    masters = [pid for pid, (_ppid, _comm, cmd) in procs.items()
+               if cmd.startswith("ssh: ") and stage.sshd.dir in cmd]
+    return {"mux": mux_pids(mux_dir), "plane_port_forward": [plane],
+            "guest_agent": [p for p in tree(procs, plane) if p != plane],
+            "ssh_controlmaster": masters, "sshd": tree(procs, stage.sshd.proc.pid)}
+
+
+def children_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
 
 
 def main():
@@ -64,11 +100,21 @@ def main():
                                               check=True),
         }
         copy_runs = {name: [] for name in copies}
+        cpu_runs = {name: [] for name in copies}  # per copy: {process group: CPU ms per MiB}
         for _dummy in range(args.repeat):  # interleaved, like the playbooks; the median counts
             for name, copy in copies.items():
+                groups = cpu_groups(stage, mux_dir)
+                before = {g: cpu_seconds(pids) for g, pids in groups.items()}
+                before_children = children_cpu()
                 start = time.perf_counter()
                 copy()
                 copy_runs[name].append(round(time.perf_counter() - start, 3))
+                after_groups = cpu_groups(stage, mux_dir)
+                used = {g: cpu_seconds(after_groups[g]) - before[g] for g in groups}
+                used["scp_client"] = children_cpu() - before_children  # scp and its ssh, reaped by us
+                side = ("mux", "plane_port_forward", "guest_agent") if name.startswith("agent") else \
+                    ("scp_client", "ssh_controlmaster", "sshd")
+                cpu_runs[name].append({g: round(used[g] * 1000.0 / args.size_mib, 3) for g in side})
         mux.close()
         transfer = {name: statistics.median(runs) for name, runs in copy_runs.items()}
         for path in ("big.agent", "big.scp"):
@@ -86,6 +132,9 @@ def main():
             "copy_mib_per_second": {k: mib / v for k, v in transfer.items()},
             "copy_ratio_agent_to_scp": {"in": transfer["scp_in"] / transfer["agent_in"],
                                         "out": transfer["scp_out"] / transfer["agent_out"]},
+            "copy_cpu_ms_per_mib": {name: {g: statistics.median(r[g] for r in runs) for g in runs[0]}
+                                    for name, runs in cpu_runs.items()},
+            "copy_cpu_ms_per_mib_runs": cpu_runs,
             "targets": {"per_task_max_ratio_to_local": 1.15, "copy_min_ratio_to_scp": 1.0},
             "machine": {"cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()},
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -100,6 +149,10 @@ def main():
             print("  %-4s agent %7.1f MiB/s   scp %7.1f MiB/s   ratio %.2f" % (
                 direction, result["copy_mib_per_second"]["agent_" + direction],
                 result["copy_mib_per_second"]["scp_" + direction], result["copy_ratio_agent_to_scp"][direction]))
+        print("CPU per MiB of each process group (ms, median): ours is the mux; the plane's port-forward and guest agent "
+              "stand in for the platform; scp's are its client (with ssh), the ControlMaster and sshd")
+        for name, groups in result["copy_cpu_ms_per_mib"].items():
+            print("  %-10s %s" % (name, "   ".join("%s %.2f" % kv for kv in groups.items())))
         print("wrote %s" % benchlib.save_json(args.output, result))
     finally:
         stage.stop()

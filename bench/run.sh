@@ -19,10 +19,10 @@ fi
 
 echo "== local control plane (bench/localplane_bench.py)"
 "$PY" bench/localplane_bench.py
-echo "== connection: 30-task playbook vs local and SSH, 256 MiB copies vs scp (bench/connection_bench.py)"
+echo "== connection: 30-task playbook vs local and SSH, 256 MiB copies vs scp with each side's CPU per MiB (bench/connection_bench.py)"
 "$PY" bench/connection_bench.py --repeat "$REPEAT"
-echo "== warm runner vs cold, local, SSH and Mitogen (bench/fastpath_bench.py)"
-"$PY" bench/fastpath_bench.py --repeat "$REPEAT" --mitogen-venv "$MITOGEN_VENV"
+echo "== warm runner on ansible-core 2.19 and the newest (.venv-newest) vs cold, local, SSH and Mitogen, with core's per-task floor (bench/fastpath_bench.py)"
+"$PY" bench/fastpath_bench.py --repeat "$REPEAT" --mitogen-venv "$MITOGEN_VENV" --newest-venv .venv-newest
 echo "== directory trees: microvm.sandbox.sync vs rsync over SSH and copy (bench/sync_bench.py)"
 "$PY" bench/sync_bench.py --repeat "$REPEAT"
 echo "== load: 50 sessions x 30 tasks, forks 25 (bench/load_bench.py)"

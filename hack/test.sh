@@ -36,6 +36,7 @@ step molecule bash hack/molecule.sh
 step ee-test bash hack/ee-test.sh
 if [ "${SKIP_NEWEST:-0}" != 1 ]; then
   step newest-core make --no-print-directory test-newest
+  step core-220 make --no-print-directory test-core220
 fi
 
 echo

@@ -347,8 +347,6 @@ EXAMPLES = r"""
 
 import os  # noqa: E402
 import posixpath  # noqa: E402
-import re  # noqa: E402
-import shlex  # noqa: E402
 
 from ansible import constants as C  # noqa: E402
 from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound  # noqa: E402
@@ -356,12 +354,17 @@ from ansible.module_utils.common.text.converters import to_bytes, to_text  # noq
 from ansible.plugins.connection import ConnectionBase  # noqa: E402
 from ansible.utils.display import Display  # noqa: E402
 
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import core_compat  # noqa: E402
+
+core_compat.cache_collection_code()  # first: the modules below are then compiled once per run, not per task
+
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_stream  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import option_defs  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import (  # noqa: E402
     InteractTimeout, MuxClient, host_tag, run_identity)
+from ansible_collections.microvm.sandbox.plugins.plugin_utils.core_compat import command_argv  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import DEFAULT_POOL_SIZE, SessionConfig  # noqa: E402
 
 display = Display()
@@ -388,64 +391,6 @@ printf '%s:%s:%s\n' "$(echo "$entry" | cut -d: -f3)" "$(echo "$entry" | cut -d: 
 
 def remote_tmp_for(scratch_dir):
     return posixpath.join(scratch_dir, "ansible-tmp")
-
-
-def command_argv(executable, cmd):
-    """The Exec argv of a command string (the agent has no implicit shell).
-
-    ansible-core usually hands over `<executable> -c '<script>'` already; running that directly
-    saves a shell per command. Anything else runs under `<executable> -c`.
-    """
-    if cmd.startswith(executable + " -c "):
-        try:
-            parts = shlex.split(cmd)
-        except ValueError:
-            parts = None
-        if parts and len(parts) == 3 and parts[:2] == [executable, "-c"]:
-            return parts
-    return [executable, "-c", cmd]
-
-
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-PYTHON_NAME = re.compile(r"^python[0-9.]*$")
-
-
-def warm_shape(argv, in_data):
-    """(interpreter, env) when argv is exactly the pipelined module command ansible-core builds, else a reason.
-
-    The shape is `<sh> -c '<NAME=quoted value>... <quoted interpreter> && sleep 0'` with an AnsiballZ
-    payload on stdin; it is rebuilt with the same quoting and must match byte for byte.
-    """
-    if "async_wrapper" in argv[-1] or "ANSIBLE_ASYNC_DIR" in argv[-1]:
-        return None, "async task"
-    if not in_data:
-        return None, "no pipelined payload"
-    if len(argv) != 3 or argv[1] != "-c":
-        return None, "not a shell command"
-    script = argv[2]
-    if b"_ANSIBALLZ_WRAPPER = True" not in in_data:
-        return None, "not a Python module payload"
-    if not script.endswith(" && sleep 0"):
-        return None, "command shape not recognised"
-    try:
-        words = shlex.split(script[:-len(" && sleep 0")])
-    except ValueError:
-        return None, "command shape not recognised"
-    if not words:
-        return None, "command shape not recognised"
-    interpreter = words[-1]
-    env = {}
-    for word in words[:-1]:
-        name, sep, value = word.partition("=")
-        if not sep or not ENV_NAME.match(name):
-            return None, "command shape not recognised (become or a wrapper?)"
-        env[name] = value
-    if not interpreter.startswith("/") or not PYTHON_NAME.match(posixpath.basename(interpreter)):
-        return None, "interpreter %s is not a plain python path" % interpreter
-    rebuilt = " ".join(["%s=%s" % (k, shlex.quote(v)) for k, v in env.items()] + [shlex.quote(interpreter)])
-    if rebuilt + " && sleep 0" != script:
-        return None, "command shape not recognised"
-    return (interpreter, env), None
 
 
 def become_error_message(reason: str, stdout: bytes, stderr: bytes, prompted: list, become=None) -> str:
@@ -522,34 +467,21 @@ class Connection(ConnectionBase):
         """Default remote_tmp under the scratch dir, and put TMPDIR last in every module's environment.
 
         ansible-core sets the shell's options after the connection's and reads remote_tmp before it
-        connects, so the default is applied right after the shell's own set_options.
+        connects, so the default is applied right after the shell's own set_options (core_compat A5).
         """
-        shell = self._shell
-        shell_set_options = shell.set_options
-        shell_env_prefix = shell.env_prefix
-        shell_expand_user = shell.expand_user
+        def run_tmpdir():
+            if self._keeps_tmp():
+                return {}  # the task's own TMPDIR, if it sets one, or the guest's
+            try:
+                return {"TMPDIR": self._run_info()["dir"]}
+            except (KeyError, profile.TransferPathError):
+                return {}  # options not set yet, or a bad scratch dir that _connect reports
 
-        def set_options(*args, **kwargs):
-            shell_set_options(*args, **kwargs)
-            self._task_action = ((kwargs.get("task_keys") or {}).get("action") or "")
+        def after_shell_options(task_keys):
+            self._task_action = task_keys.get("action") or ""
             self._default_remote_tmp()
 
-        def env_prefix(**kwargs):
-            if self._keeps_tmp():
-                return shell_env_prefix(**kwargs)  # the task's own TMPDIR, if it sets one, or the guest's
-            kwargs.pop("TMPDIR", None)
-            try:
-                kwargs["TMPDIR"] = self._run_info()["dir"]
-            except (KeyError, profile.TransferPathError):
-                pass  # options not set yet, or a bad scratch dir that _connect reports
-            return shell_env_prefix(**kwargs)
-
-        def expand_user(user_home_path, username=""):
-            return shell_expand_user(self._own_home_alias(user_home_path), username=username)
-
-        shell.set_options = set_options
-        shell.env_prefix = env_prefix
-        shell.expand_user = expand_user
+        core_compat.wrap_shell(self._shell, after_shell_options, run_tmpdir, self._own_home_alias)
 
     def _keeps_tmp(self) -> bool:
         """True for a task whose files belong in the guest's own temporary dir, not in the run's (which goes).
@@ -727,6 +659,8 @@ class Connection(ConnectionBase):
         stdin = to_bytes(in_data) if in_data else b""
         if self.get_option("warm_runner") and self._user is None:
             warm = self._exec_warm(argv, stdin, sudoable, timeout, run)
+            if warm is None and not stdin and not timeout and self.become is None:
+                warm = self._exec_tmp_op(argv, run)
             if warm is not None:
                 return warm
         argv = self._as_user(argv)
@@ -766,7 +700,7 @@ class Connection(ConnectionBase):
     def _exec_warm(self, argv, stdin, sudoable, timeout, run):
         """Run a pipelined module in the warm runner: (rc, stdout, stderr), or None to run it cold."""
         session = self._session()
-        shape, reason = warm_shape(argv, stdin)
+        shape, reason = core_compat.module_command(argv, stdin)
         if self.become is not None and reason != "async task":
             shape, reason = None, "become is used (the runner runs as the connection user)"
         if shape is not None and not sudoable:
@@ -779,11 +713,25 @@ class Connection(ConnectionBase):
             return None
         interpreter, env = shape
         try:
-            rc, stdout, stderr, _info = self._call("a module run", self._mux.warm, interpreter, env, stdin, run=run)
+            rc, stdout, stderr, _info = self._call("a module run", self._mux.warm, interpreter, env, stdin, run=run,
+                                                   core=core_compat.core_version())
         except mp.MuxError as e:  # ERR_WARM only (see _call)
             display.vvv("WARM RUNNER refused, running cold: %s" % e, host=session)
             return None
         display.vvv("WARM RUNNER ran the module with %s (rc %s)" % (interpreter, rc), host=session)
+        return rc, stdout, stderr
+
+    def _exec_tmp_op(self, argv, run):
+        """A task tmp dir command (mkdtemp, chmod, rm) done by the warm runner: (rc, stdout, stderr), or None."""
+        op = core_compat.tmp_op(self._shell, argv)
+        if op is None or (self._mux.attached or {}).get("version", 0) < mp.TMP_OP_VERSION:
+            return None  # not one of them, or a mux started by an older collection that lacks the op
+        try:
+            rc, stdout, stderr, _info = self._call("a tmp dir command", self._mux.tmp, op, run=run)
+        except mp.MuxError as e:  # ERR_WARM only (see _call): nothing was done
+            display.vvv("WARM RUNNER did not do %s, running it in a shell: %s" % (op["op"], e), host=self._session())
+            return None
+        display.vvv("WARM RUNNER did %s (rc %s)" % (op["op"], rc), host=self._session())
         return rc, stdout, stderr
 
     def _become_timeout(self) -> int:

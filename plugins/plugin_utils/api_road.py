@@ -482,9 +482,13 @@ def _read_events(resp):
 class NoWarm:
     """The api road has no warm module runner (it needs a long-lived stdin): the worker runs modules cold."""
 
-    def get(self, interpreter):
+    def get(self, interpreter, core=""):
         from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
         raise warm.Refused("the api transport has no warm runner")
+
+    def any_alive(self):
+        """No runner to do a task's tmp dir commands either: the worker runs them in a shell."""
+        return self.get("")
 
     def stop(self) -> None:
         pass

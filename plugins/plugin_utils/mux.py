@@ -25,6 +25,7 @@ Run as: python -m ansible_collections.microvm.sandbox.plugins.plugin_utils.mux
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import ctypes
 import json
@@ -76,6 +77,7 @@ MALLOC_TRIM = _malloc_trim()
 STREAM_OPS = {
     "exec": mux_exec.op_exec,
     "warm": mux_exec.op_warm,
+    "tmp": mux_exec.op_tmp,
 }
 RESULT_OPS = {
     "put": mux_transfers.op_put,
@@ -110,6 +112,10 @@ class MuxServer:
         self.stopping = threading.Event()
         self.connections = 0
         self.requests_done = 0        # requests served so far (unlocked: a lost count only skips one trim)
+        # What each session op was served as ("exec", "warm", "warm_refused", "tmp", "put"...), in total and per
+        # session id: "hello" reports them, so tests and benches can tell a warm task from a cold one.
+        self.served: collections.Counter = collections.Counter()
+        self.served_by_session: dict[str, collections.Counter] = {}
         self.last_activity = time.monotonic()
         self.listener = None
         self.stopped = threading.Event()
@@ -297,8 +303,12 @@ class MuxServer:
                                             "generation": link.generation, "version": mp.PROTOCOL_VERSION})
             return link
         if op == "hello":
+            with self.lock:
+                served = dict(self.served)
+                by_session = {sid: dict(counts) for sid, counts in self.served_by_session.items()}
             mp.send_frame(conn, mp.RESULT, {"pid": os.getpid(), "version": mp.PROTOCOL_VERSION,
-                                            "sessions": len(self.links)})
+                                            "sessions": len(self.links), "served": served,
+                                            "served_by_session": by_session})
             return None
         if op == "reset":
             return self.op_reset(conn, req)
@@ -330,17 +340,21 @@ class MuxServer:
             except LinkClosed:
                 continue  # nothing was sent for this request yet
 
-    @staticmethod
-    def run_op(op: str, link: SessionLink, conn, req: dict) -> None:
+    def run_op(self, op: str, link: SessionLink, conn, req: dict) -> None:
         if op in STREAM_OPS:
-            STREAM_OPS[op](link, conn, req)
-            return
-        try:
-            result = RESULT_OPS[op](link, req)
-        except errors.EXPECTED as e:
-            mp.send_frame(conn, mp.ERROR, link.explain(e))
+            outcome = STREAM_OPS[op](link, conn, req) or op  # a stream op may say how it was served
         else:
-            mp.send_frame(conn, mp.RESULT, result)
+            try:
+                result = RESULT_OPS[op](link, req)
+            except errors.EXPECTED as e:
+                mp.send_frame(conn, mp.ERROR, link.explain(e))
+                outcome = op + "_failed"
+            else:
+                mp.send_frame(conn, mp.RESULT, result)
+                outcome = op
+        with self.lock:
+            self.served[outcome] += 1
+            self.served_by_session.setdefault(link.session_id or link.label, collections.Counter())[outcome] += 1
 
     def op_reset(self, conn, req: dict) -> None:
         """meta: reset_connection: close this session's link only; its next task opens a fresh one."""

@@ -386,13 +386,21 @@ class MuxClient:
                           "stopped. Send big output to a file in the sandbox and fetch it instead"
                           % (self.session.session, self.max_output, held))
 
-    def warm(self, interpreter, env, payload, run=None):
-        """Run a pipelined module payload in the session's warm runner; like exec().
+    def warm(self, interpreter, env, payload, run=None, core=""):
+        """Run a pipelined module payload in the session's warm runner for (interpreter, core); like exec().
 
         A MuxError of kind ERR_WARM means the payload was not started: run it cold.
         """
-        request = {"op": "warm", "interpreter": interpreter, "env": env, "run": run}
+        request = {"op": "warm", "interpreter": interpreter, "env": env, "run": run, "core": core}
         return self._retrying(lambda: self._exec_once(request, payload, None))
+
+    def tmp(self, op, run=None):
+        """A task tmp dir command (core_compat.tmp_op) done by the session's warm runner; like exec().
+
+        A MuxError of kind ERR_WARM means nothing was done: run the command in a shell.
+        """
+        request = {"op": "tmp", "tmp": op, "run": run}
+        return self._retrying(lambda: self._exec_once(request, b"", None))
 
     def put(self, local, remote, run=None):
         return self.request("put", local=os.path.abspath(local), remote=remote, run=run)
@@ -417,3 +425,34 @@ class MuxClient:
             return None
         finally:
             sock.close()
+
+
+def pool_status(base_dir, uid=None):
+    """The "hello" answer of every running mux process of `base_dir` (the user's pool): {slot: RESULT}.
+
+    Never starts a mux; a slot whose socket does not answer is left out. Each answer counts what its
+    process served (see mux_protocol: "served"), which tests and benches read.
+    """
+    found = {}
+    prefix = "mux-%d-" % (os.getuid() if uid is None else uid)
+    try:
+        names = sorted(os.listdir(base_dir))
+    except OSError:
+        return found
+    for name in names:
+        if not name.startswith(prefix) or not name[len(prefix):].isdigit():
+            continue
+        try:
+            sock = mp.connect(mp.socket_path(os.path.join(base_dir, name)), timeout=5)
+        except OSError:
+            continue
+        try:
+            mp.send_frame(sock, mp.REQUEST, {"op": "hello"})
+            ack, reply = mp.recv_frame(sock), mp.recv_frame(sock)
+            if ack and ack[0] == mp.ACK and reply and reply[0] == mp.RESULT:
+                found[int(name[len(prefix):])] = reply[1]
+        except (OSError, mp.ProtocolError):
+            pass
+        finally:
+            sock.close()
+    return found

@@ -60,11 +60,12 @@ def op_exec(link, conn, req: dict) -> None:
     reader.join()
 
 
-def op_warm(link, conn, req: dict) -> None:
+def op_warm(link, conn, req: dict) -> str | None:
     """Run a pipelined module payload in the session's warm module runner (see warm.py).
 
     Before any output, a request the runner cannot take is answered with an ERR_WARM error, and
     the worker runs it cold; once started, a lost runner is a lost command (never re-run).
+    Returns what the mux counts it as (see MuxServer.run_op): None (served warm) or why not.
     """
     payload = bytearray()
     while True:
@@ -79,14 +80,14 @@ def op_warm(link, conn, req: dict) -> None:
     try:
         link.ensure_ready()
         link.runs.ensure(req.get("run"))
-        runner = link.warm.get(req["interpreter"])
+        runner = link.warm.get(req["interpreter"], req.get("core") or "")
         rid, events = runner.submit(req.get("env") or {}, bytes(payload))
     except warm.Refused as e:
         mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_WARM, "message": str(e)})
-        return
+        return "warm_refused"
     except errors.EXPECTED as e:
         mp.send_frame(conn, mp.ERROR, link.explain(e))
-        return
+        return "warm_failed"
     done = threading.Event()
 
     def watch_hangup():
@@ -114,7 +115,7 @@ def op_warm(link, conn, req: dict) -> None:
             elif kind == "refuse" or not started:
                 done.set()
                 mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_WARM, "message": data})
-                return
+                return "warm_refused"
             else:
                 done.set()
                 lost = errors.CommandLost("the warm module runner on session %s died during the task (%s): "
@@ -162,3 +163,34 @@ def _pump_stdin(conn, call, feed, done) -> None:
             call.cancel()
     finally:
         feed.put(None)
+
+
+def op_tmp(link, conn, req: dict) -> str:
+    """A task tmp dir command (core_compat.tmp_op: mkdtemp, chmod, rm) done by a running warm runner.
+
+    Answers EXIT with the command's output, or ERR_WARM (nothing to undo: the worker runs the command
+    in a shell); a runner lost under it is a lost command. Like every stream op, the worker's (empty)
+    stdin is read up to its STDIN_EOF first.
+    """
+    drain_stdin(conn)
+    try:
+        link.ensure_ready()
+        link.runs.ensure(req.get("run"))
+        done = link.warm.any_alive().tmp(req["tmp"])
+    except warm.Refused as e:
+        mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_WARM, "message": str(e)})
+        return "tmp_refused"
+    except warm.Lost as e:
+        lost = errors.CommandLost("the warm module runner on session %s died during a task tmp dir command (%s): "
+                                  "it is not re-run" % (link.label, e))
+        mp.send_frame(conn, mp.ERROR, link.explain(lost))
+        return "tmp_lost"
+    except errors.EXPECTED as e:
+        mp.send_frame(conn, mp.ERROR, link.explain(e))
+        return "tmp_failed"
+    if done.get("stdout"):
+        mp.send_frame(conn, mp.STDOUT, done["stdout"].encode("utf-8", "surrogateescape"))
+    if done.get("stderr"):
+        mp.send_frame(conn, mp.STDERR, done["stderr"].encode("utf-8", "surrogateescape"))
+    mp.send_frame(conn, mp.EXIT, {"rc": int(done.get("rc") or 0), "timed_out": False, "warm": True})
+    return "tmp"

@@ -19,11 +19,18 @@ the socket is reachable only by its user), then sends one request at a time:
     worker -> REQUEST {"op": "exec", ...}, STDIN*, STDIN_EOF
     mux    -> ACK, STDOUT* / STDERR* (as they arrive), then EXIT or ERROR
 
-    worker -> REQUEST {"op": "warm", "interpreter", "env", "run"}, STDIN*, STDIN_EOF
+    worker -> REQUEST {"op": "warm", "interpreter", "env", "run", "core"}, STDIN*, STDIN_EOF
     mux    -> ACK, then STDOUT* / STDERR*, EXIT, or ERROR (kind warm_refused: run it cold)
 
-    worker -> REQUEST {"op": "put" | "fetch" | "put_archive" | "hello", ...}
+    worker -> REQUEST {"op": "tmp", "tmp": {...}, "run"}, STDIN_EOF   (a task tmp dir command, core_compat.tmp_op)
+    mux    -> ACK, then STDOUT* / STDERR*, EXIT, or ERROR (kind warm_refused: run the command in a shell)
+
+    worker -> REQUEST {"op": "put" | "fetch" | "put_archive", ...}
     mux    -> ACK, RESULT or ERROR
+
+    worker -> REQUEST {"op": "hello"}                 (no attach needed)
+    mux    -> ACK, RESULT {"pid", "version", "sessions", "served": {how: count}, "served_by_session": {id: {...}}}
+              where `how` is what each op was served as: "exec", "warm", "warm_refused", "tmp", "put", ...
 
     worker -> REQUEST {"op": "reset", "key": <session key>}   (meta: reset_connection; no attach needed)
     mux    -> ACK, RESULT {"reset": true|false}
@@ -40,7 +47,8 @@ import socket
 import stat
 import struct
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3  # 3: the "tmp" op; a worker uses it only with a mux that says 3 or more
+TMP_OP_VERSION = 3
 
 HEADER = struct.Struct("!IB")
 MAX_FRAME = 64 * 1024 * 1024  # a worker never needs more; refuse garbage early

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import logging
 import posixpath
-import re
 import threading
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils.core_compat import TASK_TMP
 
 log = logging.getLogger("microvm.mux")
 
 STALE_RUN_MINUTES = 24 * 60    # run dirs of other controllers are swept after a day
-TASK_TMP = re.compile(r"^ansible-tmp-[0-9.]+-(\d+)-\d+$")  # ansible-core's name: time, worker pid, random
 
 
 class RunDirs:

@@ -73,15 +73,15 @@ def register(plugin_type, name, documentation):
     `name` is what core files the plugin's options under: for a collection plugin, its
     Python module name (the plugin module passes its __name__).
     """
-    try:
-        from ansible import constants as C
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils import core_compat
 
-        if C.config.has_configuration_definition(plugin_type, name):
+    try:
+        if core_compat.plugin_options_defined(plugin_type, name):
             return False
         options = cached_options(documentation)
         if options is None:
             return False
-        C.config.initialize_plugin_configuration_definitions(plugin_type, name, options)
+        core_compat.define_plugin_options(plugin_type, name, options)
         return True
     except Exception:  # an optimisation only: core's own parse is always the fallback
         return False

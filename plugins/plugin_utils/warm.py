@@ -20,12 +20,27 @@ import queue
 import struct
 import threading
 
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import core_compat
 from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm_runner as wr
 
 log = logging.getLogger("microvm.mux")
 
 START_TIMEOUT = 30.0
+TMP_TIMEOUT = 60.0     # a task tmp dir op is a few syscalls; no answer by then means the runner is stuck
 HELD_MAX = 256
+CORE_CONFIG = core_compat.runner_config()
+CORE = wr.CoreConfig(CORE_CONFIG)
+
+
+def runner_python_argv(interpreter):
+    """`<interpreter> -c <the runner's source> microvm-warm-runner <core config JSON>`."""
+    return [interpreter, "-c", runner_source(), wr.MARKER, json.dumps(CORE_CONFIG)]
+
+
+def runner_argv(interpreter):
+    """The Exec argv that starts a warm runner: through sh, so a missing interpreter is an exit code, not an error."""
+    python = runner_python_argv(interpreter)
+    return ["/bin/sh", "-c", 'exec "$0" -c "$1" "$2" "$3"', python[0]] + python[2:]
 
 
 def runner_source():
@@ -35,6 +50,10 @@ def runner_source():
 
 class Refused(Exception):
     """The request was not started: run it cold."""
+
+
+class Lost(Exception):
+    """The runner went away with the request under way: it may have partly run."""
 
 
 class WarmRunner:
@@ -52,8 +71,8 @@ class WarmRunner:
         self.whole = {}        # request id -> (zip key, the whole RUN body) until the runner answers
 
     def start(self):
-        argv = ["/bin/sh", "-c", 'exec "$0" -c "$1" ' + wr.MARKER, self.interpreter, runner_source()]
-        self.call, self.feed = self.agent.exec_stream(argv, env={}, workdir="", timeout=0, deadline=None)
+        self.call, self.feed = self.agent.exec_stream(runner_argv(self.interpreter), env={}, workdir="", timeout=0,
+                                                      deadline=None)
         ready = queue.Queue()
         self.pending[0] = ready
         threading.Thread(target=self._read, name="warm-runner", daemon=True).start()
@@ -137,6 +156,9 @@ class WarmRunner:
             self.pending.pop(rid, None)
             self.whole.pop(rid, None)
             q.put(("refuse", json.loads(body.decode("utf-8"))["reason"]))
+        elif kind == wr.DONE:
+            self.pending.pop(rid, None)
+            q.put(("done", json.loads(body.decode("utf-8"))))
 
     def _send(self, rid, kind, body=b""):
         self.feed.put(wr.HEADER.pack(len(body), rid, kind) + body)
@@ -147,17 +169,12 @@ class WarmRunner:
         A payload whose zip the runner already holds goes without it (about 170 KiB less per task);
         if the runner has dropped it meanwhile it answers MISS and gets the whole payload.
         """
-        split = wr.split_payload(payload)
+        split = wr.split_payload(payload, CORE)
         key = wr.zip_key(split[1]) if split else None
         meta = json.dumps({"env": env}).encode("utf-8")
         whole = struct.pack("!I", len(meta)) + meta + payload
-        q = queue.Queue()
+        rid, q = self._new_request()
         with self.lock:
-            if not self.alive:
-                raise Refused("the warm runner is not running")
-            rid = self.next_id
-            self.next_id += 1
-            self.pending[rid] = q
             self.whole[rid] = (key, whole)
         if key is not None and key in self.held:
             ref = json.dumps({"env": env, "zip": key}).encode("utf-8")
@@ -165,6 +182,34 @@ class WarmRunner:
         else:
             self._send(rid, wr.RUN, whole)
         return rid, q
+
+    def _new_request(self):
+        q = queue.Queue()
+        with self.lock:
+            if not self.alive:
+                raise Refused("the warm runner is not running")
+            rid = self.next_id
+            self.next_id += 1
+            self.pending[rid] = q
+        return rid, q
+
+    def tmp(self, op):
+        """Have the runner do a task tmp dir op (core_compat.tmp_op) -> {"rc", "stdout", "stderr"}.
+
+        Refused: nothing to undo, run the command in a shell. Lost: the runner died under it.
+        """
+        rid, q = self._new_request()
+        self._send(rid, wr.TMP, json.dumps(op).encode("utf-8"))
+        try:
+            kind, data = q.get(timeout=TMP_TIMEOUT)
+        except queue.Empty:
+            self.pending.pop(rid, None)
+            raise Lost("the warm runner did not answer within %ds" % TMP_TIMEOUT)
+        if kind == "done":
+            return data
+        if kind == "refuse":
+            raise Refused(data)
+        raise Lost(data)
 
     def kill(self, rid):
         if self.alive:
@@ -181,7 +226,9 @@ class WarmRunner:
 
 
 class WarmRunners:
-    """A session's runners, one per interpreter; interpreters that cannot run one are remembered."""
+    """A session's runners, one per (interpreter, controller core version): the payloads of two cores
+    differ in their module_utils, so each core's runs preload their own. Interpreters that cannot run
+    a runner are remembered."""
 
     def __init__(self, agent):
         self.agent = agent
@@ -189,23 +236,31 @@ class WarmRunners:
         self.runners = {}
         self.broken = {}
 
-    def get(self, interpreter):
+    def get(self, interpreter, core=""):
         with self.lock:
             if interpreter in self.broken:
                 raise Refused(self.broken[interpreter])
-            runner = self.runners.get(interpreter)
+            runner = self.runners.get((interpreter, core))
             if runner is not None and runner.alive:
                 return runner
             if runner is not None:
-                log.info("warm runner for %s died: starting a new one", interpreter)
+                log.info("warm runner for %s (core %s) died: starting a new one", interpreter, core or "?")
             runner = WarmRunner(self.agent, interpreter)
             try:
                 runner.start()
             except Refused as e:
                 self.broken[interpreter] = str(e)
                 raise
-            self.runners[interpreter] = runner
+            self.runners[(interpreter, core)] = runner
             return runner
+
+    def any_alive(self):
+        """A running runner of this session (the oldest), for work that needs no particular interpreter."""
+        with self.lock:
+            for runner in self.runners.values():
+                if runner.alive:
+                    return runner
+        raise Refused("no warm runner is running in this session yet")
 
     def stop(self):
         with self.lock:

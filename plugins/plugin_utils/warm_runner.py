@@ -4,8 +4,10 @@
 """The warm module runner: a Python program that runs INSIDE the guest (on by default, option warm_runner).
 
 The shared mux starts it once per (session, interpreter) with one long-lived Exec
-(`<python> -c <this file's source> microvm-warm-runner`) and speaks a small
-framed protocol over its stdin/stdout. It never imports anything from the
+(`<python> -c <this file's source> microvm-warm-runner <config JSON>`) and speaks a small
+framed protocol over its stdin/stdout. The config is what the runner must know about
+ansible-core's payloads (core_compat.runner_config(): the AnsiballZ marker, the zip_data
+line, the module_utils to preload): it lives with the controller's other core assumptions. It never imports anything from the
 controller: on the first module payload it puts that payload's own AnsiballZ
 zip on sys.path and imports its module_utils (basic, the AnsiballZ loader), so
 every later payload runs in a fresh fork() with those imports already done.
@@ -24,10 +26,13 @@ Frames: 9-byte header (4-byte length, 4-byte request id, 1-byte kind) + payload.
                    RUNREF (4-byte JSON length, JSON {"env": {...}, "zip": key}, the payload without
                           its zip: split_payload's source), for a zip the runner already holds
                    KILL  (kill the request's process group)
+                   TMP   (JSON core_compat.tmp_op(): a task tmp dir's mkdtemp, chmod or rm, done in
+                          the runner itself, no process started)
     runner -> mux: READY (id 0, JSON {"python": "3.x.y"}), STARTED, OUT, ERR,
                    EXIT (JSON {"rc": n}), REFUSE (JSON {"reason": "..."}),
-                   MISS (a RUNREF's zip is not held: send the whole RUN)
-    child -> runner (its own pipe, never forwarded): the module_utils it imported
+                   MISS (a RUNREF's zip is not held: send the whole RUN),
+                   DONE (a TMP op's JSON {"rc", "stdout", "stderr"}: what the shell command prints)
+    child -> runner (its own pipe, never forwarded): the module_utils it imported and what it compiled
 Stdlib only; Python 3.6+.
 """
 
@@ -48,30 +53,37 @@ import zipfile
 import zipimport
 
 HEADER = struct.Struct("!IIB")
-RUN, KILL, RUNREF = 1, 2, 3
-READY, STARTED, OUT, ERR, EXIT, REFUSE, MISS = 10, 11, 12, 13, 14, 15, 16
+RUN, KILL, RUNREF, TMP = 1, 2, 3, 4
+READY, STARTED, OUT, ERR, EXIT, REFUSE, MISS, DONE = 10, 11, 12, 13, 14, 15, 16, 17
 IMPORTS = "imports"  # the child's report pipe
 MARKER = "microvm-warm-runner"
 TMP_PREFIX = "microvm-warm-"   # + "<pid>-": a runner killed with its mux never removes its dir; the next one does
 OWN_DIR = re.compile(r"^microvm-warm-(\d+)-")
-PRELOAD = ("ansible.module_utils.basic", "ansible.module_utils._internal._ansiballz._loader")
 # Variables read when an interpreter starts: a task that changes them runs cold.
 STARTUP_VARS = re.compile(r"^(PYTHON.*|LANG|LANGUAGE|LC_.*)$")
-ZIPDATA = re.compile(rb"^zip_data='([A-Za-z0-9+/=]*)',$", re.M)
-# Names whose modules a clean run may have the runner preload: module_utils only, never a module.
-MODULE_UTILS = re.compile(r"^(ansible\.module_utils|ansible_collections\.[^.]+\.[^.]+\.plugins\.module_utils)\.")
 ZIP_CACHE = 32  # verified zips kept on disk (about 130-300 KiB each)
 
 
-def split_payload(payload):
+class CoreConfig:
+    """What the runner knows about ansible-core's payloads, as core_compat.runner_config() gives it."""
+
+    def __init__(self, config):
+        self.marker = config["marker"].encode("ascii")
+        self.zip_data = re.compile(config["zip_data"].encode("ascii"), re.M)
+        self.preload = tuple(config["preload"])
+        self.module_utils = re.compile(config["module_utils"])
+        self.task_tmp = re.compile(config["task_tmp"])  # the only dirs a TMP op creates or removes
+
+
+def split_payload(payload, core):
     """(wrapper source with the zip literal replaced by a name, the zip's base64), or None.
 
     Compiling the wrapper with its zip as a literal costs several ms a run; the
     name is bound to the same string in the module's globals instead.
     """
-    if b"_ANSIBALLZ_WRAPPER = True" not in payload:
+    if core.marker not in payload:
         return None
-    found = ZIPDATA.search(payload)
+    found = core.zip_data.search(payload)
     if not found:
         return None
     source = payload[:found.start(1) - 1] + b"__microvm_zip_data__" + payload[found.end(1) + 1:]
@@ -83,8 +95,49 @@ def zip_key(zip_b64):
     return hashlib.sha256(zip_b64.encode("ascii")).hexdigest()
 
 
+class CodeCache:
+    """Compiled code of what forks import from the runner's own zips, kept in the runner for the next forks.
+
+    zipimport compiles a module's source on every import, in every fork (5-10 ms for a module like
+    `stat`). The zips are the runner's content-addressed copies, so a (zip, module) names one source:
+    after a clean run the runner compiles what that run compiled, with zipimport's own function (the
+    same file names, so the same tracebacks), and every later fork finds it compiled. A Python whose
+    zipimport is not the pure-Python one (before 3.8) just compiles as before.
+    """
+
+    def __init__(self):
+        self.code = {}         # (archive, prefix, fullname) -> zipimport's (code, ispackage, modpath)
+        self.compiled = None   # in a child: the keys it had to compile itself
+        self.original = getattr(zipimport, "_get_module_code", None)
+        if self.original is not None:
+            zipimport._get_module_code = self.get
+
+    def get(self, importer, fullname):
+        key = (importer.archive, importer.prefix, fullname)
+        found = self.code.get(key)
+        if found is not None:
+            return found
+        result = self.original(importer, fullname)
+        if self.compiled is not None:
+            self.compiled.append(key)
+        return result
+
+    def learn(self, keys, archives):
+        for archive, prefix, fullname in keys:
+            key = (archive, prefix, fullname)
+            if archive in archives and key not in self.code:
+                importer = zipimport.zipimporter(os.path.join(archive, prefix) if prefix else archive)
+                self.code[key] = self.original(importer, fullname)
+
+    def forget(self, archive):
+        for key in [k for k in self.code if k[0] == archive]:
+            del self.code[key]
+
+
 class Runner:
-    def __init__(self, proto_in, proto_out):
+    def __init__(self, proto_in, proto_out, core):
+        self.core = core
+        self.codes = CodeCache()
         self.proto_in = proto_in
         self.proto_out = proto_out
         self.sel = selectors.DefaultSelector()
@@ -124,7 +177,7 @@ class Runner:
         sys.path.insert(0, self.preload_zip)
         self.roots.append(self.preload_zip)
         try:
-            for name in PRELOAD:
+            for name in self.core.preload:
                 __import__(name)
         except Exception as e:  # the payload's module_utils cannot be preloaded: every run goes cold
             self.preload_error = "cannot preload the payload's module_utils: %s: %s" % (type(e).__name__, e)
@@ -159,7 +212,7 @@ class Runner:
 
     def extend_preload(self, names, zip_path):
         """Import module_utils a clean run imported from zip_path, so later forks start with them."""
-        names = [n for n in names if MODULE_UTILS.match(n) and n not in sys.modules]
+        names = [n for n in names if self.core.module_utils.match(n) and n not in sys.modules]
         if not names or self.preload_error:
             return
         if zip_path not in self.roots:
@@ -208,6 +261,7 @@ class Runner:
             for old_key, (old_path, _gen, _b64) in self.verified.items():
                 if old_path not in self.roots:
                     del self.verified[old_key]
+                    self.codes.forget(old_path)
                     try:
                         os.unlink(old_path)
                     except OSError:
@@ -283,6 +337,7 @@ class Runner:
             os.environ.update(env)
             tempfile.tempdir = None
             os.chdir(self.cwd)
+            self.codes.compiled = []
             # Packages preloaded from the runner's zips now look in this payload's zip first,
             # so its own module (and module_utils that were not preloaded) are imported from it.
             for mod in list(sys.modules.values()):
@@ -310,8 +365,8 @@ class Runner:
             run_atexit()
             prefix = own_zip + os.sep
             report = [name for name, mod in list(sys.modules.items())
-                      if MODULE_UTILS.match(name) and (getattr(mod, "__file__", None) or "").startswith(prefix)]
-            os.write(rep_w, json.dumps(report).encode("utf-8"))
+                      if self.core.module_utils.match(name) and (getattr(mod, "__file__", None) or "").startswith(prefix)]
+            os.write(rep_w, json.dumps({"imports": report, "compiled": self.codes.compiled}).encode("utf-8"))
         except BaseException as e:  # the runner's own set-up failed: say so on the task's stderr
             try:
                 os.write(2, ("microvm warm runner: %s: %s\n" % (type(e).__name__, e)).encode("utf-8", "replace"))
@@ -359,7 +414,9 @@ class Runner:
             report, zip_path = self.reports.pop(rid, b""), self.zip_of.pop(rid, None)
             if rc == 0 and report and zip_path:
                 try:
-                    self.extend_preload(json.loads(report.decode("utf-8")), zip_path)
+                    learned = json.loads(report.decode("utf-8"))
+                    self.extend_preload(learned["imports"], zip_path)
+                    self.codes.learn(learned["compiled"], set(self.roots) | {v[0] for v in self.verified.values()})
                 except Exception:  # preloading more is an optimisation: a failure keeps what there is
                     pass
 
@@ -401,14 +458,34 @@ class Runner:
                 req = json.loads(body[4:4 + jlen].decode("utf-8"))
                 rest = body[4 + jlen:]
                 if kind == RUN:
-                    self.run(rid, req.get("env") or {}, split_payload(rest))
+                    self.run(rid, req.get("env") or {}, split_payload(rest, self.core))
                 elif req.get("zip") in self.verified:
                     self.run(rid, req.get("env") or {}, (rest, self.verified[req["zip"]][2]))
                 else:
                     self.send(rid, MISS)
             elif kind == KILL:
                 self.kill(rid)
+            elif kind == TMP:
+                self.tmp_op(rid, json.loads(body.decode("utf-8")))
         return True
+
+    # -- a task tmp dir's commands -----------------------------------------------------
+    def tmp_op(self, rid, req):
+        """Do what core's mkdtemp / chmod / rm command would, in this process; REFUSE on any doubt.
+
+        Each is safe to run again in a shell after a refusal, however far it got: `mkdir -p` and
+        chmod are idempotent, rm -f -r finishes what was left, and the dir mkdtemp makes last was
+        not made when it refuses.
+        """
+        try:
+            done = TMP_OPS[req.get("op")](self.core, req)
+        except (OSError, KeyError, ValueError, TypeError) as e:
+            self.send(rid, REFUSE, {"reason": "%s: %s" % (type(e).__name__, e)})
+            return
+        if done is None:
+            self.send(rid, REFUSE, {"reason": "not a task tmp dir operation the runner does"})
+            return
+        self.send(rid, DONE, {"rc": 0, "stdout": done, "stderr": ""})
 
     def serve(self):
         self.sel.register(self.proto_in, selectors.EVENT_READ, "input")
@@ -432,6 +509,55 @@ class Runner:
                     pass
             if self.preload_dir:
                 shutil.rmtree(self.preload_dir, ignore_errors=True)
+
+
+def tmp_mkdtemp(core, req):
+    """( umask U && mkdir -p BASE && mkdir BASE/NAME && echo NAME=BASE/NAME )"""
+    base, name, mode = req["base"], req["name"], int(req["mode"])
+    if not core.task_tmp.match(name) or not base.startswith("/"):
+        return None
+    path = os.path.join(base, name)
+    old = os.umask(0o777 & ~mode)
+    try:
+        os.makedirs(base, exist_ok=True)
+        if not os.path.isdir(base):
+            return None
+        os.mkdir(path)
+    finally:
+        os.umask(old)
+    return "%s=%s\n" % (name, path)
+
+
+def tmp_chmod(core, req):
+    """chmod u+[rwx]... PATH... (every path must exist first: a refusal then changed nothing)"""
+    mode = req["mode"]
+    if not mode.startswith("u+"):
+        return None
+    bits = sum({"r": 0o400, "w": 0o200, "x": 0o100}[c] for c in set(mode[2:]))
+    modes = [(path, os.stat(path).st_mode) for path in req["paths"]]
+    for path, st_mode in modes:
+        if (st_mode | bits) != st_mode:
+            os.chmod(path, (st_mode | bits) & 0o7777)
+    return ""
+
+
+def tmp_rm(core, req):
+    """rm -f -r PATH > /dev/null 2>&1, for a task tmp dir only"""
+    path = req["path"]
+    bare = path.rstrip("/")
+    if not bare.startswith("/") or not core.task_tmp.match(os.path.basename(bare)):
+        return None
+    if os.path.islink(bare):
+        return None  # `rm -r link/` has its own rules: leave it to rm
+    if not os.path.lexists(bare):
+        return ""
+    if not os.path.isdir(bare):
+        return None
+    shutil.rmtree(bare)
+    return ""
+
+
+TMP_OPS = {"mkdtemp": tmp_mkdtemp, "chmod": tmp_chmod, "rm": tmp_rm}
 
 
 def exit_code(e):
@@ -478,6 +604,7 @@ def sweep_stale_dirs(tmp=None):
 
 
 def main():
+    core = CoreConfig(json.loads(sys.argv[2]))
     sweep_stale_dirs()
     proto_in = os.dup(0)
     proto_out = os.dup(1)
@@ -485,7 +612,7 @@ def main():
     os.dup2(devnull, 0)
     os.close(devnull)
     os.dup2(2, 1)  # nothing but frames on the protocol fd
-    Runner(proto_in, proto_out).serve()
+    Runner(proto_in, proto_out, core).serve()
 
 
 if __name__ == "__main__":

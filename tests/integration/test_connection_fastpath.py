@@ -3,21 +3,16 @@ and the runner itself driven locally with hand-made AnsiballZ-like payloads."""
 import base64
 import io
 import json
-import os
 import struct
-import subprocess
-import sys
 import zipfile
 
-import pytest
 
+from microvm_warm_testing import LocalRunner
 from test_connection import BATTERY, env, inventory, mux_dir  # noqa: F401  (fixtures are re-used)
 
 # pytest finds fixtures by name in this module's namespace: referenced so linters keep the imports.
 _REUSED_FIXTURES = (env, inventory, mux_dir)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RUNNER = os.path.join(ROOT, "plugins", "plugin_utils", "warm_runner.py")
 HEADER = struct.Struct("!IIB")
 RUN, KILL = 1, 2
 READY, STARTED, OUT, ERR, EXIT, REFUSE = 10, 11, 12, 13, 14, 15
@@ -73,44 +68,6 @@ if ACTION == "sleep":
 def payload(basic_source="X = 1\n"):
     zip_data = base64.b64encode(make_zip(basic_source)).decode()
     return ("ARGS = dict(\nzip_data='%s',\n)\n" % zip_data + PAYLOAD).encode()
-
-
-class LocalRunner:
-    def __init__(self, tmp_path):
-        self.proc = subprocess.Popen([sys.executable, "-c", open(RUNNER).read(), "microvm-warm-runner"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=str(tmp_path),
-                                     env={"PATH": os.environ["PATH"], "TMPDIR": str(tmp_path)})
-        kind, body = self.frame()[1:]
-        assert kind == READY, body
-
-    def frame(self):
-        head = self.proc.stdout.read(HEADER.size)
-        length, rid, kind = HEADER.unpack(head)
-        return rid, kind, self.proc.stdout.read(length)
-
-    def send(self, rid, kind, body=b""):
-        self.proc.stdin.write(HEADER.pack(len(body), rid, kind) + body)
-        self.proc.stdin.flush()
-
-    def run(self, rid, run_env, data):
-        meta = json.dumps({"env": run_env}).encode()
-        self.send(rid, RUN, struct.pack("!I", len(meta)) + meta + data)
-        out, err = b"", b""
-        while True:
-            got, kind, body = self.frame()
-            assert got == rid
-            if kind == REFUSE:
-                return "refused", json.loads(body)["reason"], b""
-            if kind == OUT:
-                out += body
-            elif kind == ERR:
-                err += body
-            elif kind == EXIT:
-                return json.loads(body)["rc"], out, err
-
-    def close(self):
-        self.proc.stdin.close()
-        assert self.proc.wait(timeout=10) == 0
 
 
 def test_runner_env_state_failures_and_mismatch(tmp_path):
@@ -199,11 +156,12 @@ def test_runner_preloads_what_clean_runs_import(tmp_path):
 
 
 def test_runner_takes_a_held_zip_by_reference(tmp_path):
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
     from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm_runner as wr
 
     r = LocalRunner(tmp_path)
     data = payload()
-    source, zip_b64 = wr.split_payload(data)
+    source, zip_b64 = wr.split_payload(data, warm.CORE)
     key = wr.zip_key(zip_b64)
 
     def run_ref(rid, run_env):
@@ -232,14 +190,15 @@ def test_runner_takes_a_held_zip_by_reference(tmp_path):
 
 
 def test_runner_replaces_only_the_zip_literal():
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
     from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm_runner as wr
 
     data = payload()
-    source, zip_b64 = wr.split_payload(data)
+    source, zip_b64 = wr.split_payload(data, warm.CORE)
     assert base64.b64decode(zip_b64) == make_zip("X = 1\n")
     assert source.count(b"\n") == data.count(b"\n")  # line numbers in tracebacks stay the same
     assert b"zip_data=__microvm_zip_data__,\n" in source and zip_b64.encode() not in source
-    assert wr.split_payload(b"print('no wrapper')") is None
+    assert wr.split_payload(b"print('no wrapper')", warm.CORE) is None
 
 
 # -- through ansible-playbook -----------------------------------------------------------------
@@ -386,20 +345,6 @@ def test_runner_killed_mid_run(plane, sandbox, env, playbook_runner):  # noqa: F
     assert res.stdout.count(WARM_RAN) >= 2, res
 
 
-@pytest.mark.parametrize("dummy", [None])
-def test_shape_detection(dummy):
-    sys.path.insert(0, os.path.join(ROOT, ".local", "collections"))
-    from ansible_collections.microvm.sandbox.plugins.connection.agent import warm_shape
-    body = b"#!/usr/bin/python3\n_ANSIBALLZ_WRAPPER = True\n"
-    script = "MY='a b' TMPDIR=/workspace/.scratch/run.x /usr/bin/python3 && sleep 0"
-    assert warm_shape(["/bin/sh", "-c", script], body) == (("/usr/bin/python3", {"MY": "a b", "TMPDIR": "/workspace/.scratch/run.x"}), None)
-    assert warm_shape(["/bin/sh", "-c", script], b"print(1)")[0] is None
-    assert warm_shape(["/bin/sh", "-c", "sudo -H -S -n -u root /bin/sh -c 'echo BECOME; /usr/bin/python3' && sleep 0"], body)[0] is None
-    assert warm_shape(["/bin/sh", "-c", "MY=$HOME /usr/bin/python3 && sleep 0"], body)[0] is None
-    assert warm_shape(["/bin/sh", "-c", "/usr/bin/python3 /x/async_wrapper.py 1 2 && sleep 0"], b"")[1] == "async task"
-    assert warm_shape(["/bin/sh", "-c", "/usr/bin/perl && sleep 0"], body)[0] is None
-
-
 NO_RUNNER_PYTHON = r"""
 - hosts: sbx
   gather_facts: false
@@ -428,3 +373,72 @@ def test_interpreter_without_runner_runs_cold(plane, sandbox, env, playbook_runn
     assert res.stdout.count("WARM RUNNER refused, running cold: the warm runner could not start with /workspace/python3") == 2, \
         warm_lines(res)
     assert "no runner here" in res.stdout, warm_lines(res)
+
+
+SERVED_WARM = r"""
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - ansible.builtin.command: echo {{ item }}
+      loop: [1, 2, 3]
+    - name: changed (mkdtemp, stat, put, chmod, copy, rm)
+      ansible.builtin.copy: {content: "one\n", dest: /workspace/served-warm.txt}
+    - name: unchanged (mkdtemp, stat, file, rm)
+      ansible.builtin.copy: {content: "one\n", dest: /workspace/served-warm.txt}
+    - ansible.builtin.ping:
+"""
+
+
+def test_every_task_is_served_warm(plane, sandbox, env, mux_dir, playbook_runner):  # noqa: F811
+    """On this ansible-core, every module and every task tmp dir command is served by the warm runner.
+
+    The mux counts how it served each request ("hello"); a core whose commands the connection no longer
+    recognises (2.21 dropped ` && sleep 0`) shows up here as cold execs, failing this test.
+    """
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import pool_status
+
+    res = playbook_runner(SERVED_WARM, inventory({"box": sandbox["name"]}), env, extra_args=["-vvv"])
+    assert res.rc == 0 and "failed=0" in res.stdout, res
+    served = {}
+    for status in pool_status(mux_dir).values():
+        for how, count in status["served_by_session"].get(sandbox["session_id"], {}).items():
+            served[how] = served.get(how, 0) + count
+    # 3 commands + 2 (stat, copy) + 2 (stat, file) + ping; mkdtemp and rm twice, chmod once; one put
+    assert served == {"warm": 8, "tmp": 5, "put": 1}, (served, warm_lines(res))
+
+
+COUNT_PAYLOAD = r'''
+_ANSIBALLZ_WRAPPER = True
+import json, sys, zipimport
+compiled = []
+real = zipimport._compile_source
+zipimport._compile_source = lambda pathname, source: compiled.append(pathname.rsplit("/", 1)[-1]) or real(pathname, source)
+import ansible.module_utils.extra as extra
+import ansible.modules.probe as probe
+print(json.dumps({"compiled": compiled, "probe": probe.WHO, "file": probe.__file__}))
+'''
+
+
+def test_runner_compiles_a_module_once(tmp_path):
+    """After a clean run, later forks find the module (and the module_utils it imported) compiled."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name in ("ansible/__init__.py", "ansible/module_utils/__init__.py", "ansible/modules/__init__.py",
+                     "ansible/module_utils/_internal/__init__.py", "ansible/module_utils/_internal/_ansiballz/__init__.py",
+                     "ansible/module_utils/_internal/_ansiballz/_loader.py", "ansible/module_utils/basic.py"):
+            z.writestr(name, "")
+        z.writestr("ansible/module_utils/extra.py", "V = 1\n")
+        z.writestr("ansible/modules/probe.py", "WHO = 'probe'\n")
+    data = ("ARGS = dict(\nzip_data='%s',\n)\n" % base64.b64encode(buf.getvalue()).decode() + COUNT_PAYLOAD).encode()
+    r = LocalRunner(tmp_path)
+    try:
+        seen = []
+        for rid in (1, 2, 3):
+            rc, out, err = r.run(rid, {}, data)
+            assert rc == 0, err
+            seen.append(json.loads(out))
+        assert {"extra.py", "probe.py"} <= set(seen[0]["compiled"])
+        assert seen[1]["compiled"] == seen[2]["compiled"] == []  # extra.py preloaded, probe.py compiled in the runner
+        assert seen[0]["file"] == seen[2]["file"] and seen[2]["probe"] == "probe"
+    finally:
+        r.close()

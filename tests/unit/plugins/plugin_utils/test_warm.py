@@ -40,7 +40,7 @@ def test_whole_until_started_then_by_reference():
     data2 = module_payload(params='{"x": 2}')  # same zip, other parameters
     rid2, dummy = r.submit({}, data2)
     rid_seen, kind, meta, rest = sent(r)
-    source, zip_b64 = wr.split_payload(data2)
+    source, zip_b64 = wr.split_payload(data2, warm.CORE)
     assert (rid_seen, kind, meta, rest) == (rid2, wr.RUNREF, {"env": {}, "zip": wr.zip_key(zip_b64)}, source)
     assert zip_b64.encode() not in rest
 

@@ -1,0 +1,329 @@
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Everything the agent connection assumes about ansible-core's internals, in one place.
+
+ansible-core has no public API for what makes this connection fast, so the fast paths lean on how core
+builds commands and payloads. A core release that changes one of these must not silently send every task
+down the slow path (as 2.21 did when it stopped appending ` && sleep 0`): each assumption below names the
+test that checks it against the installed core. tests/unit/plugins/plugin_utils/test_core_compat.py runs
+on every supported core: 2.19 (`make unit`), 2.20 (`make test-core220`) and 2.21 (`make test-newest`).
+
+A1 The pipelined module command is `<executable> -c '<NAME=value>... <interpreter>'`, quoted with
+   shlex.quote, on 2.19 and 2.20 followed by ` && sleep 0` (core's SSH race mitigation, dropped in 2.21),
+   with the AnsiballZ payload on stdin.                      -> test_a1_pipelined_module_command_is_recognised
+A2 An AnsiballZ payload carries the marker line and its zip as one `zip_data='<base64>',` line, and the
+   zip holds ansible.module_utils.basic and the AnsiballZ loader, which the warm runner preloads.
+                                                             -> test_a2_ansiballz_payload_splits_and_preloads
+A3 ansible's packages are regular packages with a list `__path__`: the warm runner edits the `__path__` of
+   the packages it preloaded so that a fork imports the module (and module_utils it did not preload) from
+   the payload's own zip. Checked by running this core's real payloads in the runner.
+                                                             -> test_a3_runner_runs_real_payloads_warm
+A4 Core skips parsing a plugin's DOCUMENTATION when its options are already defined
+   (ConfigManager.has_configuration_definition / initialize_plugin_configuration_definitions), which
+   option_defs.py uses to save the parse in every worker.   -> test_a4_plugin_options_can_be_defined_ahead
+A5 Core calls `connection._shell.set_options()` after the connection's own options and before it reads
+   remote_tmp, with the task's keys (`task_keys`, its `action` among them), builds a module's environment
+   string with `shell.env_prefix(**env)` and expands `~` paths with `shell.expand_user()`: the connection
+   wraps all three on its shell instance (wrap_shell).           -> test_a5_shell_hooks_are_called_by_core
+A6 A task's temporary dir is `<remote_tmp>/ansible-tmp-<time>-<worker pid>-<random>` (TASK_TMP).
+                                                             -> test_a6_task_tmp_dir_names
+A7 A task's tmp dir commands (the shell's mkdtemp, chmod and remove) are rebuilt byte for byte with the
+   task's own shell plugin, so the warm runner can serve them (tmp_op).
+                                                             -> test_a7_tmp_dir_commands_are_recognised
+A8 Core's collection loader compiles every collection module from source, in every task's worker
+   (_AnsibleCollectionPkgLoaderBase.get_code, caching in `_compiled_code`); the connection has the
+   compiled code of this collection's own modules kept for the run (cache_collection_code).
+                                                             -> test_a8_collection_code_compiled_once_per_run
+
+Only the standard library and ansible-core (imported lazily) are used: this runs in every task's worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import marshal
+import os
+import posixpath
+import re
+import shlex
+import tempfile
+from typing import Any, Callable
+
+# -- A1: the pipelined module command -----------------------------------------------------------------
+RACE_SUFFIX = " && sleep 0"  # appended by 2.19 and 2.20 (ansible/ansible#13876), no longer by 2.21
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PYTHON_NAME = re.compile(r"^python[0-9.]*$")
+
+
+def command_argv(executable: str, cmd: str) -> list[str]:
+    """The Exec argv of a command string (the agent has no implicit shell).
+
+    ansible-core usually hands over `<executable> -c '<script>'` already; running that directly
+    saves a shell per command. Anything else runs under `<executable> -c`.
+    """
+    if cmd.startswith(executable + " -c "):
+        try:
+            parts = shlex.split(cmd)
+        except ValueError:
+            parts = None
+        if parts and len(parts) == 3 and parts[:2] == [executable, "-c"]:
+            return parts
+    return [executable, "-c", cmd]
+
+
+def core_script(argv: list[str]) -> str | None:
+    """The script core built (its race suffix removed) of an argv `<sh> -c <script>`, else None."""
+    if len(argv) != 3 or argv[1] != "-c":
+        return None
+    script = argv[2]
+    return script[:-len(RACE_SUFFIX)] if script.endswith(RACE_SUFFIX) else script
+
+
+def module_command(argv: list[str], in_data: bytes) -> tuple[tuple[str, dict[str, str]] | None, str | None]:
+    """((interpreter, env), None) when argv is exactly the pipelined module command core builds, else (None, why).
+
+    The script is rebuilt with the same quoting and must match byte for byte: anything else (become,
+    a wrapper, shell syntax) is not a plain module run.
+    """
+    if "async_wrapper" in argv[-1] or "ANSIBLE_ASYNC_DIR" in argv[-1]:
+        return None, "async task"
+    if not in_data:
+        return None, "no pipelined payload"
+    script = core_script(argv)
+    if script is None:
+        return None, "not a shell command"
+    if ANSIBALLZ_MARKER not in in_data:
+        return None, "not a Python module payload"
+    try:
+        words = shlex.split(script)
+    except ValueError:
+        return None, "command shape not recognised"
+    if not words:
+        return None, "command shape not recognised"
+    interpreter = words[-1]
+    env = {}
+    for word in words[:-1]:
+        name, sep, value = word.partition("=")
+        if not sep or not ENV_NAME.match(name):
+            return None, "command shape not recognised (become or a wrapper?)"
+        env[name] = value
+    if not interpreter.startswith("/") or not PYTHON_NAME.match(posixpath.basename(interpreter)):
+        return None, "interpreter %s is not a plain python path" % interpreter
+    rebuilt = " ".join(["%s=%s" % (k, shlex.quote(v)) for k, v in env.items()] + [shlex.quote(interpreter)])
+    if rebuilt != script:
+        return None, "command shape not recognised"
+    return (interpreter, env), None
+
+
+# -- A2: the AnsiballZ payload ---------------------------------------------------------------------
+ANSIBALLZ_MARKER = b"_ANSIBALLZ_WRAPPER = True"
+ZIP_DATA = r"^zip_data='([A-Za-z0-9+/=]*)',$"   # bytes regex, multiline: the one line holding the zip
+PRELOAD = ("ansible.module_utils.basic", "ansible.module_utils._internal._ansiballz._loader")
+# Names whose modules a clean run may have the runner preload: module_utils only, never a module.
+MODULE_UTILS = r"^(ansible\.module_utils|ansible_collections\.[^.]+\.[^.]+\.plugins\.module_utils)\."
+
+
+def core_version() -> str:
+    """This controller's ansible-core version: the mux keeps one warm runner per (interpreter, core), since
+    payloads of two cores carry different module_utils and would never run warm in the other's runner."""
+    from ansible.release import __version__
+
+    return __version__
+
+
+def runner_config() -> dict[str, Any]:
+    """What the warm runner (which runs in the guest and imports nothing of ours) must know about core."""
+    return {"marker": ANSIBALLZ_MARKER.decode("ascii"), "zip_data": ZIP_DATA, "preload": list(PRELOAD),
+            "module_utils": MODULE_UTILS, "task_tmp": TASK_TMP.pattern}
+
+
+# -- A4: plugin option definitions -----------------------------------------------------------------
+def plugin_options_defined(plugin_type: str, name: str) -> bool:
+    from ansible import constants as C
+
+    return bool(C.config.has_configuration_definition(plugin_type, name))
+
+
+def define_plugin_options(plugin_type: str, name: str, options: dict) -> None:
+    """Define a plugin's options as core would after parsing its DOCUMENTATION (core then skips the parse)."""
+    from ansible import constants as C
+
+    C.config.initialize_plugin_configuration_definitions(plugin_type, name, options)
+
+
+# -- A5: the shell plugin's hooks ------------------------------------------------------------------
+def wrap_shell(shell: Any, after_set_options: Callable[[dict], None], last_env: Callable[[], dict[str, str]],
+               home_alias: Callable[[str], str] | None = None) -> None:
+    """Patch one shell plugin instance: after_set_options(task_keys) runs after every set_options() (task_keys:
+    what core tells the shell of the task, its `action` among them), the variables last_env() returns (it may
+    raise KeyError to add none) come last in every env_prefix(), and home_alias() rewrites a `~` path before the
+    shell's expand_user() builds its `echo ~...` command."""
+    shell_set_options = shell.set_options
+    shell_env_prefix = shell.env_prefix
+    shell_expand_user = shell.expand_user
+
+    def set_options(*args: Any, **kwargs: Any) -> None:
+        shell_set_options(*args, **kwargs)
+        after_set_options(kwargs.get("task_keys") or {})
+
+    def env_prefix(**kwargs: Any) -> str:
+        try:
+            extra = last_env()
+        except KeyError:
+            extra = {}
+        for name, value in extra.items():
+            kwargs.pop(name, None)
+            kwargs[name] = value
+        return shell_env_prefix(**kwargs)
+
+    def expand_user(user_home_path: str, username: str = "") -> str:
+        return shell_expand_user(home_alias(user_home_path) if home_alias else user_home_path, username=username)
+
+    shell.set_options = set_options
+    shell.env_prefix = env_prefix
+    shell.expand_user = expand_user
+
+
+# -- A6: task tmp dir names ------------------------------------------------------------------------
+TASK_TMP = re.compile(r"^ansible-tmp-[0-9.]+-(\d+)-\d+$")  # time, worker pid, random
+TASK_TMP_PREFIX = "ansible-tmp-"
+
+
+# -- A7: the task tmp dir's commands, served by the warm runner --------------------------------------
+# Paths the runner serves: plain absolute paths, no shell syntax, no '..'; anything else runs in a shell.
+PLAIN_PATH = re.compile(r"^/[A-Za-z0-9._+@%,/-]*$")
+MKDTEMP = re.compile(r'mkdir "` echo (?P<tmp>\S+) `" && echo (?P<name>ansible-tmp-[0-9.]+-\d+-\d+)=')
+UMASK = re.compile(r"umask (?P<umask>[0-7]{1,4}) ")
+CHMOD_MODE = re.compile(r"^u\+[rwx]+$")
+
+
+def _plain(path: str) -> bool:
+    return bool(PLAIN_PATH.match(path)) and ".." not in path.split("/")
+
+
+def _in_task_tmp(path: str) -> bool:
+    """Whether a path lies in (or is) a task tmp dir `.../ansible-tmp-*/`."""
+    parts = [p for p in path.split("/") if p]
+    return any(TASK_TMP.match(p) for p in parts)
+
+
+def tmp_op(shell: Any, argv: list[str]) -> dict[str, Any] | None:
+    """The warm runner's op for a task tmp dir command of core's, or None (run it in a shell).
+
+    Recognised only when the task's own shell plugin rebuilds the very same script from the parsed
+    arguments, so a core that words them differently runs them in a shell, as before.
+      mkdtemp: {"op": "mkdtemp", "base": remote tmp, "name": "ansible-tmp-...", "mode": 0o700}
+      chmod:   {"op": "chmod", "mode": "u+rwx", "paths": [...]} (paths in a task tmp dir)
+      rm:      {"op": "rm", "path": ".../ansible-tmp-.../"}
+    """
+    script = core_script(argv)
+    if not script:
+        return None
+    try:
+        if script.startswith("( umask "):
+            return _mkdtemp_op(shell, script)
+        if script.startswith("chmod "):
+            return _chmod_op(shell, script)
+        if script.startswith("rm -f -r "):
+            return _rm_op(shell, script)
+    except (ValueError, TypeError, AttributeError):
+        return None  # not core's, or a shell plugin without these builders
+    return None
+
+
+def _mkdtemp_op(shell: Any, script: str) -> dict[str, Any] | None:
+    found = MKDTEMP.search(script)
+    umask = UMASK.match(script[2:]) if script.startswith("( ") else None
+    if not found or not umask:  # no umask: a mode the runner would have to guess
+        return None
+    path, name = found.group("tmp"), found.group("name")
+    if posixpath.basename(path) != name:
+        return None
+    base = posixpath.dirname(path)
+    mode = 0o777 & ~int(umask.group("umask"), 8)
+    if not _plain(base) or shell.mkdtemp(basefile=name, system=False, mode=mode, tmpdir=base) != script:
+        return None
+    return {"op": "mkdtemp", "base": base, "name": name, "mode": mode}
+
+
+def _chmod_op(shell: Any, script: str) -> dict[str, Any] | None:
+    words = shlex.split(script)
+    if len(words) < 3 or not CHMOD_MODE.match(words[1]):
+        return None
+    paths = words[2:]
+    if not all(_plain(p) and _in_task_tmp(p) for p in paths) or shell.chmod(paths, words[1]) != script:
+        return None
+    return {"op": "chmod", "mode": words[1], "paths": paths}
+
+
+def _rm_op(shell: Any, script: str) -> dict[str, Any] | None:
+    words = shlex.split(script)
+    if len(words) < 4:
+        return None
+    path = words[3]
+    if not _plain(path) or not TASK_TMP.match(posixpath.basename(path.rstrip("/"))):
+        return None
+    if shell.remove(path, recurse=True) != script:
+        return None
+    return {"op": "rm", "path": path}
+
+
+# -- A8: this collection's compiled code, once per run -------------------------------------------------
+COLLECTION = "ansible_collections.microvm.sandbox."
+
+
+def cache_collection_code() -> bool:
+    """Have core's collection loader keep the compiled code of this collection's modules for the run.
+
+    Every task's worker imports the connection plugin afresh, and core's loader compiles each of its modules
+    from source there (about a third of loading the plugin). The first worker of a run now writes the
+    code (marshal) to the run's local temp dir, created by ansible-playbook before it forks the workers and
+    removed when it ends, named by the digest of the interpreter's magic number, file name and source; the
+    other workers read it. Only this collection's modules; anything unexpected leaves core's own path.
+    True when the hook is in place.
+    """
+    try:
+        from ansible import constants as C
+        from ansible.utils.collection_loader import _collection_finder as finder
+
+        base = finder._AnsibleCollectionPkgLoaderBase
+        original = base.get_code
+        if getattr(original, "microvm_cached", False):
+            return True
+        cache_dir = C.DEFAULT_LOCAL_TMP
+    except Exception:  # a core without this loader: an optimisation only
+        return False
+
+    def get_code(self: Any, fullname: str) -> Any:
+        if getattr(self, "_compiled_code", None) or not fullname.startswith(COLLECTION):
+            return original(self, fullname)
+        try:
+            filename = self.get_filename(fullname) or "<string>"
+            source = self.get_source(fullname)
+        except Exception:
+            return original(self, fullname)
+        if source is None:
+            return original(self, fullname)
+        raw = source if isinstance(source, bytes) else source.encode("utf-8", "surrogateescape")
+        digest = hashlib.sha256(importlib.util.MAGIC_NUMBER + filename.encode("utf-8", "surrogateescape") + b"\0" + raw)
+        path = os.path.join(cache_dir, "microvm-code-%s" % digest.hexdigest()[:40])
+        try:
+            with open(path, "rb") as f:
+                code = marshal.load(f)
+        except (OSError, EOFError, ValueError, TypeError):
+            code = compile(source=source, filename=filename, mode="exec", flags=0, dont_inherit=True)
+            try:
+                fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".microvm-code-")
+                with os.fdopen(fd, "wb") as f:
+                    marshal.dump(code, f)
+                os.replace(tmp, path)
+            except (OSError, ValueError):
+                pass
+        self._compiled_code = code
+        return code
+
+    get_code.microvm_cached = True  # type: ignore[attr-defined]
+    base.get_code = get_code
+    return True

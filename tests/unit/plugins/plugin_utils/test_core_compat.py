@@ -1,0 +1,369 @@
+"""Each ansible-core assumption of core_compat.py (A1-A7), checked against the installed core.
+
+Runs on every supported core: 2.19 (.venv), 2.20 (.venv-220, make test-core220) and 2.21 (.venv-newest,
+make test-newest). The commands and payloads are the real ones: a playbook runs through a recording
+connection (ansible.builtin.local underneath, wrapped with core_compat's own shell hooks) that writes down
+every command core hands it, its stdin, and every file put. A core release that breaks an assumption fails
+the test named after it, instead of silently sending tasks down the slow path.
+"""
+import base64
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+from ansible import constants as C
+from ansible.plugins.loader import shell_loader
+from ansible.release import __version__ as CORE_VERSION
+
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import core_compat
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm_runner as wr
+from microvm_warm_testing import LocalRunner
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+COLLECTIONS = os.path.join(ROOT, ".local", "collections")
+
+RECORDER = r'''
+import base64, json, os
+from ansible.plugins.connection.local import Connection as Local
+from ansible_collections.microvm.sandbox.plugins.plugin_utils import core_compat
+
+DOCUMENTATION = """
+name: recorder
+short_description: ansible.builtin.local, writing down what core asks of a connection
+description: [Used by test_core_compat.py only.]
+author: [microvm.sandbox maintainers (@microvm)]
+options: {}
+"""
+
+
+class Connection(Local):
+    transport = "recorder"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # the agent connection's hooks (A5): a default remote_tmp set after the shell's options, TMPDIR last
+        core_compat.wrap_shell(self._shell, self._after_shell_options, lambda: {"TMPDIR": os.environ["RECORD_TMPDIR"]},
+                               self._home_alias)
+
+    def _after_shell_options(self, task_keys):
+        self._record(op="shell_options", remote_tmp=self._shell.get_option("remote_tmp"),
+                     action=task_keys.get("action"))
+        self._shell.set_option("remote_tmp", os.environ["RECORD_REMOTE_TMP"])
+
+    def _home_alias(self, path):
+        self._record(op="expand_user", path=path)
+        return path
+
+    def _record(self, **entry):
+        entry["pid"] = os.getpid()
+        with open(os.environ["RECORD_LOG"], "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    def exec_command(self, cmd, in_data=None, sudoable=True):
+        self._record(op="exec", cmd=cmd, stdin=base64.b64encode(in_data or b"").decode(), sudoable=sudoable)
+        return super().exec_command(cmd, in_data=in_data, sudoable=sudoable)
+
+    def put_file(self, in_path, out_path):
+        self._record(op="put", remote=out_path)
+        return super().put_file(in_path, out_path)
+'''
+
+PLAYBOOK = """
+- hosts: all
+  gather_facts: false
+  tasks:
+    - ansible.builtin.command: echo hi
+    - ansible.builtin.copy: {content: "one\\n", dest: "{{ dest }}/one.txt"}
+    - ansible.builtin.ping:
+"""
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """What core asked of the connection in one real run: {"entries": [...], "dirs": {...}}."""
+    work = tmp_path_factory.mktemp("core-%s" % CORE_VERSION)
+    (work / "connection_plugins").mkdir()
+    (work / "connection_plugins" / "recorder.py").write_text(RECORDER)
+    (work / "playbook.yml").write_text(PLAYBOOK)
+    (work / "dest").mkdir()
+    dirs = {"log": str(work / "record.jsonl"), "remote_tmp": str(work / "remote" / "ansible-tmp"),
+            "tmpdir": str(work / "run"), "dest": str(work / "dest")}
+    os.makedirs(dirs["tmpdir"])
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS, ANSIBLE_PIPELINING="1", ANSIBLE_NOCOLOR="1",
+               ANSIBLE_KEEP_REMOTE_FILES="0", RECORD_LOG=dirs["log"], RECORD_REMOTE_TMP=dirs["remote_tmp"],
+               RECORD_TMPDIR=dirs["tmpdir"], PYTHONPATH=os.pathsep.join([COLLECTIONS, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "box,", "-c", "recorder",
+                           "-e", "ansible_python_interpreter=%s dest=%s" % (sys.executable, dirs["dest"]), "playbook.yml"],
+                          cwd=str(work), env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0 and "failed=0" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(dirs["log"]) as f:
+        entries = [json.loads(line) for line in f]
+    for e in entries:
+        if e["op"] == "exec":
+            e["argv"] = core_compat.command_argv("/bin/sh", e["cmd"])
+            e["stdin"] = base64.b64decode(e["stdin"])
+    return {"entries": entries, "dirs": dirs}
+
+
+def execs(recorded):
+    return [e for e in recorded["entries"] if e["op"] == "exec"]
+
+
+def module_runs(recorded):
+    return [e for e in execs(recorded) if e["stdin"]]
+
+
+def test_a1_pipelined_module_command_is_recognised(recorded):
+    runs = module_runs(recorded)
+    assert len(runs) == 4, [e["cmd"] for e in execs(recorded)]  # command, stat and copy, ping
+    for e in runs:
+        shape, why = core_compat.module_command(e["argv"], e["stdin"])
+        assert why is None, "%s: %s (core %s)" % (why, e["cmd"], CORE_VERSION)
+        interpreter, env = shape
+        assert interpreter == sys.executable and list(env) == ["TMPDIR"]  # A5: our TMPDIR, last
+        assert env["TMPDIR"] == recorded["dirs"]["tmpdir"]
+
+
+@pytest.mark.parametrize("script, stdin, expected", [
+    ("MY='a b' TMPDIR=/w/run.x /usr/bin/python3 && sleep 0", b"_ANSIBALLZ_WRAPPER = True\n",
+     ("/usr/bin/python3", {"MY": "a b", "TMPDIR": "/w/run.x"})),           # 2.19, 2.20
+    ("MY='a b' TMPDIR=/w/run.x /usr/bin/python3", b"_ANSIBALLZ_WRAPPER = True\n",
+     ("/usr/bin/python3", {"MY": "a b", "TMPDIR": "/w/run.x"})),           # 2.21
+    ("/usr/bin/python3", b"_ANSIBALLZ_WRAPPER = True\n", ("/usr/bin/python3", {})),
+    ("MY='a b' /usr/bin/python3 && sleep 0", b"print(1)", "not a Python module payload"),
+    ("sudo -H -S -n -u root /bin/sh -c 'echo BECOME; /usr/bin/python3' && sleep 0", b"_ANSIBALLZ_WRAPPER = True\n",
+     "command shape not recognised (become or a wrapper?)"),
+    ("MY=$HOME /usr/bin/python3", b"_ANSIBALLZ_WRAPPER = True\n", "command shape not recognised"),
+    ("/usr/bin/python3 /x/async_wrapper.py 1 2 && sleep 0", b"", "async task"),
+    ("/usr/bin/perl", b"_ANSIBALLZ_WRAPPER = True\n", "interpreter /usr/bin/perl is not a plain python path"),
+    ("/usr/bin/python3 && sleep 0 && sleep 0", b"_ANSIBALLZ_WRAPPER = True\n", "command shape not recognised"),
+])
+def test_a1_module_command_shapes(script, stdin, expected):
+    shape, why = core_compat.module_command(["/bin/sh", "-c", script], stdin)
+    if isinstance(expected, tuple):
+        assert (shape, why) == (expected, None)
+    else:
+        assert shape is None and why.startswith(expected)
+
+
+def test_a2_ansiballz_payload_splits_and_preloads(recorded):
+    import io
+    import zipfile
+
+    for e in module_runs(recorded):
+        split = wr.split_payload(e["stdin"], warm.CORE)
+        assert split is not None, "no zip_data line in this core's AnsiballZ payload"
+        source, zip_b64 = split
+        assert source.count(b"\n") == e["stdin"].count(b"\n") and zip_b64.encode() not in source
+        names = set(zipfile.ZipFile(io.BytesIO(base64.b64decode(zip_b64))).namelist())
+        for module in core_compat.PRELOAD:
+            assert module.replace(".", "/") + ".py" in names, module
+
+
+def test_a3_runner_runs_real_payloads_warm(recorded, tmp_path):
+    """This core's real payloads run in the warm runner (preloaded, then each module from its own zip)."""
+    runs = module_runs(recorded)
+    by_module = {}
+    for e in runs:
+        for name in ("command", "stat", "copy", "ping"):
+            if b"ansible.modules.%s'" % name.encode() in e["stdin"] or b'ansible.modules.%s"' % name.encode() in e["stdin"]:
+                by_module.setdefault(name, e)
+    assert set(by_module) >= {"command", "ping"}, "cannot tell the recorded payloads apart"
+    runner = LocalRunner(tmp_path)
+    try:
+        for rid, name in enumerate(["command", "ping", "command"], 1):
+            (_interp, env), _why = core_compat.module_command(by_module[name]["argv"], by_module[name]["stdin"])
+            rc, out, err = runner.run(rid, env, by_module[name]["stdin"])
+            assert rc == 0, (name, out, err)
+            result = json.loads(out)
+            assert result.get("stdout" if name == "command" else "ping") == ("hi" if name == "command" else "pong")
+    finally:
+        runner.close()
+
+
+def test_a4_plugin_options_can_be_defined_ahead():
+    name = "ansible_collections.microvm.sandbox.plugins.connection.core_compat_probe"
+    assert not core_compat.plugin_options_defined("connection", name)
+    core_compat.define_plugin_options("connection", name, {
+        "probe": {"type": "int", "default": 3, "vars": [{"name": "ansible_probe"}], "description": ["x"]}})
+    assert core_compat.plugin_options_defined("connection", name)
+    assert C.config.get_plugin_vars("connection", name) == ["ansible_probe"]
+    assert C.config.get_config_value("probe", plugin_type="connection", plugin_name=name) == 3
+
+
+def test_a5_shell_hooks_are_called_by_core(recorded):
+    options = [e for e in recorded["entries"] if e["op"] == "shell_options"]
+    assert options, "core never called the shell's set_options through the instance"
+    remote_tmp = recorded["dirs"]["remote_tmp"]
+    mkdtemps = [e for e in execs(recorded) if "mkdir" in e["cmd"]]
+    assert mkdtemps and all(remote_tmp in e["cmd"] for e in mkdtemps), "remote_tmp was read before set_options"
+    for e in module_runs(recorded):
+        assert shlex.split(core_compat.core_script(e["argv"]))[-2] == "TMPDIR=%s" % recorded["dirs"]["tmpdir"]
+    # the task's action reaches the hook (the tempfile module keeps the guest's own TMPDIR by it)
+    actions = {e["action"] for e in options}
+    assert {"ansible.builtin.command", "ansible.builtin.copy", "ansible.builtin.ping"} <= actions, actions
+
+
+def test_a5_home_paths_are_expanded_through_the_shell_instance(tmp_path):
+    """Core expands a task's `~` path with the shell instance's expand_user (the connection's one home per user
+    rewrites `~<user>` there): a copy to `~/x` asks the hook, and lands in the HOME the command saw."""
+    (tmp_path / "connection_plugins").mkdir()
+    (tmp_path / "connection_plugins" / "recorder.py").write_text(RECORDER)
+    (tmp_path / "home").mkdir()
+    (tmp_path / "playbook.yml").write_text("""
+- hosts: all
+  gather_facts: false
+  tasks:
+    - ansible.builtin.copy: {content: "home\\n", dest: "~/x.txt"}
+""")
+    log = tmp_path / "record.jsonl"
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS, ANSIBLE_PIPELINING="1", ANSIBLE_NOCOLOR="1",
+               HOME=str(tmp_path / "home"), RECORD_LOG=str(log), RECORD_REMOTE_TMP=str(tmp_path / "remote"),
+               RECORD_TMPDIR=str(tmp_path), PYTHONPATH=os.pathsep.join([COLLECTIONS, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "box,", "-c",
+                           "recorder", "-e", "ansible_python_interpreter=%s" % sys.executable, "playbook.yml"],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    asked = [json.loads(line)["path"] for line in log.read_text().splitlines() if '"expand_user"' in line]
+    assert any(p.startswith("~") for p in asked), asked
+    assert (tmp_path / "home" / "x.txt").read_text() == "home\n"
+
+
+def test_a6_task_tmp_dir_names(recorded):
+    puts = [e for e in recorded["entries"] if e["op"] == "put"]
+    assert len(puts) == 1
+    task_dir = os.path.basename(os.path.dirname(puts[0]["remote"]))
+    found = core_compat.TASK_TMP.match(task_dir)
+    assert found, task_dir
+    assert int(found.group(1)) == puts[0]["pid"]  # the worker's pid: sweeping relies on it
+    assert os.path.dirname(os.path.dirname(puts[0]["remote"])) == recorded["dirs"]["remote_tmp"]
+
+
+def test_a7_tmp_dir_commands_are_recognised(recorded, tmp_path):
+    """The copy task's mkdtemp, chmod and rm are recognised, and the runner does exactly what they do."""
+    shell = shell_loader.get("ansible.builtin.sh")
+    non_module = [e for e in execs(recorded) if not e["stdin"]]
+    ops = [core_compat.tmp_op(shell, e["argv"]) for e in non_module]
+    assert [op and op["op"] for op in ops] == ["mkdtemp", "chmod", "rm"], [e["cmd"] for e in non_module]
+    assert ops[0]["base"] == recorded["dirs"]["remote_tmp"] and ops[0]["mode"] == 0o700
+
+    # replayed under tmp_path: the shell and the runner leave the same tree and print the same
+    def moved(op, root):
+        text = json.dumps(op).replace(recorded["dirs"]["remote_tmp"], str(root / "ansible-tmp"))
+        return json.loads(text)
+
+    def tree(root):
+        out = {}
+        for dirpath, dirnames, filenames in os.walk(str(root)):
+            for name in dirnames + filenames:
+                path = os.path.join(dirpath, name)
+                out[os.path.relpath(path, str(root))] = oct(os.lstat(path).st_mode)
+        return out
+
+    shell_root, runner_root = tmp_path / "shell", tmp_path / "runner"
+    for root in (shell_root, runner_root):
+        root.mkdir()
+    runner = LocalRunner(tmp_path)
+    try:
+        for rid, (entry, op) in enumerate(zip(non_module, ops), 1):
+            script = core_compat.core_script(entry["argv"]).replace(recorded["dirs"]["remote_tmp"],
+                                                                   str(shell_root / "ansible-tmp"))
+            cold = subprocess.run(["/bin/sh", "-c", "umask 022; " + script], capture_output=True, text=True, check=False)
+            warm_op = moved(op, runner_root)
+            done = runner.tmp(rid, warm_op)
+            assert done == {"rc": cold.returncode, "stdout": cold.stdout.replace(str(shell_root), str(runner_root)),
+                            "stderr": ""}, (script, cold.stderr)
+            if op["op"] == "mkdtemp":  # the file the put would have written, for chmod
+                name = op["name"]
+                for root in (shell_root, runner_root):
+                    (root / "ansible-tmp" / name / ".source.txt").write_text("x")
+                    os.chmod(str(root / "ansible-tmp" / name / ".source.txt"), 0o600)
+            if op["op"] != "rm":
+                assert tree(shell_root) == tree(runner_root)
+        assert tree(shell_root) == tree(runner_root) == {"ansible-tmp": oct(0o40700)}
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("script", [
+    "chmod u+rwx /etc/passwd",                                        # not in a task tmp dir
+    "chmod 0777 /w/ansible-tmp/ansible-tmp-1.2-3-4/",                 # not a u+ mode
+    "chmod u+rwx '/w/ansible-tmp/ansible-tmp-1.2-3-4/a b'",           # not a plain path
+    "rm -f -r /w/ansible-tmp/ > /dev/null 2>&1",                      # not a task tmp dir
+    "rm -f -r /w/../ansible-tmp-1.2-3-4/ > /dev/null 2>&1",
+    "rm -f -r /w/ansible-tmp-1.2-3-4/ > /dev/null 2>&1; reboot",      # not what the shell plugin builds
+    "( umask 77 && mkdir -p \"` echo $HOME `\"&& mkdir \"` echo $HOME/ansible-tmp-1.2-3-4 `\" && echo "
+    "ansible-tmp-1.2-3-4=\"` echo $HOME/ansible-tmp-1.2-3-4 `\" )",   # shell expansion
+    "mkdir -p /w/ansible-tmp-1.2-3-4",
+])
+def test_a7_anything_else_runs_in_a_shell(script):
+    assert core_compat.tmp_op(shell_loader.get("ansible.builtin.sh"), ["/bin/sh", "-c", script]) is None
+
+
+def test_a7_runner_refuses_what_it_cannot_do_exactly(tmp_path):
+    runner = LocalRunner(tmp_path)
+    task = "ansible-tmp-1.5-77-88"
+    try:
+        (tmp_path / "file").write_text("x")
+        # mkdir of an existing task dir fails in a shell too: the runner leaves it to the shell
+        (tmp_path / task).mkdir()
+        assert runner.tmp(1, {"op": "mkdtemp", "base": str(tmp_path), "name": task, "mode": 0o700})[0] == "refused"
+        assert runner.tmp(2, {"op": "mkdtemp", "base": str(tmp_path / "file"), "name": task, "mode": 0o700})[0] == "refused"
+        # chmod of a missing path changes nothing
+        assert runner.tmp(3, {"op": "chmod", "mode": "u+rwx", "paths": [str(tmp_path / "file"),
+                                                                    str(tmp_path / "missing")]})[0] == "refused"
+        assert oct(os.stat(str(tmp_path / "file")).st_mode & 0o777) == oct(0o644)
+        # rm of a symlinked task dir, or of a dir that is not a task dir, is left to rm
+        os.symlink(str(tmp_path / task), str(tmp_path / "ansible-tmp-2.5-77-88"))
+        assert runner.tmp(4, {"op": "rm", "path": str(tmp_path / "ansible-tmp-2.5-77-88") + "/"})[0] == "refused"
+        assert runner.tmp(5, {"op": "rm", "path": str(tmp_path) + "/"})[0] == "refused"
+        assert (tmp_path / task).is_dir()
+        # a missing task dir is fine for rm -f
+        assert runner.tmp(6, {"op": "rm", "path": str(tmp_path / "ansible-tmp-3.5-77-88") + "/"})["rc"] == 0
+    finally:
+        runner.close()
+
+
+WORKERS = r'''
+import builtins, json, os, sys
+from ansible import constants as C
+from ansible.plugins.loader import init_plugin_loader, connection_loader
+init_plugin_loader([sys.argv[1]])
+C.DEFAULT_LOCAL_TMP  # the run's local temp dir, made by the parent before it forks workers, as ansible-playbook does
+for worker in range(2):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        compiled, real = [], builtins.compile
+        def counting(*args, **kwargs):
+            name = str(kwargs.get("filename") or (args[1] if len(args) > 1 else ""))
+            if "/microvm/sandbox/" in name:
+                compiled.append(name.rsplit("/", 1)[-1])
+            return real(*args, **kwargs)
+        builtins.compile = counting
+        plugin = connection_loader.get("microvm.sandbox.agent", class_only=True)
+        from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_client
+        os.write(w, json.dumps({"compiled": compiled, "transport": plugin.transport,
+                                "file": mux_client.__file__}).encode())
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    print(os.read(r, 65536).decode())
+'''
+
+
+def test_a8_collection_code_compiled_once_per_run(tmp_path):
+    """The first worker of a run compiles this collection's modules; the next one loads them compiled."""
+    env = dict(os.environ, ANSIBLE_LOCAL_TEMP=str(tmp_path), PYTHONPATH=os.pathsep.join([COLLECTIONS, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", WORKERS, COLLECTIONS], env=env, capture_output=True, text=True, timeout=120,
+                         check=True).stdout.splitlines()
+    first, second = json.loads(out[0]), json.loads(out[1])
+    assert {"mux_client.py", "mux_protocol.py", "profile.py"} <= set(first["compiled"]), first
+    # left: the plugin itself (core loads it before it can install anything) and what installs the cache
+    assert set(second["compiled"]) <= {"agent.py", "__init__.py", "core_compat.py"}, second
+    assert second["transport"] == first["transport"] == "microvm.sandbox.agent"
+    assert second["file"] == first["file"] and second["file"].startswith(COLLECTIONS)
