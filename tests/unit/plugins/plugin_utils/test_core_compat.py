@@ -56,6 +56,9 @@ class Connection(Local):
 
     def _home_alias(self, path):
         self._record(op="expand_user", path=path)
+        if os.environ.get("RECORD_HOME_ALIAS") and path.startswith("~") and path != "~" and not path.startswith("~/"):
+            _user, sep, rest = path[1:].partition("/")
+            return "~" + sep + rest  # '~<user>/x' as '~/x', as the agent connection's one home per user does
         return path
 
     def _record(self, **entry):
@@ -209,8 +212,9 @@ def test_a5_shell_hooks_are_called_by_core(recorded):
 
 
 def test_a5_home_paths_are_expanded_through_the_shell_instance(tmp_path):
-    """Core expands a task's `~` path with the shell instance's expand_user (the connection's one home per user
-    rewrites `~<user>` there): a copy to `~/x` asks the hook, and lands in the HOME the command saw."""
+    """Core expands a task's `~` path with the shell instance's expand_user, as `~<remote user>`: the hook sees it,
+    and what it returns decides where the file lands (the agent connection's one home per user rewrites
+    `~<user>` to `~`, the HOME its commands run with)."""
     (tmp_path / "connection_plugins").mkdir()
     (tmp_path / "connection_plugins" / "recorder.py").write_text(RECORDER)
     (tmp_path / "home").mkdir()
@@ -222,14 +226,14 @@ def test_a5_home_paths_are_expanded_through_the_shell_instance(tmp_path):
 """)
     log = tmp_path / "record.jsonl"
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS, ANSIBLE_PIPELINING="1", ANSIBLE_NOCOLOR="1",
-               HOME=str(tmp_path / "home"), RECORD_LOG=str(log), RECORD_REMOTE_TMP=str(tmp_path / "remote"),
+               HOME=str(tmp_path / "home"), RECORD_HOME_ALIAS="1", RECORD_LOG=str(log), RECORD_REMOTE_TMP=str(tmp_path / "remote"),
                RECORD_TMPDIR=str(tmp_path), PYTHONPATH=os.pathsep.join([COLLECTIONS, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "box,", "-c",
                            "recorder", "-e", "ansible_python_interpreter=%s" % sys.executable, "playbook.yml"],
                           cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     asked = [json.loads(line)["path"] for line in log.read_text().splitlines() if '"expand_user"' in line]
-    assert any(p.startswith("~") for p in asked), asked
+    assert any(p.startswith("~") and p != "~" for p in asked), asked
     assert (tmp_path / "home" / "x.txt").read_text() == "home\n"
 
 
