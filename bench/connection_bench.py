@@ -61,7 +61,6 @@ def children_cpu():
     return usage.ru_utime + usage.ru_stime
 
 
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--repeat", type=int, default=3)

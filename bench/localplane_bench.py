@@ -333,8 +333,8 @@ def main():
             shutil.rmtree(state, ignore_errors=True)
         out = args.out.replace("localplane.json", "localplane-keep-warm.json")
         benchlib.save_json(out, results)
-        print("local control plane: keep_warm (%d cpus, load %.1f at start)" % (os.cpu_count(),
-                                                                               results["machine"]["load_at_start"]))
+        print("local control plane: keep_warm (%d cpus, load %.1f at start)"
+              % (os.cpu_count(), results["machine"]["load_at_start"]))
         benchlib.print_rows(keep_warm_rows(results["keep_warm"]), indent="  ")
         print("wrote", out)
         return 0

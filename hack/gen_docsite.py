@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The collection's guides as antsibull-docs extra docs: docs/docsite/rst/*.rst and extra-docs.yml.
 
 The guides are written once, in Markdown (docs/*.md, which Galaxy renders); docs.ansible.com and
@@ -62,7 +61,7 @@ def index() -> str:
              "sections:"]
     for title, guides in SECTIONS:
         lines += ["  - title: %s" % title, "    toctree:"]
-        lines += ["      - %s" % stem for stem, _ in guides]
+        lines += ["      - %s" % stem for stem, _source in guides]
     return "\n".join(lines) + "\n"
 
 

@@ -136,7 +136,7 @@ class Checkpoints:
             cp = self._ready_checkpoint(sid, from_id)
         else:
             cp = await self.create(session, {"label": contract.IMPLICIT_FORK_LABEL},
-                                  kind=contract.CHECKPOINT_KIND_IMPLICIT)
+                                   kind=contract.CHECKPOINT_KIND_IMPLICIT)
             if cp["status"] != contract.CHECKPOINT_READY:
                 raise ApiFailure(500, "fork of session %s failed, no session was created: the implicit checkpoint "
                                       "failed: %s" % (sid, cp["error_message"]))

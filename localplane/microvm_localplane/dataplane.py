@@ -273,4 +273,3 @@ class DataPlane:
             raise ApiFailure(409, "session %s cannot accept interactive stdin" % rec["session_id"])
         state.write(offset, payload, eof)
         return web.json_response({"exec_id": exec_id, "offset": state.offset, "eof": state.eof})
-

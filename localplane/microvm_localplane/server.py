@@ -329,7 +329,6 @@ class Routes:
                 return web.json_response({"build": self.plane.templates.build_view(rec, build)})
         raise ApiFailure(404, "build %r of template %s not found" % (bid, rec["template_id"]))
 
-
     # Environment Configs (How to Use Environment Configs; pydo create_config; doctl harness-runtime config)
     def config(self, request):
         return self.plane.configs.get(check_id(request.match_info["cfg"], "config"))

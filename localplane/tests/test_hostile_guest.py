@@ -129,7 +129,6 @@ def test_socket_families_are_filtered_on_every_syscall_path(stub):
             assert got[family][:2] == ["ok", "ok"], (family, got[family])
 
 
-
 # ------------------------------------------------------------------ the agent's paths, raced by the unprivileged user
 
 SWAPPER = r"""

@@ -40,7 +40,7 @@ class FakeGuests:
 
 
 async def settle(pool, rounds=20):
-    for _ in range(rounds):
+    for _round in range(rounds):
         await pool._refill()
         await asyncio.sleep(0)
 

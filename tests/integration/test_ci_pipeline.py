@@ -163,7 +163,7 @@ def test_cleanup_callback_on_ctrl_c_or_a_cancelled_job(ci_plane, tmp_path, wheel
             time.sleep(0.2)
         assert marker.exists() and ci_plane.client().find_session(run) is not None
         proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=120)
+        out, _err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()

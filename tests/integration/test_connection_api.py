@@ -9,7 +9,7 @@ import contextlib
 import os
 
 import pytest
-from test_connection import (  # noqa: F401  (collected again here, with this module's `env`)
+from test_connection import (  # noqa: F401  (collected again here, with this module's `env`)  # pylint: disable=unused-import
     inventory,
     test_100mib_binary_both_ways,
     test_battery_pipelining_on_and_off,

@@ -63,7 +63,7 @@ def run_sampled(playbook, inventory, env, workdir):
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    out, _ = proc.communicate(timeout=600)
+    out, _err = proc.communicate(timeout=600)
     done.set()
     sampler.join()
     return proc.returncode, out.decode(errors="replace"), peak[0]

@@ -162,7 +162,6 @@ def test_guest_program_fits_one_argument():
     assert len(guest_program().encode()) < 128 * 1024 - 4096
 
 
-
 # The guest's unprivileged user swaps a directory and a link to /etc/decoy with renameat2(RENAME_EXCHANGE), as fast
 # as it can, until the stop file appears (or ten minutes pass).
 RACER = r"""

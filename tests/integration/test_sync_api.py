@@ -6,7 +6,7 @@ stdin and stdout, so on this road it needs the team's interactive stdin; without
 """
 
 import pytest
-from test_sync import (  # noqa: F401  (collected again here, with this module's `box`)
+from test_sync import (  # noqa: F401  (collected again here, with this module's `box`)  # pylint: disable=unused-import
     sync,
     test_destination_outside_the_workspace_is_staged,
     test_links_never_followed_out_of_either_tree,

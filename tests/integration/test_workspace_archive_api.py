@@ -5,7 +5,7 @@ test_connection_api.py for why a subset): the archive goes in through the docume
 is_archive, so the guest's checks refuse what they refuse on the agent road.
 """
 import pytest
-from test_workspace_restore import (  # noqa: F401  (fixtures and tests collected again here)
+from test_workspace_restore import (  # noqa: F401  (fixtures and tests collected again here)  # pylint: disable=unused-import
     ACCESS_KEY,
     SECRET_KEY,
     new_session_name,

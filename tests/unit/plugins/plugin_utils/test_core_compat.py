@@ -274,8 +274,8 @@ def test_a7_tmp_dir_commands_are_recognised(recorded, tmp_path):
     runner = LocalRunner(tmp_path)
     try:
         for rid, (entry, op) in enumerate(zip(non_module, ops), 1):
-            script = core_compat.core_script(entry["argv"]).replace(recorded["dirs"]["remote_tmp"],
-                                                                   str(shell_root / "ansible-tmp"))
+            script = core_compat.core_script(entry["argv"]).replace(
+                recorded["dirs"]["remote_tmp"], str(shell_root / "ansible-tmp"))
             cold = subprocess.run(["/bin/sh", "-c", "umask 022; " + script], capture_output=True, text=True, check=False)
             warm_op = moved(op, runner_root)
             done = runner.tmp(rid, warm_op)
@@ -318,8 +318,8 @@ def test_a7_runner_refuses_what_it_cannot_do_exactly(tmp_path):
         assert runner.tmp(1, {"op": "mkdtemp", "base": str(tmp_path), "name": task, "mode": 0o700})[0] == "refused"
         assert runner.tmp(2, {"op": "mkdtemp", "base": str(tmp_path / "file"), "name": task, "mode": 0o700})[0] == "refused"
         # chmod of a missing path changes nothing
-        assert runner.tmp(3, {"op": "chmod", "mode": "u+rwx", "paths": [str(tmp_path / "file"),
-                                                                    str(tmp_path / "missing")]})[0] == "refused"
+        paths = [str(tmp_path / "file"), str(tmp_path / "missing")]
+        assert runner.tmp(3, {"op": "chmod", "mode": "u+rwx", "paths": paths})[0] == "refused"
         assert oct(os.stat(str(tmp_path / "file")).st_mode & 0o777) == oct(0o644)
         # rm of a symlinked task dir, or of a dir that is not a task dir, is left to rm
         os.symlink(str(tmp_path / task), str(tmp_path / "ansible-tmp-2.5-77-88"))

@@ -12,7 +12,7 @@ class GoneAgent(object):
     def iter_exec(self, call, feed):
         raise CommandLost("lost the command on session ci-1: Socket closed (UNAVAILABLE); it may have partly run "
                           "and is not re-run")
-        yield  # a generator, as the real one
+        yield  # a generator, as the real one  # pylint: disable=unreachable
 
 
 def ended(caplog, pending):
@@ -29,8 +29,8 @@ def ended(caplog, pending):
 
 
 def test_idle_runner_ending_is_no_warning_and_names_no_lost_command(caplog):
-    records, _ = ended(caplog, pending=False)
-    assert [level for level, _ in records] == [logging.INFO]
+    records, _events = ended(caplog, pending=False)
+    assert [level for level, _msg in records] == [logging.INFO]
     assert "lost" not in records[0][1] and "partly run" not in records[0][1]
     assert "ended while no module ran in it" in records[0][1]
 
