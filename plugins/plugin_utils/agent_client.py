@@ -63,6 +63,19 @@ def _current_umask():
     return 0o022
 
 
+def collect_exec(events):
+    """The exit of one command's (kind, data) events, with its stdout and stderr joined on it (both roads)."""
+    out, err = [], []
+    for kind, data in events:
+        if kind == "stdout":
+            out.append(data)
+        elif kind == "stderr":
+            err.append(data)
+        else:
+            data.stdout, data.stderr = b"".join(out), b"".join(err)
+            return data
+    raise AssertionError("unreachable")  # an exec's events end with its exit, or raise
+
 class prefetch_chunks:
     """Iterate a file in chunks read and hashed by a helper thread, a few chunks ahead.
 
@@ -340,17 +353,7 @@ class AgentClient:
         """Run a command to completion, collecting stdout and stderr apart."""
         call, feed = self.exec_stream(argv, env=env, workdir=workdir, timeout=timeout, stdin=stdin or b"",
                                       deadline=deadline)
-        out, err = [], []
-        for kind, data in self.iter_exec(call, feed):
-            if kind == "stdout":
-                out.append(data)
-            elif kind == "stderr":
-                err.append(data)
-            else:
-                data.stdout = b"".join(out)
-                data.stderr = b"".join(err)
-                return data
-        raise AssertionError("unreachable")  # iter_exec returns only after an exit or raises
+        return collect_exec(self.iter_exec(call, feed))
 
     # -- Upload ----------------------------------------------------------------
     def upload(self, local_path, remote_path, mode=0, chunk_size=CHUNK_SIZE, is_archive=False):

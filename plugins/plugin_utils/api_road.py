@@ -353,16 +353,7 @@ class ApiRoadClient:
     def exec(self, argv, env=None, workdir="", timeout=0, stdin=b"", deadline=None):
         """Run a command to completion, collecting stdout and stderr apart (the mux's own helpers)."""
         call, feed = self.exec_stream(argv, env=env, workdir=workdir, timeout=timeout, stdin=stdin or b"")
-        out, err = [], []
-        for kind, data in self.iter_exec(call, feed):
-            if kind == "stdout":
-                out.append(data)
-            elif kind == "stderr":
-                err.append(data)
-            else:
-                data.stdout, data.stderr = b"".join(out), b"".join(err)
-                return data
-        raise AssertionError("unreachable")  # iter_exec returns only after an exit or raises
+        return ac.collect_exec(self.iter_exec(call, feed))
 
     # -- files ------------------------------------------------------------------------------
     def _transfer_error(self, e: HttpFailure, path: str, verb: str) -> ac.AgentError:
