@@ -76,6 +76,7 @@ def collect_exec(events):
             return data
     raise AssertionError("unreachable")  # an exec's events end with its exit, or raise
 
+
 class prefetch_chunks:
     """Iterate a file in chunks read and hashed by a helper thread, a few chunks ahead.
 
