@@ -129,12 +129,12 @@ def confine(walk, path, follow_last=True):
         if not resolved.within(WORKSPACE_NAMES):
             raise Outside(path)
         check_lengths(resolved.logical, walk.name_max)  # what the links lead to must be addressable too
-    except Outside:
-        raise outside(path)
+    except Outside as e:
+        raise outside(path) from e
     except TooLong as e:
-        raise invalid('%s ("%s" is refused, nothing was created)' % (e, path[:200]))
+        raise invalid('%s ("%s" is refused, nothing was created)' % (e, path[:200])) from e
     except OSError as e:
-        raise oserror_refusal(e, path)
+        raise oserror_refusal(e, path) from e
     return resolved
 
 
@@ -424,7 +424,7 @@ class AgentService(pb2_grpc.SandboxAgentServiceServicer):
             tmp = ".%s.upload-%s" % (name[:100], os.urandom(6).hex())
             fd = open_beneath(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, parent, 0o600)
         except OSError as e:
-            raise oserror_refusal(e, header.path)
+            raise oserror_refusal(e, header.path) from e
         try:
             with os.fdopen(fd, "wb") as out:
                 size = self._receive(request_iterator, out)
@@ -437,7 +437,7 @@ class AgentService(pb2_grpc.SandboxAgentServiceServicer):
             return size
         except OSError as e:
             self._remove(tmp, parent)
-            raise oserror_refusal(e, header.path)
+            raise oserror_refusal(e, header.path) from e
         except BaseException:
             self._remove(tmp, parent)
             raise
@@ -454,7 +454,7 @@ class AgentService(pb2_grpc.SandboxAgentServiceServicer):
             fd = open_beneath(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, spool_dir, 0o600)
             os.unlink(tmp, dir_fd=spool_dir)
         except OSError as e:
-            raise oserror_refusal(e, given)
+            raise oserror_refusal(e, given) from e
         try:
             with os.fdopen(fd, "w+b") as spool:
                 size = self._receive(request_iterator, spool)
@@ -462,7 +462,7 @@ class AgentService(pb2_grpc.SandboxAgentServiceServicer):
                 extract_archive(spool, target, given, walk)
             return size
         except OSError as e:
-            raise oserror_refusal(e, given)
+            raise oserror_refusal(e, given) from e
 
     @staticmethod
     def _remove(name, dir_fd):
@@ -489,7 +489,7 @@ class AgentService(pb2_grpc.SandboxAgentServiceServicer):
                 try:
                     dir_fd = walk.open_readable_dir(target)
                 except OSError as e:
-                    raise oserror_refusal(e, request.path)
+                    raise oserror_refusal(e, request.path) from e
                 yield pb2.DownloadChunk(header=pb2.DownloadHeader(size_bytes=-1, is_archive=True))
                 source = rechunk(tar_stream(dir_fd), chunk_size)
             else:
@@ -501,7 +501,7 @@ class AgentService(pb2_grpc.SandboxAgentServiceServicer):
                     fd = open_beneath(target.final.name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC,
                                       walk.parent_fd_existing(target))
                 except OSError as e:
-                    raise oserror_refusal(e, request.path)
+                    raise oserror_refusal(e, request.path) from e
                 f = os.fdopen(fd, "rb")
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
@@ -548,15 +548,15 @@ def extract_archive(fileobj, target, given, walk, run_dir=RUN_DIR):
     try:
         tar = tarfile.open(fileobj=fileobj, mode="r:*")
     except tarfile.TarError as e:
-        raise invalid("not a tar archive: %s" % e)
+        raise invalid("not a tar archive: %s" % e) from e
     with tar:
         try:
             members = agentarchive.plan(tar, target, given, agentarchive.load_limits(run_dir), walk)
             agentarchive.extract(tar, members, target, given, walk)
         except agentarchive.ArchiveRefused as e:
-            raise Refusal(ARCHIVE_STATUS[e.kind], e.message)
+            raise Refusal(ARCHIVE_STATUS[e.kind], e.message) from e
         except tarfile.TarError as e:
-            raise invalid("cannot extract archive: %s" % e)
+            raise invalid("cannot extract archive: %s" % e) from e
 
 
 # ---------------------------------------------------------------- server

@@ -192,7 +192,7 @@ def plan(tar, target, given, limits, walk):
         for m in tar:
             planner.add(m)
     except (tarfile.TarError, EOFError) as e:
-        raise ArchiveRefused("invalid", "corrupt tar archive: %s" % e)
+        raise ArchiveRefused("invalid", "corrupt tar archive: %s" % e) from e
     return planner.finish()
 
 

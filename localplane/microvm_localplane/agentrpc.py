@@ -111,8 +111,8 @@ def parse_exec(doc):
             raise ApiFailure(400, "stdin must be base64 text")
         try:
             data = base64.b64decode(stdin, validate=True)
-        except (binascii.Error, ValueError):
-            raise ApiFailure(400, "stdin is not valid base64")
+        except (binascii.Error, ValueError) as e:
+            raise ApiFailure(400, "stdin is not valid base64") from e
     return argv, workdir, timeout, data
 
 
@@ -137,7 +137,7 @@ async def rest_exec(guest, doc):
                 elif kind == "exit":
                     exit_frame = frame.exit
         except grpc.aio.AioRpcError as e:
-            raise rpc_failure(e, "exec")
+            raise rpc_failure(e, "exec") from e
     if exit_frame is None:
         raise ApiFailure(502, "exec: the command was lost (the agent's stream ended without an exit status)")
     return {"exit_code": exit_frame.exit_code, "stdout": out.decode("utf-8", "replace"),
@@ -199,11 +199,11 @@ async def upload(guest, request):
             resp = await stub.Upload(requests(), timeout=3600)
         except grpc.aio.AioRpcError as e:
             if state["too_big"]:
-                raise ApiFailure(413, "upload is larger than %d bytes" % contract.MAX_UPLOAD_BYTES)
+                raise ApiFailure(413, "upload is larger than %d bytes" % contract.MAX_UPLOAD_BYTES) from e
             if expected and expected != digest.hexdigest():
                 raise ApiFailure(400, "X-Content-Sha256 %s does not match the body (sha256 %s); nothing was written"
-                                 % (expected, digest.hexdigest()))
-            raise rpc_failure(e, "upload")
+                                 % (expected, digest.hexdigest())) from e
+            raise rpc_failure(e, "upload") from e
     if expected and expected != digest.hexdigest():
         raise ApiFailure(400, "X-Content-Sha256 %s does not match the body (sha256 %s)" % (expected, digest.hexdigest()))
     return {"path": resp.path, "bytes_written": resp.bytes_written}
@@ -223,12 +223,12 @@ async def download(guest, request, start_response):
         frames = call.__aiter__()
         try:
             first = await frames.__anext__()
-        except StopAsyncIteration:
-            raise ApiFailure(502, "download: the agent sent nothing")
+        except StopAsyncIteration as e:
+            raise ApiFailure(502, "download: the agent sent nothing") from e
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.INTERNAL and "404" in (e.details() or ""):
-                raise ApiFailure(404, "download failed: %s" % e.details())
-            raise rpc_failure(e, "download")
+                raise ApiFailure(404, "download failed: %s" % e.details()) from e
+            raise rpc_failure(e, "download") from e
         if first.WhichOneof("output") == "header" and first.header.size_bytes > contract.MAX_DOWNLOAD_BYTES:
             call.cancel()
             raise ApiFailure(413, "%s is %d bytes; the REST download streams at most %d bytes "

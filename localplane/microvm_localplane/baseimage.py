@@ -93,8 +93,8 @@ def ensure(state_dir, log=lambda msg: None):
         with open(build_log_path(state_dir), "wb") as out:
             try:
                 proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT, check=False)
-            except subprocess.TimeoutExpired:
-                raise BaseImageError("debootstrap took more than %d s; see %s" % (BUILD_TIMEOUT, out.name))
+            except subprocess.TimeoutExpired as e:
+                raise BaseImageError("debootstrap took more than %d s; see %s" % (BUILD_TIMEOUT, out.name)) from e
         if proc.returncode != 0:
             raise BaseImageError("debootstrap failed (exit %d); see %s"
                                  % (proc.returncode, build_log_path(state_dir)))
@@ -144,7 +144,7 @@ def main(argv=None):
     try:
         print(ensure(args.state_dir, log=print))
     except BaseImageError as e:
-        raise SystemExit("base template: %s" % e)
+        raise SystemExit("base template: %s" % e) from e
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ class Checkpoints:
             except Exception as e:
                 log.warning("rollback of %s failed: %s", sid, e)
                 self.sessions.fail(session, "rollback failed: %s" % e)
-                raise ApiFailure(500, "rollback of session %s to checkpoint %s failed: %s" % (sid, cp["checkpoint_id"], e))
+                raise ApiFailure(500, "rollback of session %s to checkpoint %s failed: %s" % (sid, cp["checkpoint_id"], e)) from e
             self.sessions.activity.touch(sid)
             self.sessions.set_status(session, contract.READY, sandbox_id=sandbox_id)
             return session

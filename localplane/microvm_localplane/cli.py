@@ -65,8 +65,8 @@ def parse_listen(text):
         raise SystemExit("--listen %s: the local control plane only listens on loopback (127.0.0.1 or ::1)" % text)
     try:
         return host, int(port)
-    except ValueError:
-        raise SystemExit("--listen port must be a number, got %r" % port)
+    except ValueError as e:
+        raise SystemExit("--listen port must be a number, got %r" % port) from e
 
 
 def read_info(state_dir):
@@ -113,8 +113,8 @@ async def serve_forever(args):
     lock = open(os.path.join(state_dir, "plane.lock"), "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise SystemExit("another local control plane is already serving %s (see %s)" % (state_dir, info_path(state_dir)))
+    except BlockingIOError as e:
+        raise SystemExit("another local control plane is already serving %s (see %s)" % (state_dir, info_path(state_dir))) from e
     host, port = parse_listen(args.listen)
     token = load_or_make_token(state_dir, args.token)
     plane = Plane(state_dir, token, archive_limits=archive_limits(args), disk_reserve=args.disk_reserve,

@@ -58,8 +58,8 @@ def _ports(value) -> frozenset:
         value = [p for p in value.replace(",", " ").split() if p]
     try:
         return frozenset(int(p) for p in value or ())
-    except (TypeError, ValueError):
-        raise ValueError("closed_ports must be a list of port numbers, got %r" % (value,))
+    except (TypeError, ValueError) as e:
+        raise ValueError("closed_ports must be a list of port numbers, got %r" % (value,)) from e
 
 
 def read_settings(state_dir: str) -> Settings:
@@ -146,7 +146,7 @@ class DataPlane:
         try:
             return read_settings(self.plane.state_dir)
         except (ValueError, OSError) as e:
-            raise ApiFailure(500, "the local plane's team settings are unreadable: %s" % e)
+            raise ApiFailure(500, "the local plane's team settings are unreadable: %s" % e) from e
 
     def check_port(self, port_text: str) -> None:
         """A port the plane's settings close answers as a guest port nothing listens on (502)."""
@@ -243,7 +243,7 @@ class DataPlane:
         try:
             doc = json.loads(raw.decode("utf-8") or "{}")
         except (UnicodeDecodeError, ValueError) as e:
-            raise ApiFailure(400, "stdin write body is not JSON: %s" % e)
+            raise ApiFailure(400, "stdin write body is not JSON: %s" % e) from e
         if not isinstance(doc, dict):
             raise ApiFailure(400, "stdin write body must be a JSON object with offset, data and eof")
         unknown = sorted(set(doc) - STDIN_KEYS)
@@ -262,8 +262,8 @@ class DataPlane:
                 raise ApiFailure(400, "data must be base64 text")
             try:
                 payload = base64.b64decode(data, validate=True)
-            except (binascii.Error, ValueError):
-                raise ApiFailure(400, "data is not valid base64")
+            except (binascii.Error, ValueError) as e:
+                raise ApiFailure(400, "data is not valid base64") from e
         if len(payload) > STDIN_WRITE_MAX:
             raise ApiFailure(413, "a stdin write is at most %d bytes, this one has %d" % (STDIN_WRITE_MAX, len(payload)))
         state = self.execs.get(exec_id)

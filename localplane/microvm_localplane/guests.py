@@ -153,7 +153,7 @@ class GuestManager:
         try:
             self.code = code_paths()
         except HostPathsError as e:
-            raise GuestError("guests cannot run the agent: %s" % e)
+            raise GuestError("guests cannot run the agent: %s" % e) from e
         # cgroups are machine-wide: scope them by state dir so two managers never collide.
         self._scope = hashlib.sha256(self.state_dir.encode()).hexdigest()[:12]
         self._guests = {}
@@ -236,7 +236,7 @@ class GuestManager:
             slot, ids = idmap.claim_slot(layout.root, recorded[0] if recorded else None)
             disk.ensure(self.state_dir, layout, limits_mod.for_size(size).disk, ids)
         except (idmap.IdmapError, disk.DiskError) as e:
-            raise GuestError("session %s: %s" % (layout.session_id, e))
+            raise GuestError("session %s: %s" % (layout.session_id, e)) from e
         if recorded and recorded[1] != ids:
             shift_ids(layout.workspace, recorded[1], ids)
             for layer in layout.layers():
@@ -291,7 +291,7 @@ class GuestManager:
         try:  # from read-only overlays, so the guest's mountinfo shows no host path (agentfs.py)
             binds += [(h, g, True) for h, g in self._agentfs.binds(self.code.binds(hostlib))]
         except (AgentFsError, OSError) as e:
-            raise GuestError(str(e))
+            raise GuestError(str(e)) from e
         binds += guestproc.prepare(layout.disk, limits)  # from the session's disk: mountinfo shows /proc/<name>
         config = oci.config(rootfs=layout.merged, hostname=hostname, args=args, env=proc_env, ids=ids, binds=binds,
                             limits=limits, cgroups_path=self._cgroup(layout.session_id).runc_path,
@@ -307,13 +307,13 @@ class GuestManager:
         try:
             netns.parse_egress(egress)
         except netns.EgressError as e:
-            raise GuestError(str(e))
+            raise GuestError(str(e)) from e
         await asyncio.to_thread(self._kill, layout)   # a crash may have left a container or mounts behind
         try:
             _limits, ids = await asyncio.to_thread(self._prepare, layout, rootfs, env, hostname, size)
         except (RootfsError, OSError, idmap.IdmapError, baseimage.BaseImageError, disk.DiskError) as e:
             await asyncio.to_thread(rootfs_mod.unmount_root, layout)
-            raise GuestError("cannot prepare guest %s: %s" % (session_id, e))
+            raise GuestError("cannot prepare guest %s: %s" % (session_id, e)) from e
         try:
             async with self._starting:
                 init_pid = await asyncio.to_thread(self._start, layout, session_id, ids)
@@ -339,12 +339,12 @@ class GuestManager:
         try:
             bridge = listen_bridge(layout)
         except OSError as e:
-            raise GuestError("cannot prepare guest: %s" % e)
+            raise GuestError("cannot prepare guest: %s" % e) from e
         try:
             console = _open_console(layout, ids)
         except OSError as e:
             bridge.close()
-            raise GuestError("cannot prepare guest: its console: %s" % e)
+            raise GuestError("cannot prepare guest: its console: %s" % e) from e
         null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
         try:
             argv = [shutil.which(RUNC, path=LAUNCH_PATH), "--root", self.runc_root, "run", "--detach",
@@ -363,8 +363,8 @@ class GuestManager:
         try:
             with open(layout.pid_file) as f:
                 return int(f.read().strip())
-        except (OSError, ValueError):
-            raise GuestError("guest did not start (no pid): %s" % _log_tail(layout))
+        except (OSError, ValueError) as e:
+            raise GuestError("guest did not start (no pid): %s" % _log_tail(layout)) from e
 
     async def _setup_network(self, layout, init_pid, egress):
         """eth0 and the egress policy; a guest whose network fails keeps loopback only (never more open)."""
@@ -387,9 +387,9 @@ class GuestManager:
                 sock = await dial_bridge(layout.host, AGENT_PORT, timeout=portdial.DIAL_TIMEOUT)
                 sock.close()
                 return
-            except DialError:
+            except DialError as e:
                 if time.monotonic() > deadline:
-                    raise GuestError("guest agent did not answer within %.0f s: %s" % (BOOT_TIMEOUT, _log_tail(layout)))
+                    raise GuestError("guest agent did not answer within %.0f s: %s" % (BOOT_TIMEOUT, _log_tail(layout))) from e
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 0.01)
 

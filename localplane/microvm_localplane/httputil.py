@@ -107,7 +107,7 @@ def load_yaml(text: str, what: str):
             _expanded_nodes(node, contract.MAX_YAML_NODES)
         except _TooManyNodes as e:
             raise ApiFailure(400, "%s body refused: %s (the limit is %d nodes; write the values out instead of "
-                                  "using YAML anchors and aliases)" % (what, e, contract.MAX_YAML_NODES))
+                                  "using YAML anchors and aliases)" % (what, e, contract.MAX_YAML_NODES)) from e
         return loader.construct_document(node)
     finally:
         loader.dispose()
@@ -123,24 +123,24 @@ def parse_body(raw, ctype, what):
         return {}
     try:
         text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ApiFailure(400, "%s body is not UTF-8 text" % what)
+    except UnicodeDecodeError as e:
+        raise ApiFailure(400, "%s body is not UTF-8 text" % what) from e
     if ctype == contract.JSON_TYPE:
         try:
             doc = json.loads(text, parse_constant=_refuse_constant)
-        except RecursionError:
-            raise ApiFailure(400, "malformed %s body: nested too deeply" % what)
+        except RecursionError as e:
+            raise ApiFailure(400, "malformed %s body: nested too deeply" % what) from e
         except ValueError as e:
-            raise ApiFailure(400, "malformed %s body (JSON): %s" % (what, e))
+            raise ApiFailure(400, "malformed %s body (JSON): %s" % (what, e)) from e
     else:
         try:
             doc = load_yaml(text, what)
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = " at line %d column %d" % (mark.line + 1, mark.column + 1) if mark else ""
-            raise ApiFailure(400, "malformed %s body%s: %s" % (what, where, getattr(e, "problem", None) or e))
+            raise ApiFailure(400, "malformed %s body%s: %s" % (what, where, getattr(e, "problem", None) or e)) from e
         except (RecursionError, ValueError, OverflowError) as e:
-            raise ApiFailure(400, "malformed %s body: %s" % (what, type(e).__name__))
+            raise ApiFailure(400, "malformed %s body: %s" % (what, type(e).__name__)) from e
     if doc is None:
         return {}
     if not isinstance(doc, dict):
@@ -217,8 +217,8 @@ def page_size(request):
         return contract.DEFAULT_PAGE_SIZE
     try:
         n = int(raw)
-    except ValueError:
-        raise ApiFailure(400, "page_size must be a positive integer, got %r" % raw)
+    except ValueError as e:
+        raise ApiFailure(400, "page_size must be a positive integer, got %r" % raw) from e
     if n < 0:
         raise ApiFailure(400, "page_size must be a positive integer, got %r" % raw)
     if n == 0:
@@ -242,8 +242,8 @@ def decode_page_token(token, scope):
         if data["s"] != scope or not isinstance(offset, int) or offset < 0:
             raise ValueError
         return offset
-    except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError):
-        raise ApiFailure(400, "invalid page_token %r: pass back the next_page_token of the previous page" % token[:100])
+    except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError) as e:
+        raise ApiFailure(400, "invalid page_token %r: pass back the next_page_token of the previous page" % token[:100]) from e
 
 
 def paginate(request, items, key, scope):

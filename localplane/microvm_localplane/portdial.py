@@ -68,24 +68,24 @@ async def dial_bridge(host_dir, port, timeout=DIAL_TIMEOUT):
     loop = asyncio.get_running_loop()
     try:
         dir_fd = os.open(host_dir, os.O_PATH | os.O_DIRECTORY)
-    except OSError:
-        raise DialError("guest is not running")
+    except OSError as e:
+        raise DialError("guest is not running") from e
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
     try:
         try:
             await loop.sock_connect(sock, _short_path(dir_fd, BRIDGE_NAME))
-        except (FileNotFoundError, ConnectionRefusedError):
-            raise DialError("guest is not running")
+        except (FileNotFoundError, ConnectionRefusedError) as e:
+            raise DialError("guest is not running") from e
         finally:
             os.close(dir_fd)
         try:
             await loop.sock_sendall(sock, b"port %d\n" % port)
             msg, fds = await asyncio.wait_for(_recv_fd(loop, sock), timeout)
-        except asyncio.TimeoutError:
-            raise DialError("guest did not answer within %.0f s (paused or overloaded)" % timeout)
+        except asyncio.TimeoutError as e:
+            raise DialError("guest did not answer within %.0f s (paused or overloaded)" % timeout) from e
         except OSError as e:
-            raise DialError("guest bridge failed: %s" % e)
+            raise DialError("guest bridge failed: %s" % e) from e
     finally:
         sock.close()
     if msg.startswith(b"OK") and fds:

@@ -20,9 +20,9 @@ READ_CHUNK = 1024 * 1024
 def parse_port(text):
     try:
         port = int(text)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError) as e:
         raise ApiFailure(400, "port %r is not a number: use a guest port between %d and %d" % (
-            text, contract.MIN_FORWARD_PORT, contract.MAX_FORWARD_PORT))
+            text, contract.MIN_FORWARD_PORT, contract.MAX_FORWARD_PORT)) from e
     if not contract.MIN_FORWARD_PORT <= port <= contract.MAX_FORWARD_PORT or str(port) != text:
         raise ApiFailure(400, "port %s is out of range: use a guest port between %d and %d" % (
             text, contract.MIN_FORWARD_PORT, contract.MAX_FORWARD_PORT))
@@ -34,9 +34,9 @@ async def dial(guest, port):
     try:
         return await guest.dial(port)
     except DialError as e:
-        raise ApiFailure(502, "could not reach guest port %d: %s" % (port, e))
+        raise ApiFailure(502, "could not reach guest port %d: %s" % (port, e)) from e
     except OSError as e:
-        raise ApiFailure(502, "could not reach guest port %d: %s" % (port, e))
+        raise ApiFailure(502, "could not reach guest port %d: %s" % (port, e)) from e
 
 
 class Connection:

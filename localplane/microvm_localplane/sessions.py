@@ -182,7 +182,7 @@ class Sessions:
         try:
             self.guests.admit([size_slug] * count)
         except DiskCapacityError as e:
-            raise ApiFailure(409, str(e))
+            raise ApiFailure(409, str(e)) from e
 
     def create(self, spec, resume_on_topoff=False):
         """A session from a flat spec; a YAML create persists an Environment Config first (harness-create-session)."""

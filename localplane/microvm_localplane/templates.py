@@ -183,7 +183,7 @@ class Templates:
         try:
             parse_oci_ref(ref)
         except ValueError as e:
-            raise ApiFailure(400, str(e))
+            raise ApiFailure(400, str(e)) from e
         now = now_rfc3339()
         rec = {"template_id": str(uuid.uuid4()), "name": name, "base_template": base, "source_oci_ref": ref,
                "image": {"registry": "", "repository": "", "tag": "", "digest": ""},
@@ -198,7 +198,7 @@ class Templates:
             try:
                 parse_oci_ref(doc["source_oci_ref"])
             except ValueError as e:
-                raise ApiFailure(400, str(e))
+                raise ApiFailure(400, str(e)) from e
             rec["source_oci_ref"] = doc["source_oci_ref"]
         if doc.get("base_template") is not None:
             rec["base_template"] = self._check_base(doc["base_template"])

@@ -157,7 +157,7 @@ class ActionModule(ActionBase):
             return dict(result, failed=True, msg="sync: %s" % e)
         except mp.MuxError as e:
             if e.kind in mp.UNREACHABLE_KINDS:
-                raise AnsibleConnectionFailure("microvm.sandbox.sync: %s" % e)
+                raise AnsibleConnectionFailure("microvm.sandbox.sync: %s" % e) from e
             return dict(result, failed=True, msg="sync: %s" % e)
         except (OSError, mp.ProtocolError) as e:
             return dict(result, failed=True, msg="sync: %s" % e)
@@ -257,8 +257,8 @@ class ActionModule(ActionBase):
                                                       skip_unsafe_links=True), keep_setid=args["preserve_setid"])
                     try:
                         planner.run(local, reader.entries())
-                    except st.SyncError:
-                        raise self._guest_failed(stream, reader, "could not read %s in the sandbox" % dest)
+                    except st.SyncError as e:
+                        raise self._guest_failed(stream, reader, "could not read %s in the sandbox" % dest) from e
             finally:
                 writer.close()
             outcome = self._outcome(planner, args, src, dest)
@@ -273,7 +273,7 @@ class ActionModule(ActionBase):
                 try:
                     self._connection.put_archive(tar_path, stage)
                 except AnsibleError as e:
-                    raise SyncFailed("the sandbox refused or failed to extract the changes into %s: %s" % (stage, e))
+                    raise SyncFailed("the sandbox refused or failed to extract the changes into %s: %s" % (stage, e)) from e
                 stream.write(b"+\0")
                 self._timing("archive of %d members uploaded" % writer.members)
             else:
@@ -321,8 +321,8 @@ class ActionModule(ActionBase):
                 source = st.source_entries(reader.entries(), keep_setid=args["preserve_setid"], private_root=True)
                 try:
                     planner.run(source, local)
-                except st.SyncError:
-                    raise self._guest_failed(stream, reader, "could not read %s in the sandbox" % src)
+                except st.SyncError as e:
+                    raise self._guest_failed(stream, reader, "could not read %s in the sandbox" % src) from e
             outcome = self._outcome(planner, args, src, dest)
             self._timing("compared")
             if self._task.check_mode or not planner.changed or not counter["wanted"]:
@@ -343,7 +343,7 @@ class ActionModule(ActionBase):
             try:
                 self._connection.fetch_file(stage, local_tar)  # the path this run chose, never one the guest names
             except AnsibleError as e:
-                raise SyncFailed("could not download the changes of %s: %s" % (src, e))
+                raise SyncFailed("could not download the changes of %s: %s" % (src, e)) from e
             stream.close_stdin()
             reader.finish()
             self._timing("archive of %s members downloaded" % made.get("members"))

@@ -537,7 +537,7 @@ class Connection(ConnectionBase):
         try:
             self._check_paths()
         except profile.TransferPathError as e:
-            raise AnsibleError("microvm.sandbox.agent: %s" % e)
+            raise AnsibleError("microvm.sandbox.agent: %s" % e) from e
         cfg = self._session_config(session)
         display.vvv("ESTABLISH MICROVM AGENT CONNECTION to session %s via %s%s" % (session, cfg.api_url, cfg.prefix),
                     host=session)
@@ -547,11 +547,11 @@ class Connection(ConnectionBase):
             self._mux.connect()
         except mp.MuxError as e:
             self._mux = None
-            raise mux_error(e)
+            raise mux_error(e) from e
         except OSError as e:
             self._mux = None
             raise AnsibleConnectionFailure("microvm.sandbox.agent: cannot reach the multiplexer of session %s: %s"
-                                           % (session, e))
+                                           % (session, e)) from e
         self._connected = True
         self._user = self._lookup_user()
         return self
@@ -641,11 +641,11 @@ class Connection(ConnectionBase):
         except mp.MuxError as e:
             if e.kind == mp.ERR_WARM:  # not an error: the module was not started, the caller runs it cold
                 raise
-            raise mux_error(e)
+            raise mux_error(e) from e
         except (OSError, mp.ProtocolError) as e:
             self.close()
             raise AnsibleConnectionFailure("microvm.sandbox.agent: lost the multiplexer of session %s during %s: %s"
-                                           % (self._session(), what, e))
+                                           % (self._session(), what, e)) from e
 
     # -- commands ----------------------------------------------------------------------------
     def exec_command(self, cmd, in_data=None, sudoable=True):
@@ -676,9 +676,10 @@ class Connection(ConnectionBase):
                                                   timeout=timeout, stdin=stdin, run=run, interact=interact,
                                                   interact_timeout=become_timeout)
         except InteractTimeout as e:
-            # core's local connection words it so (ssh: "Timeout (Ns) waiting for privilege escalation prompt")
+            # core's local connection words it so (ssh: "Timeout (Ns) waiting for privilege escalation prompt").
+            # from None: the message already summarises the guest's output; ansible-core would append the cause
             raise AnsibleConnectionFailure(become_error_message(
-                "Timed out (%ds, option become_timeout)" % become_timeout, e.stdout, e.stderr, prompted))
+                "Timed out (%ds, option become_timeout)" % become_timeout, e.stdout, e.stderr, prompted)) from None
         if info.get("timed_out"):
             limit = ("%ds (option command_timeout)" % timeout if timeout else
                      "the platform's exec limit of 240 s (transport api; use transport agent or async for longer work)")

@@ -185,14 +185,15 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             # The platform hides DESTROYED and FAILED sessions unless asked for them (the `gone` group).
             return client.list_sessions(status=profile.list_status_filter(statuses), search=self.get_option("search"))
         except ApiError as e:
-            raise AnsibleError("microvm.sandbox.sessions: %s" % describe_error(e, client)[0])
+            # from None: describe_error words the server's answer; ansible-core would append the raw ApiError again
+            raise AnsibleError("microvm.sandbox.sessions: %s" % describe_error(e, client)[0]) from None
 
     def _select(self, sessions):
         try:
             statuses = expand_statuses(self.get_option("statuses"))
             regex = re.compile(self.get_option("name_regex")) if self.get_option("name_regex") else None
         except (ValueError, re.error) as e:
-            raise AnsibleError("microvm.sandbox.sessions: bad filter: %s" % e)
+            raise AnsibleError("microvm.sandbox.sessions: bad filter: %s" % e) from e
         return select_sessions(sessions, statuses=statuses, name_prefix=self.get_option("name_prefix"),
                                name_regex=regex)
 

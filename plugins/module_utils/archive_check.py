@@ -185,7 +185,7 @@ def check_archive(path, target="/workspace", limit=20):
                     summary["files"] += 1
                     summary["size"] += member.size
     except (tarfile.TarError, EOFError, OSError) as e:
-        raise ArchiveRefused("%s is not a readable tar archive: %s" % (path, e))
+        raise ArchiveRefused("%s is not a readable tar archive: %s" % (path, e)) from e
     # A later link can change where an earlier one leads: every link once more, with all of them.
     for rel, link in symlinks.items():
         problem = link_problem(rel, link, symlinks, target)

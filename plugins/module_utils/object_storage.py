@@ -117,9 +117,9 @@ def ensure_bucket(client, bucket, create=False):
         return False
     except ClientError as e:
         if _code(e) not in MISSING_CODES + MISSING_BUCKET_CODES:
-            raise StorageError("cannot reach the bucket %s: %s" % (where(client, bucket), _explain(e)))
+            raise StorageError("cannot reach the bucket %s: %s" % (where(client, bucket), _explain(e))) from e
     except BotoCoreError as e:
-        raise StorageError("cannot reach the bucket %s: %s" % (where(client, bucket), _explain(e)))
+        raise StorageError("cannot reach the bucket %s: %s" % (where(client, bucket), _explain(e))) from e
     if not create:
         raise ObjectMissing("the bucket %s does not exist (set create_bucket to create it)" % where(client, bucket))
     kwargs = {"Bucket": bucket}
@@ -129,7 +129,7 @@ def ensure_bucket(client, bucket, create=False):
     try:
         client.create_bucket(**kwargs)
     except (ClientError, BotoCoreError) as e:
-        raise StorageError("cannot create the bucket %s: %s" % (where(client, bucket), _explain(e)))
+        raise StorageError("cannot create the bucket %s: %s" % (where(client, bucket), _explain(e))) from e
     return True
 
 
@@ -141,10 +141,10 @@ def head(client, bucket, key):
         if _code(e) in MISSING_CODES:
             return None
         if _code(e) in MISSING_BUCKET_CODES:
-            raise ObjectMissing("the bucket %s does not exist" % where(client, bucket))
-        raise StorageError("cannot read %s: %s" % (where(client, bucket, key), _explain(e)))
+            raise ObjectMissing("the bucket %s does not exist" % where(client, bucket)) from e
+        raise StorageError("cannot read %s: %s" % (where(client, bucket, key), _explain(e))) from e
     except BotoCoreError as e:
-        raise StorageError("cannot read %s: %s" % (where(client, bucket, key), _explain(e)))
+        raise StorageError("cannot read %s: %s" % (where(client, bucket, key), _explain(e))) from e
 
 
 def stored_sha256(client, bucket, key):
@@ -155,10 +155,10 @@ def stored_sha256(client, bucket, key):
     except ClientError as e:
         if _code(e) in MISSING_CODES + MISSING_BUCKET_CODES:
             raise ObjectMissing("the checksum %s does not exist, so the archive cannot be verified"
-                                % where(client, bucket, skey))
-        raise StorageError("cannot read %s: %s" % (where(client, bucket, skey), _explain(e)))
+                                % where(client, bucket, skey)) from e
+        raise StorageError("cannot read %s: %s" % (where(client, bucket, skey), _explain(e))) from e
     except BotoCoreError as e:
-        raise StorageError("cannot read %s: %s" % (where(client, bucket, skey), _explain(e)))
+        raise StorageError("cannot read %s: %s" % (where(client, bucket, skey), _explain(e))) from e
     words = body.decode("utf-8", "replace").split()
     digest = words[0].lower() if words else ""
     if not HEX64.match(digest):
@@ -191,7 +191,7 @@ def upload(client, bucket, key, path, check_mode=False, force=False):
         client.put_object(Bucket=bucket, Key=sidecar_key(key), ContentType="text/plain",
                           Body=("%s  %s\n" % (digest, _basename(key))).encode("utf-8"))
     except (ClientError, BotoCoreError) as e:
-        raise StorageError("cannot upload %s to %s: %s" % (path, where(client, bucket, key), _explain(e)))
+        raise StorageError("cannot upload %s to %s: %s" % (path, where(client, bucket, key), _explain(e))) from e
     # read it back: what the store holds is what we meant to store
     after = head(client, bucket, key)
     if after is None or int(after.get("ContentLength", -1)) != size:
@@ -235,8 +235,8 @@ def download(client, bucket, key, dest, expected_sha256=None, check_mode=False):
             client.download_file(bucket, key, tmp)
         except (ClientError, BotoCoreError) as e:
             if _code(e) in MISSING_CODES:
-                raise ObjectMissing("the archive %s does not exist" % where(client, bucket, key))
-            raise StorageError("cannot download %s: %s" % (where(client, bucket, key), _explain(e)))
+                raise ObjectMissing("the archive %s does not exist" % where(client, bucket, key)) from e
+            raise StorageError("cannot download %s: %s" % (where(client, bucket, key), _explain(e))) from e
         got = sha256_file(tmp)
         if got != want:
             raise ChecksumMismatch("the archive downloaded from %s has sha256 %s, but its checksum %s says %s: "

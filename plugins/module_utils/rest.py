@@ -272,7 +272,7 @@ class ApiClient(object):
                     continue
                 raise ApiError(method, path, 0, "cannot reach %s: %s" % (self.api_url, reason),
                                "Check the API URL (option api_url or env %s)" % profile.API_URL_ENV,
-                               what=what, ident=ident, attempts=attempt + 1)
+                               what=what, ident=ident, attempts=attempt + 1) from e
             if 200 <= status < 300:
                 if not expect_json:
                     return payload
@@ -280,8 +280,8 @@ class ApiClient(object):
                     return {}
                 try:
                     return json.loads(payload.decode("utf-8"))
-                except ValueError:
-                    raise ApiError(method, path, status, "the response is not JSON: %r" % payload[:200])
+                except ValueError as e:
+                    raise ApiError(method, path, status, "the response is not JSON: %r" % payload[:200]) from e
             retryable = status == 429 or (retry and status >= 500)
             if retryable and attempt < self.retries:
                 self._sleep(self._delay(attempt, answer_headers, status))

@@ -333,7 +333,7 @@ class AgentClient:
             error = self._exec_error(e)
             if isinstance(error, CommandLost) and e.code() != grpc.StatusCode.CANCELLED and line is not None:
                 self.drop_connection(line)  # CANCELLED is our own cancel: the connection is fine
-            raise error
+            raise error from e
         if line is not None:
             self.drop_connection(line)
         raise CommandLost("the command's output stream on session %s ended without an exit status: "
@@ -381,8 +381,8 @@ class AgentClient:
                 self._drop_if_lost(e, line)
                 if e.code() == grpc.StatusCode.INVALID_ARGUMENT and "sha" in (e.details() or "").lower():
                     raise ChecksumMismatch("upload of %s to %s on session %s failed its checksum: %s" % (
-                        local_path, remote_path, self.label, e.details()))
-                raise transfer_error(e, remote_path, self.label, "extract an archive into" if is_archive else "upload to")
+                        local_path, remote_path, self.label, e.details())) from e
+                raise transfer_error(e, remote_path, self.label, "extract an archive into" if is_archive else "upload to") from e
             finally:
                 self._give_back(line)
         return response.bytes_written
@@ -417,7 +417,7 @@ class AgentClient:
                             expected_sha = msg.end.sha256
                 except grpc.RpcError as e:
                     self._drop_if_lost(e, line)
-                    raise transfer_error(e, remote_path, self.label, "download")
+                    raise transfer_error(e, remote_path, self.label, "download") from e
                 if expected_sha is None:
                     self.drop_connection(line)
             if expected_sha is None:

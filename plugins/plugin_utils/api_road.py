@@ -273,17 +273,17 @@ class ApiRoadClient:
         except HttpFailure as e:
             if keep_open and e.status == 403:
                 self.interactive = False
-                raise ac.AgentError(self._needs_interactive())
+                raise ac.AgentError(self._needs_interactive()) from e
             if e.status in (404, 410):
-                raise ac.CommandLost("session %s cannot run the command: %s" % (self.label, e))
+                raise ac.CommandLost("session %s cannot run the command: %s" % (self.label, e)) from e
             if e.status >= 500 or e.status == 409:
-                raise ac.AgentUnavailable("session %s did not take the command: %s; nothing was run" % (self.label, e))
-            raise ac.AgentError("the data plane refused the command on session %s: %s" % (self.label, e))
+                raise ac.AgentUnavailable("session %s did not take the command: %s; nothing was run" % (self.label, e)) from e
+            raise ac.AgentError("the data plane refused the command on session %s: %s" % (self.label, e)) from e
         except ConnectionRefusedError as e:
-            raise ac.AgentUnavailable("cannot reach the API for session %s: %s; nothing was run" % (self.label, e))
+            raise ac.AgentUnavailable("cannot reach the API for session %s: %s; nothing was run" % (self.label, e)) from e
         except (OSError, http.client.HTTPException) as e:
             raise ac.CommandLost("lost the command on session %s before its answer: %s; it may have partly run "
-                                 "and is not re-run" % (self.label, e))
+                                 "and is not re-run" % (self.label, e)) from e
         if keep_open:
             self.interactive = True
         call.conn = conn
@@ -389,14 +389,14 @@ class ApiRoadClient:
                     "Content-Type": "application/octet-stream", "Content-Length": str(size),
                     "X-Content-Sha256": digest.hexdigest()}, query=query)
             except HttpFailure as e:
-                raise self._transfer_error(e, remote_path, verb)
+                raise self._transfer_error(e, remote_path, verb) from e
             except (OSError, http.client.HTTPException) as e:
                 raise ac.AgentUnavailable("lost the connection to session %s while trying to %s %s: %s"
-                                          % (self.label, verb, remote_path, e))
+                                          % (self.label, verb, remote_path, e)) from e
         try:
             doc = json.loads(resp.read().decode("utf-8") or "{}")
         except (OSError, http.client.HTTPException, ValueError) as e:
-            raise ac.AgentUnavailable("the upload of %s to session %s got no answer: %s" % (remote_path, self.label, e))
+            raise ac.AgentUnavailable("the upload of %s to session %s got no answer: %s" % (remote_path, self.label, e)) from e
         finally:
             conn.close()
         return int(doc.get("bytes_written", size))
@@ -407,9 +407,9 @@ class ApiRoadClient:
         try:
             conn, resp = self._send("GET", "/workspace/download", query={"path": remote_path, "as_archive": "false"})
         except HttpFailure as e:
-            raise self._transfer_error(e, remote_path, "download")
+            raise self._transfer_error(e, remote_path, "download") from e
         except (OSError, http.client.HTTPException) as e:
-            raise ac.AgentUnavailable("cannot download %s from session %s: %s" % (remote_path, self.label, e))
+            raise ac.AgentUnavailable("cannot download %s from session %s: %s" % (remote_path, self.label, e)) from e
         local_dir = os.path.dirname(os.path.abspath(local_path))
         fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(local_path)[:40], suffix=".part", dir=local_dir)
         try:
@@ -428,7 +428,7 @@ class ApiRoadClient:
                             size += len(body)
                 except (OSError, http.client.HTTPException) as e:
                     raise ac.AgentUnavailable("the download of %s from session %s was cut: %s; nothing was written "
-                                              "to %s" % (remote_path, self.label, e, local_path))
+                                              "to %s" % (remote_path, self.label, e, local_path)) from e
             footer_ok = (len(tail) == FOOTER_BYTES and tail.startswith(FOOTER_MAGIC) and tail.endswith(b"\n")
                          and all(c in b"0123456789abcdef" for c in tail[8:72]))
             if not footer_ok:

@@ -105,15 +105,16 @@ class MuxClient:
                 self._attach()
             except mp.NotAccepted:
                 self.close()
+                # from None: NotAccepted is a retry signal this message states; ansible-core would append its cause
                 raise mp.MuxError(mp.ERR_UNREACHABLE, "the connection multiplexer closed the connection twice "
-                                  "before taking a request; see %s" % os.path.join(self.dir, mp.LOG_NAME))
+                                  "before taking a request; see %s" % os.path.join(self.dir, mp.LOG_NAME)) from None
         return self
 
     def _attach(self):
         try:
             mp.send_frame(self.sock, mp.REQUEST, {"op": "attach", "session": self.session.to_wire()})
-        except (BrokenPipeError, ConnectionResetError):
-            raise mp.NotAccepted()
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise mp.NotAccepted() from e
         for kind, payload in self._frames(self.sock):
             if kind == mp.RESULT:
                 self.attached = payload
@@ -227,8 +228,10 @@ class MuxClient:
             return json.loads(buf.split(b"\n", 1)[0].decode("utf-8"))
         except ValueError:
             proc.wait(5)
+            # from None: the JSON parser's words on the mux's first line are noise (its log says why it stopped),
+            # and ansible-core would append them to the task's message
             raise mp.MuxError(mp.ERR_UNREACHABLE, "the connection multiplexer exited (code %s) without starting; see %s"
-                              % (proc.returncode, log_path))
+                              % (proc.returncode, log_path)) from None
 
     def close(self):
         if self.sock is not None:
@@ -268,8 +271,9 @@ class MuxClient:
         try:
             return attempt()
         except mp.NotAccepted:
+            # from None: NotAccepted is a retry signal this message states; ansible-core would append its cause
             raise mp.MuxError(mp.ERR_UNREACHABLE, "the connection multiplexer closed the connection twice "
-                              "before taking a request; see %s" % os.path.join(self.dir, mp.LOG_NAME))
+                              "before taking a request; see %s" % os.path.join(self.dir, mp.LOG_NAME)) from None
 
     def request(self, op, **fields):
         fields["op"] = op
@@ -278,8 +282,8 @@ class MuxClient:
             self.connect()
             try:
                 mp.send_frame(self.sock, mp.REQUEST, fields)
-            except (BrokenPipeError, ConnectionResetError):
-                raise mp.NotAccepted()
+            except (BrokenPipeError, ConnectionResetError) as e:
+                raise mp.NotAccepted() from e
             for kind, payload in self._frames(self.sock):
                 if kind == mp.ERROR:
                     raise mp.MuxError(payload.get("kind"), payload.get("message"))
@@ -309,8 +313,8 @@ class MuxClient:
         sock = self.sock
         try:
             mp.send_frame(sock, mp.REQUEST, request)
-        except (BrokenPipeError, ConnectionResetError):
-            raise mp.NotAccepted()
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise mp.NotAccepted() from e
         state = {"released": False}
         sender = []
 
@@ -341,9 +345,9 @@ class MuxClient:
                     sock.settimeout(max(0.001, deadline - time.monotonic()))
                 try:
                     kind, payload = next(frames)
-                except (TimeoutError, socket.timeout):
+                except (TimeoutError, socket.timeout) as e:
                     self.close()  # the mux sees the worker go and stops the command in the guest
-                    raise InteractTimeout(bytes(out), bytes(err))
+                    raise InteractTimeout(bytes(out), bytes(err)) from e
                 finally:
                     if sock.gettimeout() is not None and self.sock is sock:
                         sock.settimeout(None)

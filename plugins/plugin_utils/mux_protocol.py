@@ -146,7 +146,7 @@ def recv_frame(sock):
         try:
             return kind, json.loads(payload.decode("utf-8")) if payload else {}
         except ValueError as e:
-            raise ProtocolError("bad JSON in frame kind %d: %s" % (kind, e))
+            raise ProtocolError("bad JSON in frame kind %d: %s" % (kind, e)) from e
     return kind, payload
 
 

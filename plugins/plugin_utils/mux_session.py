@@ -172,7 +172,7 @@ class SessionLink:
         try:
             found = self.api.find_session(self.cfg.session)
         except ApiError as e:
-            raise errors.Unreachable("cannot look up session %s: %s" % (self.cfg.session, e))
+            raise errors.Unreachable("cannot look up session %s: %s" % (self.cfg.session, e)) from e
         if not found:
             raise errors.SessionGone("session %s does not exist (no live session has this id or name)" % self.cfg.session)
         self.session_id = found.get("session_id") or self.cfg.session
@@ -194,8 +194,8 @@ class SessionLink:
             session = self.api.get_session(self.session_id)
         except ApiError as e:
             if e.gone:
-                raise errors.SessionGone("session %s no longer exists (HTTP %d): it was deleted" % (self.label, e.status))
-            raise errors.Unreachable("cannot check session %s: %s" % (self.label, e))
+                raise errors.SessionGone("session %s no longer exists (HTTP %d): it was deleted" % (self.label, e.status)) from e
+            raise errors.Unreachable("cannot check session %s: %s" % (self.label, e)) from e
         if profile.short_status(session.get("status")) in profile.GONE:
             raise errors.SessionGone(self._gone_message(session))
         return session
@@ -214,7 +214,7 @@ class SessionLink:
             if status in ("PAUSED", "PROVISIONING"):
                 self.api.wait_session(self.session_id, timeout=self.cfg.connect_timeout)
         except (ApiError, WaitTimeout) as e:
-            raise errors.Unreachable("session %s is %s and could not be made ready: %s" % (self.label, status, e))
+            raise errors.Unreachable("session %s is %s and could not be made ready: %s" % (self.label, status, e)) from e
 
     @property
     def channel(self):

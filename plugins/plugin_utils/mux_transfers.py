@@ -87,9 +87,9 @@ def op_fetch(link, req: dict) -> dict:
         link.guest('cp -- "$1" "$2"', remote, stage)
     except errors.GuestCommandFailed as e:
         if e.kind == mp.ERR_NOT_FOUND:
-            raise ac.RemoteNotFound("cannot fetch %s from session %s: no such file" % (remote, link.label))
+            raise ac.RemoteNotFound("cannot fetch %s from session %s: no such file" % (remote, link.label)) from e
         raise errors.GuestCommandFailed("cannot stage %s from session %s through %s: %s"
-                                        % (remote, link.label, run_dir, e), e.kind)
+                                        % (remote, link.label, run_dir, e), e.kind) from e
     try:
         return {"bytes": link.agent.download(stage, local), "staged": True}
     finally:

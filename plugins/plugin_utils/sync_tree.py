@@ -187,8 +187,8 @@ def parse_meta(path, meta, extra):
     try:
         mode, size, mtime = meta[1:].split(b" ")
         return Entry(path, kind, int(mode, 8), int(size), int(mtime), extra)
-    except ValueError:
-        raise SyncError("a malformed manifest record for %r" % rel_text(path)[:200])
+    except ValueError as e:
+        raise SyncError("a malformed manifest record for %r" % rel_text(path)[:200]) from e
 
 
 # ------------------------------------------------------------------ walking
@@ -447,11 +447,11 @@ def open_root(path: "str | bytes", create: bool = False, workspace: "str | None"
                                 "if you mean it)" % (text, where, workspace))
             try:
                 fd = os.open(part, DIR_FLAGS, dir_fd=fds[-1])
-            except FileNotFoundError:
+            except FileNotFoundError as e:
                 if not create:
                     return None
                 if bound is not None and here[:len(bound)] != bound or made > 4096:
-                    raise SyncError("%s: cannot create %s" % (text, rel_text(b"/" + b"/".join(here))))
+                    raise SyncError("%s: cannot create %s" % (text, rel_text(b"/" + b"/".join(here)))) from e
                 try:
                     os.mkdir(part, 0o777, dir_fd=fds[-1])
                 except FileExistsError:
@@ -467,12 +467,12 @@ def open_root(path: "str | bytes", create: bool = False, workspace: "str | None"
                 except OSError as e2:
                     retries += 1
                     if e2.errno not in (errno.ENOENT, errno.EINVAL) or retries > 100:
-                        raise SyncError("%s is not a directory" % text)
+                        raise SyncError("%s is not a directory" % text) from e2
                     todo.append(part)  # changed since the open (a link again a directory): look again
                     continue
                 links += 1
                 if links > MAX_LINKS:
-                    raise SyncError("%s: too many levels of symbolic links" % text)
+                    raise SyncError("%s: too many levels of symbolic links" % text) from e
                 if target.startswith(b"/"):
                     while len(fds) > 1:
                         os.close(fds.pop())

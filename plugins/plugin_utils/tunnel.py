@@ -196,10 +196,10 @@ class Tunnel:
                 ping_interval=PING_INTERVAL, ping_timeout=PING_INTERVAL, open_timeout=self.connect_timeout,
                 close_timeout=2, ssl=self._ssl, write_limit=4 * READ_SIZE)
         except InvalidStatus as e:
-            raise status_error(e.response.status_code, self.label, self.port)
+            raise status_error(e.response.status_code, self.label, self.port) from e
         except (InvalidHandshake, OSError, asyncio.TimeoutError, WebSocketException) as e:
             raise TunnelError("cannot open the port-forward to session %s at %s: %s" % (
-                self.label, self.url, str(e) or type(e).__name__))
+                self.label, self.url, str(e) or type(e).__name__)) from e
 
     async def _serve(self, reader, writer):
         try:

@@ -202,9 +202,9 @@ class WarmRunner:
         self._send(rid, wr.TMP, json.dumps(op).encode("utf-8"))
         try:
             kind, data = q.get(timeout=TMP_TIMEOUT)
-        except queue.Empty:
+        except queue.Empty as e:
             self.pending.pop(rid, None)
-            raise Lost("the warm runner did not answer within %ds" % TMP_TIMEOUT)
+            raise Lost("the warm runner did not answer within %ds" % TMP_TIMEOUT) from e
         if kind == "done":
             return data
         if kind == "refuse":

@@ -149,13 +149,13 @@ class ReplayPlatform:
             try:
                 doc = yaml.safe_load(raw.decode("utf-8"))
             except (yaml.YAMLError, UnicodeDecodeError) as e:
-                raise Refusal(400, "bad_request", "the YAML body does not parse: %s" % e)
+                raise Refusal(400, "bad_request", "the YAML body does not parse: %s" % e) from e
             keys = SPEC_KEYS
         else:
             try:
                 doc = json.loads(raw.decode("utf-8"))
-            except (ValueError, UnicodeDecodeError):
-                raise Refusal(400, "bad_request", "error parsing request body")
+            except (ValueError, UnicodeDecodeError) as e:
+                raise Refusal(400, "bad_request", "error parsing request body") from e
             keys = allowed_body_keys(exs)
         if not isinstance(doc, dict):
             raise Refusal(400, "bad_request", "the body must be an object")

@@ -280,4 +280,4 @@ class FakeClient(rest.ApiClient):
         except rest.ApiError as e:
             # Re-raise as the real client would, with the route and the object named.
             raise rest.ApiError(method, path, e.status, e.server_message,
-                                rest.hint_for(e.status, what, ident), what=what, ident=ident)
+                                rest.hint_for(e.status, what, ident), what=what, ident=ident) from e

@@ -263,6 +263,21 @@ def test_become_timeout_is_unreachable_in_cores_words(conn):
     assert mux.calls[0][2]["interact_timeout"] == 3
 
 
+def test_task_messages_are_not_extended_by_their_cause(conn):
+    """ansible-core 2.19+ appends an error's cause to the task message unless the message already ends with it."""
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import InteractTimeout
+    become(conn, "ansible.builtin.su", "pw")
+    timeout = InteractTimeout(b"Passwort: ", b"")
+    timeout.__cause__ = TimeoutError("timed out")  # as the client raises it
+    with pytest.raises(AnsibleConnectionFailure) as e:
+        connected(conn, FakeMux(error=timeout)).exec_command("su ...", in_data=b"x")
+    assert str(e.value).rstrip().endswith("Passwort:")  # the guest's output is summarised once, nothing after it
+    mux_failure = mp.MuxError(mp.ERR_LOST, "session box is DESTROYED")
+    with pytest.raises(AnsibleConnectionFailure) as e:
+        connected(conn, FakeMux(error=mux_failure)).fetch_file("/workspace/x", "/tmp/x")
+    assert str(e.value) == "microvm.sandbox.agent: session box is DESTROYED" and e.value.__cause__ is mux_failure
+
+
 def test_become_timeout_below_one_means_the_default(conn):
     conn.set_options(var_options={"ansible_become_timeout": 0})
     assert conn._become_timeout() == agent_plugin.BECOME_TIMEOUT_DEFAULT == 10
