@@ -153,9 +153,16 @@ def test_cleanup_callback_on_ctrl_c_or_a_cancelled_job(ci_plane, tmp_path, wheel
         "    - microvm.sandbox.session: {name: %s}\n"
         "    - ansible.builtin.file: {path: %s, state: touch, mode: '0644'}\n"
         "    - ansible.builtin.pause: {seconds: 120}\n" % (run, marker))
-    proc = subprocess.Popen([os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "-i", "localhost,", "-c", "local",
-                             str(play)], env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True)
+    # A terminal's Ctrl-C reaches a process that handles SIGINT; a test run started in the background (a CI
+    # runner's shell, `make test &`) inherits SIGINT ignored, and an exec keeps it ignored: handle it here while
+    # the playbook starts, so it starts with the default disposition, as from a terminal.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "-i", "localhost,", "-c",
+                                 "local", str(play)], env=env, cwd=str(tmp_path), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         # the session task has reported (a task interrupted before it reports is the callback's documented limit)
         deadline = time.time() + 120

@@ -6,12 +6,14 @@ ansible-playbook (the whole suites twice would double the slowest part of the ru
 what only this road has: its refusals, the team's interactive stdin, and a run with the agent port closed.
 """
 import contextlib
+import glob
 import os
 
 import pytest
 from test_connection import (  # noqa: F401  (collected again here, with this module's `env`)  # pylint: disable=unused-import
+    BIG,
     inventory,
-    test_100mib_binary_both_ways,
+    sha1,
     test_battery_pipelining_on_and_off,
     test_become_with_passwords_as_the_unprivileged_user,
     test_command_timeout_names_the_timeout,
@@ -131,3 +133,28 @@ def test_auto_keeps_the_agent_road_when_the_agent_answers(plane, sandbox, env, p
                               extra_args=["-vvv"])
     assert res.rc == 0 and "failed=0" in res.stdout, res
     assert "WARM RUNNER ran the module" in res.stdout and "the api transport has no warm runner" not in res.stdout, res
+
+
+def test_big_files_within_the_streaming_bound_both_ways_and_a_clear_refusal_past_it(plane, sandbox, env, tmp_path,
+                                                                                    playbook_runner):
+    """The documented streaming download stops at about 50 MiB (larger payloads are staged transfers, which the
+    api road does not do yet): 40 MiB go both ways intact; 60 MiB go up, and their fetch fails naming the bound
+    and the road that carries it (transport agent), leaving no partial file behind."""
+    for size, fits in ((40, True), (60, False)):
+        work = tmp_path / ("work%d" % size)
+        work.mkdir()
+        with open(work / "big.bin", "wb") as f:
+            for _dummy in range(size):
+                f.write(os.urandom(1 << 20))
+        want = sha1(work / "big.bin")
+        res = playbook_runner(BIG, inventory({"box": sandbox["session_id"]}), env, workdir=str(work))
+        if fits:
+            assert res.rc == 0, res
+            assert "UP=%s REMOTE=%s DOWN=%s" % (want, want, want) in res.stdout, res
+            assert sha1(work / "big.back") == want
+        else:
+            assert res.rc != 0, res
+            assert "REMOTE=" not in res.stdout
+            assert "52428800 bytes" in res.stdout and "guest agent" in res.stdout, res
+            assert not (work / "big.back").exists()
+        assert not glob.glob(str(work / ".*.part")), "no partial download left behind"
