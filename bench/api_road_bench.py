@@ -20,8 +20,8 @@ from benchlib import ROOT, playbook_text, run_playbook, write
 
 from stage import Stage
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import MuxClient
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import SessionConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import MuxClient
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import SessionConfig
 
 MODES = ("agent", "api", "ssh")
 

@@ -26,8 +26,8 @@ from benchlib import ROOT, playbook_text, processes, run_playbook, tree, write
 from microvm_plane_testing import mux_pids
 from stage import Stage
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import MuxClient
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import SessionConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import MuxClient
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import SessionConfig
 
 HZ = os.sysconf("SC_CLK_TCK")
 

@@ -32,7 +32,7 @@ from benchlib import BIN, ROOT, playbook_text, run_playbook, write
 
 from stage import Stage
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import pool_status
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import pool_status
 
 PLAYBOOKS = ("command30", "mixed30", "debug30")
 DEBUG30 = "- hosts: target\n  gather_facts: false\n  tasks:\n" + "".join(

@@ -32,7 +32,7 @@ import requests
 import benchlib  # first: it puts the collection and localplane on sys.path
 from benchlib import ROOT
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.agent_pb import (
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_pb import (
     sandbox_agent_pb2 as pb,
     sandbox_agent_pb2_grpc as pb_grpc,
 )

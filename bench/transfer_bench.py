@@ -27,8 +27,8 @@ from benchlib import ROOT
 
 from microvm_plane_testing import mux_pids, start_local_plane, stop_local_plane, stop_muxes
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import MuxClient
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import DEFAULT_POOL_SIZE, SessionConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import MuxClient
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import DEFAULT_POOL_SIZE, SessionConfig
 
 
 def rss_kib(pid):

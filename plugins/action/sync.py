@@ -3,7 +3,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Action plugin of microvm.sandbox.sync: a directory tree into or out of a sandbox, rsync-style.
 
-One run is one Exec of the guest side of sync_tree.py (the guest's python3) plus at most one archive:
+One run is one Exec of the guest side of _guest/sync_tree.py (the guest's python3) plus at most one archive:
 
 push: the guest streams the destination's manifest -> the controller walks the source beside it and
       writes the changes into one tar and the deletions and fixes into an operations file (both on
@@ -35,9 +35,10 @@ from ansible.plugins.action import ActionBase
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.archive_check import ArchiveRefused, check_archive, link_problem
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import sync_tree as st
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.sync_plan import ManifestReader, Planner
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import source_of
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import sync_tree as st
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.sync_plan import ManifestReader, Planner
 
 ARGUMENT_SPEC = dict(
     src=dict(type="str", required=True),
@@ -58,18 +59,9 @@ class SyncFailed(Exception):
 
 
 def guest_program():
-    """The guest side: sync_tree.py's own source, run with `python3 -c`."""
-    with open(st.__file__.replace(".pyc", ".py"), "r", encoding="utf-8") as f:
-        return f.read()
+    """The guest side: _guest/sync_tree.py's own source, run with `python3 -c`."""
+    return source_of(st)
 
-
-def guest_path(path):
-    """Relative guest paths are relative to the default workdir; '~' is the platform's home."""
-    if path == "~" or path.startswith("~/"):
-        path = profile.HOME_DIR + path[1:]
-    if not path.startswith("/"):
-        path = posixpath.join(profile.DEFAULT_WORKDIR, path)
-    return posixpath.normpath(path)
 
 
 def protected(root, scratch_dir):
@@ -234,7 +226,7 @@ class ActionModule(ActionBase):
     # -- push -----------------------------------------------------------------------------------------
     def _push(self, args, excludes):
         src = self._local_path(args["src"], needle="files")
-        dest = guest_path(args["dest"])
+        dest = profile.guest_path(args["dest"])
         if not os.path.isdir(src):
             raise SyncFailed("src %s is not a directory on the controller" % src)
         root_fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY)
@@ -294,7 +286,7 @@ class ActionModule(ActionBase):
 
     # -- pull -----------------------------------------------------------------------------------------
     def _pull(self, args, excludes):
-        src = guest_path(args["src"])
+        src = profile.guest_path(args["src"])
         dest = self._local_path(args["dest"])
         root_fd = st.open_root(dest, create=not self._task.check_mode)
         try:

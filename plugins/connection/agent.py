@@ -354,18 +354,18 @@ from ansible.module_utils.common.text.converters import to_bytes, to_text  # noq
 from ansible.plugins.connection import ConnectionBase  # noqa: E402
 from ansible.utils.display import Display  # noqa: E402
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import core_compat  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import core_compat  # noqa: E402
 
 core_compat.cache_collection_code()  # first: the modules below are then compiled once per run, not per task
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_stream  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import option_defs  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import (  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import command_stream  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import option_defs  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import (  # noqa: E402
     InteractTimeout, MuxClient, host_tag, run_identity)
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.core_compat import command_argv  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import DEFAULT_POOL_SIZE, SessionConfig  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.core_compat import command_argv  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import DEFAULT_POOL_SIZE, SessionConfig  # noqa: E402
 
 display = Display()
 option_defs.register("connection", __name__, DOCUMENTATION)  # saves core's slow parse in every worker
@@ -802,7 +802,7 @@ class Connection(ConnectionBase):
         return self._call("put_archive", self._mux.put_archive, to_text(in_path), to_text(out_dir))
 
     def exec_stream(self, argv, as_user=True):
-        """Start argv in the guest over its own connection to the mux; -> (mux_stream.ExecStream, the run's TMPDIR).
+        """Start argv in the guest over its own connection to the mux; -> (command_stream.ExecStream, the run's TMPDIR).
 
         Not part of Ansible's connection API: microvm.sandbox.sync streams a manifest out of it and
         operations into it while it moves an archive with put_archive / fetch_file. With as_user false
@@ -811,7 +811,7 @@ class Connection(ConnectionBase):
         self._connect()
         run = self._run_info()
         display.vvv("EXEC STREAM %s" % argv[:4], host=self._session())
-        stream = self._call("a streamed command", mux_stream.ExecStream, self._new_mux_client(),
+        stream = self._call("a streamed command", command_stream.ExecStream, self._new_mux_client(),
                             self._as_user(argv) if as_user else argv, env={"TMPDIR": run["dir"]}, run=run)
         return stream, run["dir"]
 

@@ -5,7 +5,7 @@
 
 The modules' error reports (api_module.describe_error), the REST client's
 exceptions (rest.ApiError.hint) and the connection's port-forward dial errors
-(plugin_utils/tunnel.status_error) all read a status here, so the same status
+(plugin_utils/_mux/tunnel.status_error) all read a status here, so the same status
 reads the same everywhere. Each row is (what happened, what to do); callers add
 the call, the object and the server's own words around it.
 """

@@ -127,6 +127,15 @@ def warnings_note(session):
     return (" (the session's warnings: %s)" % "; ".join(warnings)) if warnings else ""
 
 
+def guest_path(path):
+    """A guest path as the platform reads it: relative to the default workdir, '~' as the platform's home."""
+    if path == "~" or path.startswith("~/"):
+        path = HOME_DIR + path[1:]
+    if not path.startswith("/"):
+        path = posixpath.join(DEFAULT_WORKDIR, path)
+    return posixpath.normpath(path)
+
+
 def is_within(path, root=TRANSFER_ROOT):
     """True when the normalized absolute path lies at or under root."""
     norm = posixpath.normpath(path)

@@ -53,8 +53,8 @@ class Agent:
     """An AgentClient over its own Tunnel (the mux's stack, without the mux process)."""
 
     def __init__(self, url, token, session_id):
-        from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_client as ac
-        from ansible_collections.microvm.sandbox.plugins.plugin_utils.tunnel import Tunnel
+        from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
+        from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.tunnel import Tunnel
         self.tunnel = Tunnel(url, "/v2/agents", session_id, token, connect_timeout=30)
         target = "unix:" + self.tunnel.start()
         self.client = ac.AgentClient(ac.open_channel(target), session_id, redial=lambda: ac.open_channel(target))

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_client as ac
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
 
 SETTINGS = dict(deadline=None, suppress_health_check=list(hypothesis.HealthCheck), derandomize=True)
 

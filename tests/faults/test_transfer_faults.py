@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_client as ac
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
 
 MIB = 1 << 20
 

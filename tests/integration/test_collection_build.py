@@ -46,7 +46,7 @@ def test_tarball_leaves_development_files_out(installed):
     with tarfile.open(tarball) as tar:
         names = tar.getnames()
     assert "plugins/connection/agent.py" in names
-    assert "plugins/plugin_utils/agent_pb/sandbox_agent_pb2.py" in names
+    assert "plugins/plugin_utils/_mux/agent_pb/sandbox_agent_pb2.py" in names
     for unwanted in (".venv", ".local", ".git", "hack", "bench", "Makefile", "requirements-dev.txt",
                      "importer_result.json"):
         assert not any(n == unwanted or n.startswith(unwanted + "/") for n in names), unwanted

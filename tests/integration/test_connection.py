@@ -573,7 +573,7 @@ def test_task_timeout_stops_the_command_in_the_guest(plane, sandbox, env, playbo
 def test_stale_run_dirs_of_crashed_runs_are_swept(plane, sandbox, env, playbook_runner):
     """A run dir of this controller whose ansible-playbook is gone is removed by the next mux that starts."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".local", "collections"))
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import host_tag
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import host_tag
     stale = "/workspace/.scratch/run.%s-%d-12345" % (host_tag(), 2 ** 22 + 7)  # no such pid
     pb = """
 - hosts: sbx

@@ -156,12 +156,12 @@ def test_runner_preloads_what_clean_runs_import(tmp_path):
 
 
 def test_runner_takes_a_held_zip_by_reference(tmp_path):
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm_runner as wr
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import module_runner as wr
 
     r = LocalRunner(tmp_path)
     data = payload()
-    source, zip_b64 = wr.split_payload(data, warm.CORE)
+    source, zip_b64 = wr.split_payload(data, module_runners.CORE)
     key = wr.zip_key(zip_b64)
 
     def run_ref(rid, run_env):
@@ -190,15 +190,15 @@ def test_runner_takes_a_held_zip_by_reference(tmp_path):
 
 
 def test_runner_replaces_only_the_zip_literal():
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm_runner as wr
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import module_runner as wr
 
     data = payload()
-    source, zip_b64 = wr.split_payload(data, warm.CORE)
+    source, zip_b64 = wr.split_payload(data, module_runners.CORE)
     assert base64.b64decode(zip_b64) == make_zip("X = 1\n")
     assert source.count(b"\n") == data.count(b"\n")  # line numbers in tracebacks stay the same
     assert b"zip_data=__microvm_zip_data__,\n" in source and zip_b64.encode() not in source
-    assert wr.split_payload(b"print('no wrapper')", warm.CORE) is None
+    assert wr.split_payload(b"print('no wrapper')", module_runners.CORE) is None
 
 
 # -- through ansible-playbook -----------------------------------------------------------------
@@ -382,9 +382,9 @@ SERVED_WARM = r"""
     - ansible.builtin.command: echo {{ item }}
       loop: [1, 2, 3]
     - name: changed (mkdtemp, stat, put, chmod, copy, rm)
-      ansible.builtin.copy: {content: "one\n", dest: /workspace/served-warm.txt}
+      ansible.builtin.copy: {content: "one\n", dest: /workspace/served-module_runners.txt}
     - name: unchanged (mkdtemp, stat, file, rm)
-      ansible.builtin.copy: {content: "one\n", dest: /workspace/served-warm.txt}
+      ansible.builtin.copy: {content: "one\n", dest: /workspace/served-module_runners.txt}
     - ansible.builtin.ping:
 """
 
@@ -395,7 +395,7 @@ def test_every_task_is_served_warm(plane, sandbox, env, mux_dir, playbook_runner
     The mux counts how it served each request ("hello"); a core whose commands the connection no longer
     recognises (2.21 dropped ` && sleep 0`) shows up here as cold execs, failing this test.
     """
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import pool_status
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import pool_status
 
     res = playbook_runner(SERVED_WARM, inventory({"box": sandbox["name"]}), env, extra_args=["-vvv"])
     assert res.rc == 0 and "failed=0" in res.stdout, res

@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from microvm_plane_testing import mux_pids, stop_muxes
 
 from test_connection import inventory, mux_dir, new_session  # noqa: F401  (fixtures are re-used)

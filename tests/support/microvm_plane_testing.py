@@ -127,7 +127,7 @@ def plane():
             shutil.rmtree(state_dir, ignore_errors=True)
 
 
-MUX_MODULE = b"ansible_collections.microvm.sandbox.plugins.plugin_utils.mux"
+MUX_MODULE = b"ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.server"
 
 
 def mux_pids(mux_dir):

@@ -1,19 +1,19 @@
-"""The warm module runner (plugins/plugin_utils/warm_runner.py) driven locally, as the mux drives it in a guest."""
+"""The warm module runner (plugins/plugin_utils/_guest/module_runner.py) driven locally, as the mux drives it in a guest."""
 import json
 import os
 import struct
 import subprocess
 import sys
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm_runner as wr
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import module_runner as wr
 
 
 class LocalRunner:
     """A runner started with this Python and this core's runner config, in `workdir`; speaks its frames."""
 
     def __init__(self, workdir, env=None):
-        self.proc = subprocess.Popen(warm.runner_python_argv(sys.executable),
+        self.proc = subprocess.Popen(module_runners.runner_python_argv(sys.executable),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=str(workdir),
                                      env=env or {"PATH": os.environ["PATH"], "TMPDIR": str(workdir)})
         kind, body = self.frame()[1:]

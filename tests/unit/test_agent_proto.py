@@ -5,7 +5,7 @@ import os
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-pb2 = pytest.importorskip("ansible_collections.microvm.sandbox.plugins.plugin_utils.agent_pb.sandbox_agent_pb2")
+pb2 = pytest.importorskip("ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_pb.sandbox_agent_pb2")
 
 # Platform contract, section 3: (message, field) -> (number, type, label)
 F = pb2.DESCRIPTOR.message_types_by_name

@@ -39,7 +39,7 @@ def agent(plane):
     """agent(session_id) -> a SandboxAgentService stub reached through the port-forward to 8443."""
     import grpc
 
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils.agent_pb import sandbox_agent_pb2_grpc
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_pb import sandbox_agent_pb2_grpc
     opened = []
 
     def connect(sid):

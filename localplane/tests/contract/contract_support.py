@@ -87,7 +87,7 @@ def port_bridge(plane, sid, port):
 
 def run_exec(stub, argv, stdin=b"", timeout=0, workdir=""):
     """Exec through the agent -> (exit_code, stdout, stderr)."""
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils.agent_pb import sandbox_agent_pb2 as pb
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_pb import sandbox_agent_pb2 as pb
 
     def requests_():
         yield pb.ExecRequest(start=pb.ExecStart(argv=argv, workdir=workdir, timeout_seconds=timeout))

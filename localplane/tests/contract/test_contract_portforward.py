@@ -33,7 +33,7 @@ print("done", flush=True)
 
 def start_guest_server(stub, mode, port):
     """Run GUEST_SERVER through the agent's Exec in a thread; returns once it listens."""
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils.agent_pb import sandbox_agent_pb2 as pb
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_pb import sandbox_agent_pb2 as pb
     listening = threading.Event()
     result = {}
 

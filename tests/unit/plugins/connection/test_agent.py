@@ -8,7 +8,7 @@ from ansible.playbook.play_context import PlayContext
 from ansible.plugins.loader import become_loader, connection_loader, init_plugin_loader
 
 from ansible_collections.microvm.sandbox.plugins.connection import agent as agent_plugin
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 
 init_plugin_loader()
 NAME = "microvm.sandbox.agent"
@@ -253,7 +253,7 @@ def test_a_become_command_that_ends_before_success_fails_with_its_output(conn):
 
 
 def test_become_timeout_is_unreachable_in_cores_words(conn):
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import InteractTimeout
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import InteractTimeout
     become(conn, "ansible.builtin.su", "pw")
     conn.set_options(var_options={"ansible_become_timeout": 3})
     mux = FakeMux(error=InteractTimeout(b"Passwort: ", b""))
@@ -265,7 +265,7 @@ def test_become_timeout_is_unreachable_in_cores_words(conn):
 
 def test_task_messages_are_not_extended_by_their_cause(conn):
     """ansible-core 2.19+ appends an error's cause to the task message unless the message already ends with it."""
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import InteractTimeout
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import InteractTimeout
     become(conn, "ansible.builtin.su", "pw")
     timeout = InteractTimeout(b"Passwort: ", b"")
     timeout.__cause__ = TimeoutError("timed out")  # as the client raises it

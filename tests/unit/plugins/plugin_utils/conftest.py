@@ -9,8 +9,8 @@ from concurrent import futures
 import grpc
 import pytest
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.agent_pb import sandbox_agent_pb2 as pb
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.agent_pb import sandbox_agent_pb2_grpc as pb_grpc
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_pb import sandbox_agent_pb2 as pb
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_pb import sandbox_agent_pb2_grpc as pb_grpc
 
 
 class FakeAgent(pb_grpc.SandboxAgentServiceServicer):
@@ -79,7 +79,7 @@ class FakeAgent(pb_grpc.SandboxAgentServiceServicer):
 @pytest.fixture
 def fake_agent(tmp_path):
     """(agent, channel): a FakeAgent served on a unix socket, and a channel to it."""
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_client as ac
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
     root = tmp_path / "workspace"
     root.mkdir()
     agent = FakeAgent(str(root))

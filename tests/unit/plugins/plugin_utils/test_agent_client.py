@@ -5,7 +5,7 @@ import grpc
 import pytest
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_client as ac
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The api road's client (plugin_utils/api_road.py) against a stand-in HTTP server: one layer, its edge cases.
+"""The api road's client (plugin_utils/_mux/api_road.py) against a stand-in HTTP server: one layer, its edge cases.
 
 The whole road through the real stack (local plane, guest) is tests/integration/test_connection_api.py.
 """
@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_client as ac
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import api_road
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_road
 
 SID = "a1b2c3d4-e5f6-7890-abcd-ef1234567890"
 
@@ -160,7 +160,7 @@ def test_bad_env_names_are_refused():
 
 
 def test_the_transport_setting_on_the_wire_and_in_the_link_key():
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import SessionConfig
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import SessionConfig
     agent = SessionConfig(session="box", token="t")
     api = SessionConfig(session="box", token="t", transport="API")
     assert "transport" not in agent.to_wire()  # the default stays off the wire: an older mux still takes it

@@ -1,4 +1,4 @@
-"""Each ansible-core assumption of core_compat.py (A1-A7), checked against the installed core.
+"""Each ansible-core assumption of _shared/core_compat.py (A1-A7), checked against the installed core.
 
 Runs on every supported core: 2.19 (.venv), 2.20 (.venv-220, make test-core220) and 2.21 (.venv-newest,
 make test-newest). The commands and payloads are the real ones: a playbook runs through a recording
@@ -18,9 +18,9 @@ from ansible import constants as C
 from ansible.plugins.loader import shell_loader
 from ansible.release import __version__ as CORE_VERSION
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import core_compat
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm_runner as wr
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import core_compat
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import module_runner as wr
 from microvm_warm_testing import LocalRunner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
@@ -29,7 +29,7 @@ COLLECTIONS = os.path.join(ROOT, ".local", "collections")
 RECORDER = r'''
 import base64, json, os
 from ansible.plugins.connection.local import Connection as Local
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import core_compat
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import core_compat
 
 DOCUMENTATION = """
 name: recorder
@@ -158,7 +158,7 @@ def test_a2_ansiballz_payload_splits_and_preloads(recorded):
     import zipfile
 
     for e in module_runs(recorded):
-        split = wr.split_payload(e["stdin"], warm.CORE)
+        split = wr.split_payload(e["stdin"], module_runners.CORE)
         assert split is not None, "no zip_data line in this core's AnsiballZ payload"
         source, zip_b64 = split
         assert source.count(b"\n") == e["stdin"].count(b"\n") and zip_b64.encode() not in source
@@ -350,7 +350,7 @@ for worker in range(2):
             return real(*args, **kwargs)
         builtins.compile = counting
         plugin = connection_loader.get("microvm.sandbox.agent", class_only=True)
-        from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_client
+        from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import mux_client
         os.write(w, json.dumps({"compiled": compiled, "transport": plugin.transport,
                                 "file": mux_client.__file__}).encode())
         os._exit(0)
@@ -366,7 +366,7 @@ def test_a8_collection_code_compiled_once_per_run(tmp_path):
     out = subprocess.run([sys.executable, "-c", WORKERS, COLLECTIONS], env=env, capture_output=True, text=True, timeout=120,
                          check=True).stdout.splitlines()
     first, second = json.loads(out[0]), json.loads(out[1])
-    assert {"mux_client.py", "mux_protocol.py", "profile.py"} <= set(first["compiled"]), first
+    assert {"mux_client.py", "frames.py", "profile.py"} <= set(first["compiled"]), first
     # left: the plugin itself (core loads it before it can install anything) and what installs the cache
     assert set(second["compiled"]) <= {"agent.py", "__init__.py", "core_compat.py"}, second
     assert second["transport"] == first["transport"] == "microvm.sandbox.agent"

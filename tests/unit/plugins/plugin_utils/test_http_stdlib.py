@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import rest
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.http_stdlib import stdlib_open
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.http_stdlib import stdlib_open
 
 
 class Handler(http.server.BaseHTTPRequestHandler):

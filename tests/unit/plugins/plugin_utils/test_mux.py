@@ -8,13 +8,13 @@ import time
 import grpc
 import pytest
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_client as ac
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux as mux_mod
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_client as mc
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_transfers
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import ProcessConfig, SessionConfig
+from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import server as mux_mod
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import mux_client as mc
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import ProcessConfig, SessionConfig
 
 
 class NoTunnel:
@@ -34,7 +34,7 @@ def fake_link(server, channel, cfg=CFG):
     link.session_id, link.label = "sid-" + cfg.session, "%s (sid-%s)" % (cfg.session, cfg.session)
     link.tunnel = NoTunnel()
     link.agent = ac.AgentClient(channel, link.label)
-    link.warm = warm.WarmRunners(link.agent)
+    link.warm = module_runners.WarmRunners(link.agent)
     link.state = grpc.ChannelConnectivity.READY
     link.check_session = lambda: {"status": "SESSION_STATUS_READY"}
     link.opened = True
@@ -130,9 +130,9 @@ def test_fetch_of_a_missing_file_is_not_found(served, tmp_path):
 
 
 def test_relative_and_home_guest_paths():
-    assert mux_transfers.guest_path("x/y") == "/workspace/x/y"
-    assert mux_transfers.guest_path("~/f") == "/workspace/home/f"
-    assert mux_transfers.guest_path("/etc/../etc/x") == "/etc/x"
+    assert profile.guest_path("x/y") == "/workspace/x/y"
+    assert profile.guest_path("~/f") == "/workspace/home/f"
+    assert profile.guest_path("/etc/../etc/x") == "/etc/x"
 
 
 def test_run_liveness_uses_pid_and_start_time():
@@ -218,8 +218,8 @@ def test_a_mux_dir_too_long_for_a_unix_socket_gets_a_short_private_path(tmp_path
 
 def test_a_failed_session_is_reported_with_its_warnings_not_an_error_text(tmp_path):
     """The session object has no error text (get_session); a FAILED session's documented words are its warnings."""
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_errors as errors
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_session import SessionLink
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import errors
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link import SessionLink
 
     class Api:
         session = {"session_id": "sid-1", "name": "box", "status": "SESSION_STATUS_FAILED",

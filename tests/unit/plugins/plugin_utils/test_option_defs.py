@@ -8,7 +8,7 @@ from ansible.utils.plugin_docs import add_fragments
 from ansible.plugins.loader import connection_loader, fragment_loader
 
 from ansible_collections.microvm.sandbox.plugins.connection import agent
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import option_defs
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import option_defs
 
 FQCN = "microvm.sandbox.agent"
 CORE_NAME = agent.__name__  # core files a collection plugin's options under its module name

@@ -11,8 +11,8 @@ from hypothesis import strategies as hst
 
 from ansible_collections.microvm.sandbox.plugins.action import sync as sync_action
 from ansible_collections.microvm.sandbox.plugins.module_utils.archive_check import ArchiveRefused, check_archive
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import sync_plan as sp
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import sync_tree as st
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import sync_plan as sp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import sync_tree as st
 
 SETTINGS = dict(deadline=None, suppress_health_check=list(hypothesis.HealthCheck), derandomize=True)
 NAMES = ["a", "b", "d", "logs"]

@@ -7,8 +7,8 @@ import tracemalloc
 
 import pytest
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import sync_plan as sp
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import sync_tree as st
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import sync_plan as sp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import sync_tree as st
 
 
 @pytest.mark.parametrize("pattern,path,is_dir,excluded", [

@@ -12,7 +12,7 @@ from websockets.asyncio.server import serve
 from websockets.datastructures import Headers
 from websockets.http11 import Response
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import tunnel as tn
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import tunnel as tn
 
 
 @pytest.mark.parametrize("api_url, expected", [

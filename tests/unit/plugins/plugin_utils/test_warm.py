@@ -4,8 +4,8 @@ import json
 import queue
 import struct
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm_runner as wr
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import module_runner as wr
 
 
 def module_payload(zip_bytes=b"PK-not-really-a-zip", params="{}"):
@@ -14,7 +14,7 @@ def module_payload(zip_bytes=b"PK-not-really-a-zip", params="{}"):
 
 
 def runner():
-    r = warm.WarmRunner(agent=None, interpreter="/usr/bin/python3")
+    r = module_runners.WarmRunner(agent=None, interpreter="/usr/bin/python3")
     r.feed = queue.Queue()
     r.alive = True
     return r
@@ -40,7 +40,7 @@ def test_whole_until_started_then_by_reference():
     data2 = module_payload(params='{"x": 2}')  # same zip, other parameters
     rid2, dummy = r.submit({}, data2)
     rid_seen, kind, meta, rest = sent(r)
-    source, zip_b64 = wr.split_payload(data2, warm.CORE)
+    source, zip_b64 = wr.split_payload(data2, module_runners.CORE)
     assert (rid_seen, kind, meta, rest) == (rid2, wr.RUNREF, {"env": {}, "zip": wr.zip_key(zip_b64)}, source)
     assert zip_b64.encode() not in rest
 

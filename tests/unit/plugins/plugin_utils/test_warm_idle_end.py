@@ -2,8 +2,8 @@
 import logging
 import queue
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.agent_client import CommandLost
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_client import CommandLost
 
 
 class GoneAgent(object):
@@ -16,7 +16,7 @@ class GoneAgent(object):
 
 
 def ended(caplog, pending):
-    r = warm.WarmRunner(agent=GoneAgent(), interpreter="/usr/bin/python3")
+    r = module_runners.WarmRunner(agent=GoneAgent(), interpreter="/usr/bin/python3")
     r.feed = queue.Queue()
     r.alive = True
     events = queue.Queue()

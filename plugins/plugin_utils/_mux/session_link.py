@@ -20,15 +20,15 @@ import time
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, WaitTimeout
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_client as ac
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import api_road
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_errors as errors
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.http_stdlib import stdlib_open
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import SessionConfig
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_runs import RunDirs
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.tunnel import Tunnel
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_road
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import errors
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.http_stdlib import stdlib_open
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import SessionConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.run_dirs import RunDirs
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.tunnel import Tunnel
 
 grpc = ac.grpc
 log = logging.getLogger("microvm.mux")
@@ -55,7 +55,7 @@ class SessionLink:
         self.tunnel: Tunnel | None = None
         self.agent: ac.AgentClient | api_road.ApiRoadClient | None = None
         self.road = "agent"  # or "api": the documented exec and file API (api_road.attach)
-        self.warm: warm.WarmRunners | None = None
+        self.warm: module_runners.WarmRunners | None = None
         self.runs = RunDirs(self)
         self.state = None
         self.opened = False
@@ -103,7 +103,7 @@ class SessionLink:
         self.tunnel.start()
         # A lost stream drops its connection: the agent client then dials through a fresh channel (_dial).
         self.agent = ac.AgentClient(self._dial(), self.label, self.cfg.scratch_dir, redial=self._dial)
-        self.warm = warm.WarmRunners(self.agent)
+        self.warm = module_runners.WarmRunners(self.agent)
         try:
             self.ensure_ready(limit=api_road.AUTO_PROBE_SECONDS if auto else None)
         except errors.MuxFailure as e:

@@ -1,7 +1,7 @@
 # Copyright (c) 2026, microvm.sandbox contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Command streaming for one session: the exec and warm ops of the mux (see mux.py).
+"""Command streaming for one session: the exec and warm ops of the mux (see _mux/server.py).
 
 Output goes to the worker as it arrives; stdin comes from the worker until STDIN_EOF. A command
 whose stream is lost is reported as lost and never re-run; a worker that hangs up mid-command
@@ -13,10 +13,10 @@ from __future__ import annotations
 import socket
 import threading
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_client as ac
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_errors as errors
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import errors
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
 
 DEADLINE_GRACE = 30.0          # client deadline beyond the agent's own command timeout
 
@@ -61,7 +61,7 @@ def op_exec(link, conn, req: dict) -> None:
 
 
 def op_warm(link, conn, req: dict) -> str | None:
-    """Run a pipelined module payload in the session's warm module runner (see warm.py).
+    """Run a pipelined module payload in the session's warm module runner (see module_runners.py).
 
     Before any output, a request the runner cannot take is answered with an ERR_WARM error, and
     the worker runs it cold; once started, a lost runner is a lost command (never re-run).
@@ -82,7 +82,7 @@ def op_warm(link, conn, req: dict) -> str | None:
         link.runs.ensure(req.get("run"))
         runner = link.warm.get(req["interpreter"], req.get("core") or "")
         rid, events = runner.submit(req.get("env") or {}, bytes(payload))
-    except warm.Refused as e:
+    except module_runners.Refused as e:
         mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_WARM, "message": str(e)})
         return "warm_refused"
     except errors.EXPECTED as e:
@@ -177,10 +177,10 @@ def op_tmp(link, conn, req: dict) -> str:
         link.ensure_ready()
         link.runs.ensure(req.get("run"))
         done = link.warm.any_alive().tmp(req["tmp"])
-    except warm.Refused as e:
+    except module_runners.Refused as e:
         mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_WARM, "message": str(e)})
         return "tmp_refused"
-    except warm.Lost as e:
+    except module_runners.Lost as e:
         lost = errors.CommandLost("the warm module runner on session %s died during a task tmp dir command (%s): "
                                   "it is not re-run" % (link.label, e))
         mp.send_frame(conn, mp.ERROR, link.explain(lost))

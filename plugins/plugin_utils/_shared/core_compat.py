@@ -21,7 +21,7 @@ A3 ansible's packages are regular packages with a list `__path__`: the warm runn
                                                              -> test_a3_runner_runs_real_payloads_warm
 A4 Core skips parsing a plugin's DOCUMENTATION when its options are already defined
    (ConfigManager.has_configuration_definition / initialize_plugin_configuration_definitions), which
-   option_defs.py uses to save the parse in every worker.   -> test_a4_plugin_options_can_be_defined_ahead
+   _worker/option_defs.py uses to save the parse in every worker.   -> test_a4_plugin_options_can_be_defined_ahead
 A5 Core calls `connection._shell.set_options()` after the connection's own options and before it reads
    remote_tmp, with the task's keys (`task_keys`, its `action` among them), builds a module's environment
    string with `shell.env_prefix(**env)` and expands `~` paths with `shell.expand_user()`: the connection

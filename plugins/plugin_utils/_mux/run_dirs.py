@@ -15,8 +15,8 @@ import posixpath
 import threading
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.core_compat import TASK_TMP
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.core_compat import TASK_TMP
 
 log = logging.getLogger("microvm.mux")
 

@@ -9,7 +9,7 @@ to the mux (stdlib only, like everything on the worker side), so an action plugi
 Exec, an Upload and a Download of the same session side by side.
 """
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 
 STDIN_FRAME = 1024 * 1024
 STDERR_KEPT = 64 * 1024

@@ -3,7 +3,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The worker's side of the multiplexer: find or start the user's shared mux, attach to a session, talk.
 
-Stdlib only (see mux_protocol.py): this runs in every task's worker process.
+Stdlib only (see _shared/frames.py): this runs in every task's worker process.
 """
 
 import fcntl
@@ -19,10 +19,10 @@ import sys
 import threading
 import time
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import DEFAULT_MAX_OUTPUT, DEFAULT_POOL_SIZE, ProcessConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import DEFAULT_MAX_OUTPUT, DEFAULT_POOL_SIZE, ProcessConfig
 
-MUX_MODULE = "ansible_collections.microvm.sandbox.plugins.plugin_utils.mux"
+MUX_MODULE = "ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.server"
 PYTHON_START_GRACE = 20.0  # python + grpc start-up on a loaded machine, on top of connect_timeout
 OLD_MUX_DIR_SECONDS = 7 * 24 * 3600  # dirs of muxes long gone (their logs) are removed after a week
 

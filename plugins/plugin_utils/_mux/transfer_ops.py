@@ -1,7 +1,7 @@
 # Copyright (c) 2026, microvm.sandbox contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Transfers and staging: put, fetch and put_archive for one session (ops of the mux, see mux.py).
+"""Transfers and staging: put, fetch and put_archive for one session (ops of the mux, see _mux/server.py).
 
 The mux does the file I/O itself (the worker sends local paths). Guest paths inside the transfer
 root go straight through the agent; others are staged through the run's TMPDIR with commands in
@@ -16,20 +16,12 @@ import posixpath
 import uuid
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_client as ac
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_errors as errors
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import errors
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 
 log = logging.getLogger("microvm.mux")
 
-
-def guest_path(path: str) -> str:
-    """Relative guest paths are relative to the default workdir; '~' is the platform's home."""
-    if path == "~" or path.startswith("~/"):
-        path = profile.HOME_DIR + path[1:]
-    if not path.startswith("/"):
-        path = posixpath.join(profile.DEFAULT_WORKDIR, path)
-    return posixpath.normpath(path)
 
 
 def _stage_name(run_dir: str, remote: str) -> str:
@@ -44,7 +36,7 @@ def _stage_dir(link, req: dict, remote: str) -> str:
 
 
 def op_put(link, req: dict) -> dict:
-    local, remote = req["local"], guest_path(req["remote"])
+    local, remote = req["local"], profile.guest_path(req["remote"])
     if not os.path.isfile(local):
         raise ac.RemoteNotFound("local file %s to upload does not exist" % local)
     link.ensure_ready()
@@ -66,7 +58,7 @@ def op_put_archive(link, req: dict) -> dict:
 
     The agent checks every member before writing, so a refused archive leaves the target as it was.
     """
-    local, remote = req["local"], guest_path(req["remote"])
+    local, remote = req["local"], profile.guest_path(req["remote"])
     if not os.path.isfile(local):
         raise ac.RemoteNotFound("local archive %s to upload does not exist" % local)
     link.ensure_ready()
@@ -74,7 +66,7 @@ def op_put_archive(link, req: dict) -> dict:
 
 
 def op_fetch(link, req: dict) -> dict:
-    remote, local = guest_path(req["remote"]), req["local"]
+    remote, local = profile.guest_path(req["remote"]), req["local"]
     link.ensure_ready()
     if profile.is_within(remote):
         try:

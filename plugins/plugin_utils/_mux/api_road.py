@@ -44,7 +44,7 @@ import uuid
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import USER_AGENT
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_client as ac
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
 
 log = logging.getLogger("microvm.mux")
 
@@ -474,8 +474,8 @@ class NoWarm:
     """The api road has no warm module runner (it needs a long-lived stdin): the worker runs modules cold."""
 
     def get(self, interpreter, core=""):
-        from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm
-        raise warm.Refused("the api transport has no warm runner")
+        from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
+        raise module_runners.Refused("the api transport has no warm runner")
 
     def any_alive(self):
         """No runner to do a task's tmp dir commands either: the worker runs them in a shell."""
@@ -486,7 +486,7 @@ class NoWarm:
 
 
 def attach(link) -> None:
-    """Give a SessionLink (mux_session.py) the api road: its client and no warm runner."""
+    """Give a SessionLink (_mux/session_link.py) the api road: its client and no warm runner."""
     cfg = link.cfg
     link.road = "api"
     link.agent = ApiRoadClient(cfg.api_url, cfg.prefix, cfg.token, link.session_id, link.label,

@@ -24,7 +24,7 @@ import time
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import advice, profile
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_protocol import socket_path as short_socket_path
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.frames import socket_path as short_socket_path
 
 try:
     from websockets.asyncio.client import connect as ws_connect

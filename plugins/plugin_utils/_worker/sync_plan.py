@@ -10,7 +10,7 @@ deletion or a mode/mtime fix of the destination, in the order they must run (a d
 everything inside it). It keeps counts and the first `limit` paths of each kind for the result.
 """
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import sync_tree as st
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import sync_tree as st
 
 
 class Listing:

@@ -11,8 +11,8 @@ unreachable, lost and gone (mux_protocol.UNREACHABLE_KINDS) make the host UNREAC
 from __future__ import annotations
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_client as ac
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 
 
 class MuxFailure(Exception):

@@ -1,7 +1,7 @@
 # Copyright (c) 2026, microvm.sandbox contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The mux's side of the warm module runner (see warm_runner.py, which runs in the guest).
+"""The mux's side of the warm module runner (see _guest/module_runner.py, which runs in the guest).
 
 Not to be confused with the guest agent (the gRPC service every command goes through) or the
 session's `agent` field (an AI agent spec).
@@ -15,13 +15,13 @@ it started and then lost is reported as failed and never re-run.
 
 import json
 import logging
-import os
 import queue
 import struct
 import threading
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import core_compat
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import warm_runner as wr
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import core_compat
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import module_runner as wr
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import source_of
 
 log = logging.getLogger("microvm.mux")
 
@@ -43,9 +43,8 @@ def runner_argv(interpreter):
     return ["/bin/sh", "-c", 'exec "$0" -c "$1" "$2" "$3"', python[0]] + python[2:]
 
 
-def runner_source():
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_runner.py"), "r") as f:
-        return f.read()
+def runner_source() -> str:
+    return source_of(wr)
 
 
 class Refused(Exception):

@@ -3,24 +3,24 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The controller's shared multiplexer: the socket server and dispatch.
 
-One mux process per controller user, multiplexer directory and pool slot (see mux_config.py)
+One mux process per controller user, multiplexer directory and pool slot (see _shared/config.py)
 serves every session of every run. Started detached by the first worker that needs it (see
-mux_client.py), it reads a ProcessConfig as one JSON line on stdin (no secrets), answers one JSON
+_worker/mux_client.py), it reads a ProcessConfig as one JSON line on stdin (no secrets), answers one JSON
 line on stdout ({"ok": true} or an error), then serves workers on `<dir>/mux.sock` (0600, in a
 0700 dir, peers of another uid refused). A worker's connection is bound to one session by
-"attach"; the session's link (mux_session.py: port-forward, gRPC channel, health and wake-up) is
+"attach"; the session's link (_mux/session_link.py: port-forward, gRPC channel, health and wake-up) is
 opened on first use and closed after `persist` idle seconds, when its session is deleted, or on a
 "reset" (meta: reset_connection). The process exits once no link and no worker connection is left
 for a few seconds, on SIGTERM, or on "shutdown".
 
 The jobs live in their own modules, all running in this process:
-    mux_session.py    one session's channel, health and wake-up
-    mux_runs.py       runs and their TMPDIRs
-    mux_transfers.py  put / fetch / put_archive and staging
-    mux_exec.py       exec and warm: command streaming
-    mux_errors.py     the error vocabulary (ERROR frame kinds)
+    _mux/session_link.py    one session's channel, health and wake-up
+    _mux/run_dirs.py       runs and their TMPDIRs
+    transfer_ops.py  put / fetch / put_archive and staging
+    exec_ops.py       exec and warm: command streaming
+    _mux/errors.py     the error vocabulary (ERROR frame kinds)
 
-Run as: python -m ansible_collections.microvm.sandbox.plugins.plugin_utils.mux
+Run as: python -m ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.server
 """
 
 from __future__ import annotations
@@ -38,14 +38,14 @@ import sys
 import threading
 import time
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import agent_client as ac
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_errors as errors
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_exec
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_transfers
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import tunnel as tunnel_mod
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import ProcessConfig, SessionConfig
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_session import LinkClosed, SessionLink
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import errors
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import exec_ops
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import transfer_ops
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import tunnel as tunnel_mod
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import ProcessConfig, SessionConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link import LinkClosed, SessionLink
 
 log = logging.getLogger("microvm.mux")
 
@@ -75,14 +75,14 @@ MALLOC_TRIM = _malloc_trim()
 # The session ops: name -> function. STREAM_OPS talk on the connection themselves (link, conn, req);
 # RESULT_OPS return the RESULT payload (link, req). A new op is one function and one line here.
 STREAM_OPS = {
-    "exec": mux_exec.op_exec,
-    "warm": mux_exec.op_warm,
-    "tmp": mux_exec.op_tmp,
+    "exec": exec_ops.op_exec,
+    "warm": exec_ops.op_warm,
+    "tmp": exec_ops.op_tmp,
 }
 RESULT_OPS = {
-    "put": mux_transfers.op_put,
-    "fetch": mux_transfers.op_fetch,
-    "put_archive": mux_transfers.op_put_archive,
+    "put": transfer_ops.op_put,
+    "fetch": transfer_ops.op_fetch,
+    "put_archive": transfer_ops.op_put_archive,
 }
 
 
@@ -331,7 +331,7 @@ class MuxServer:
                     kind, message = errors.classify(e)
                     mp.send_frame(conn, mp.ERROR, {"kind": kind, "message": message})
                     if op in STREAM_OPS:
-                        mux_exec.drain_stdin(conn)  # keep the connection in step
+                        exec_ops.drain_stdin(conn)  # keep the connection in step
                     return None
             try:
                 with link.in_use():

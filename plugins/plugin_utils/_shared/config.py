@@ -3,7 +3,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The multiplexer's configuration: one object per session, built by the worker, read by the mux.
 
-Stdlib only (it is imported by every task's worker, see mux_protocol.py).
+Stdlib only (it is imported by every task's worker, see _shared/frames.py).
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import dataclasses
 import os
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import mux_protocol as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 
 DEFAULT_POOL_SIZE = min(os.cpu_count() or 1, 4)
 # The most stdout + stderr of one command a task holds in memory (option max_output_bytes): a guest printing
 # 200 MB took the task's process to 838 MB, as Ansible copies and decodes the output several times over.
 DEFAULT_MAX_OUTPUT = 64 * 1024 * 1024
-TRANSPORTS = ("agent", "api", "auto")  # the roads into a session (plugin_utils/api_road.py)
+TRANSPORTS = ("agent", "api", "auto")  # the roads into a session (plugin_utils/_mux/api_road.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +35,7 @@ class SessionConfig:
     scratch_dir: str = profile.SCRATCH_DIR
     validate_certs: bool = True
     host_tag: str = ""
-    transport: str = "agent"  # agent, api or auto (api_road.py)
+    transport: str = "agent"  # agent, api or auto (_mux/api_road.py)
 
     def __post_init__(self) -> None:
         # the options may arrive as strings or None (env vars, ini): normalise once, here

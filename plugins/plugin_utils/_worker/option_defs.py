@@ -73,7 +73,7 @@ def register(plugin_type, name, documentation):
     `name` is what core files the plugin's options under: for a collection plugin, its
     Python module name (the plugin module passes its __name__).
     """
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils import core_compat
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import core_compat
 
     try:
         if core_compat.plugin_options_defined(plugin_type, name):
