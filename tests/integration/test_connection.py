@@ -386,6 +386,25 @@ def test_token_never_printed(plane, sandbox, env, mux_dir, playbook_runner):
         assert plane.token.encode() not in open("/proc/%d/environ" % pid, "rb").read()
 
 
+@pytest.mark.parametrize("variable", ["DIGITALOCEAN_TOKEN", "DIGITALOCEAN_ACCESS_TOKEN"])
+def test_token_from_doctl_variables(plane, sandbox, env, mux_dir, playbook_runner, variable):
+    """The token may come from doctl's or community.digitalocean's variable, and still reaches no process env."""
+    pb = """
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - ansible.builtin.command: "true"
+"""
+    env = dict(env)
+    env[variable] = env.pop("DO_AGENTS_API_TOKEN")
+    res = playbook_runner(pb, inventory({"box": sandbox["name"]}), env)
+    assert res.rc == 0, res
+    pids = mux_pids(mux_dir)
+    assert pids
+    for pid in pids:
+        assert plane.token.encode() not in open("/proc/%d/environ" % pid, "rb").read()
+
+
 def test_paused_between_tasks(plane, sandbox, env, playbook_runner):
     pb = """
 - hosts: sbx

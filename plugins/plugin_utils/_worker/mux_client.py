@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 
+from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import DEFAULT_MAX_OUTPUT, DEFAULT_POOL_SIZE, ProcessConfig
 
@@ -184,7 +185,7 @@ class MuxClient:
         # a long-lived process with a thread per request: few malloc arenas keep its memory from
         # growing with every concurrent transfer (glibc makes up to 8 per core otherwise)
         env.setdefault("MALLOC_ARENA_MAX", "2")
-        for name in ("DO_AGENTS_API_TOKEN", "DIGITALOCEAN_TOKEN", "DIGITALOCEAN_ACCESS_TOKEN", "ANSIBLE_MICROVM_API_TOKEN"):
+        for name in profile.API_TOKEN_ENVS:
             env.pop(name, None)  # the token travels in attach requests only
         log_path = os.path.join(self.dir, mp.LOG_NAME)
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
