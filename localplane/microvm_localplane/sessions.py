@@ -104,8 +104,8 @@ class Sessions:
     def lock(self, session_id):
         return self.locks.setdefault(session_id, asyncio.Lock())
 
-    def spawn(self, coro):
-        task = asyncio.get_running_loop().create_task(coro)
+    def spawn(self, coro, name=None):
+        task = asyncio.get_running_loop().create_task(coro, name=name)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task
@@ -367,7 +367,7 @@ class Sessions:
             raise ApiFailure(404, "session %s is already %s" % (rec["session_id"], rec["status"].lower()))
         self.set_status(rec, contract.DESTROYING)
         self.activity.kill_all(rec["session_id"], "session deleted")
-        self.spawn(self._destroy(rec))
+        self.spawn(self._destroy(rec), name=DESTROY_TASK + rec["session_id"])
 
     async def _destroy(self, rec):
         sid = rec["session_id"]
@@ -494,11 +494,16 @@ class Sessions:
         for rec in list(self.store.sessions.values()):
             sid = rec["session_id"]
             if rec["status"] == contract.DESTROYING:
-                self.spawn(self._destroy(rec))
+                self.spawn(self._destroy(rec), name=DESTROY_TASK + sid)
             elif rec["status"] in (contract.PROVISIONING, contract.READY, contract.DETACHED, contract.PAUSED):
                 self.boots[sid] = self.spawn(self._boot(rec, adopt=rec["status"] != contract.PROVISIONING))
 
     async def shutdown(self, stop_guests):
+        # A delete already answered finishes first: cancelled half-way, it would leave the session's disk mounted
+        # and its guest half-stopped with nobody left to clean up.
+        destroying = [t for t in self.tasks if t.get_name().startswith(DESTROY_TASK)]
+        if destroying:
+            await asyncio.wait(destroying, timeout=DESTROY_GRACE)
         for task in list(self.tasks):
             task.cancel()
         for task in list(self.tasks):
@@ -507,6 +512,10 @@ class Sessions:
             except BaseException:
                 pass
         await self.guests.shutdown(stop_guests)
+
+
+DESTROY_TASK = "destroy:"   # the name of a session's destroy task, plus its id
+DESTROY_GRACE = 60          # seconds a stopping plane gives the destroys in flight to finish
 
 
 def guest_state_dir(state_dir):

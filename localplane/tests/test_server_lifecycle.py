@@ -373,3 +373,22 @@ def test_the_first_base_session_says_the_rootfs_is_being_built(tmp_path):
     finally:
         down = cli("down", "--state-dir", state)
     assert down.returncode == 0, down.stdout + down.stderr
+
+
+def test_a_delete_in_flight_when_the_plane_stops_leaves_nothing_mounted(tmp_path):
+    """The plane stopped right after answering a DELETE: the destroy finishes, no disk or loop device stays."""
+    state = str(tmp_path / "plane")
+    os.makedirs(state)
+    handle = start_local_plane(state)
+    try:
+        rest = Rest(handle.url, handle.token)
+        sid = rest.create("deleted-then-stopped")
+        rest.wait(sid, "READY")
+        assert requests.delete(rest.url + "/sessions/%s" % sid, headers=rest.h).status_code in (200, 202, 204)
+    finally:
+        stop_local_plane(handle)
+    with open("/proc/self/mountinfo") as f:
+        assert [line.split()[4] for line in f if state in line] == []
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=False).stdout
+    assert state not in loops
+    assert processes_mentioning(state) == []
