@@ -33,13 +33,14 @@ NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/te
 CORE_SUITES := tests/unit/plugins/plugin_utils/test_core_compat.py tests/integration/test_connection_fastpath.py::test_every_task_is_served_warm
 
 .PHONY: help venv system-deps collection base-rootfs proto proto-check lint sanity ansible-lint docs-lint docs \
-        unit localplane-test integration molecule galaxy-import ee-test test test-core220 test-live demo local-up local-down build clean clean-images bench docsite
+        unit localplane-test integration molecule galaxy-import ee-test test test-core220 test-live demo local-up local-down sweep build clean clean-images bench docsite
 
 help:
 	@echo "make demo   - set up everything and run the demo end to end on the local control plane"
 	@echo "make test   - set up and run the whole suite (lint, sanity, unit, integration, e2e)"
 	@echo "make docs   - build the HTML docsite into docs/build/html"
 	@echo "make local-up / local-down - start / stop the local control plane (.local/env)"
+	@echo "make sweep  - stop the guests and remove the mounts that killed local planes left on this host"
 	@echo "make proto  - regenerate the guest agent stubs from protos/"
 	@echo "make docsite - regenerate the docsite's extra docs (docs/docsite/rst) from docs/*.md and the README"
 	@echo "make bench  - run the benchmarks in bench/"
@@ -165,6 +166,9 @@ local-up: setup
 
 local-down: venv
 	$(PY) -m microvm_localplane down --state-dir $(CURDIR)/.local/plane
+
+sweep: venv
+	$(PY) -m microvm_localplane sweep
 
 demo: setup
 	bash hack/demo.sh

@@ -389,6 +389,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from .sweep import sweep
+    done = sweep(stopped_too=args.stopped_too, dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps(done, indent=1, sort_keys=True))
+        return 0
+    verb = "would remove" if args.dry_run else "removed"
+    print("%s what %d plane(s) no longer running left: %d guest process(es) %s, %d mount(s), %d loop device(s)" % (
+        verb, len(done["scopes"]), len(done["pids"]), "to stop" if args.dry_run else "stopped",
+        len(done["mounts"]), len(done["loops"])))
+    return 0
+
+
 # The bounds of one archive upload, handed to every guest's agent (agentarchive.DEFAULT_LIMITS when unset).
 ARCHIVE_LIMITS = (("archive_max_members", "--archive-max-members", "MICROVM_LOCALPLANE_ARCHIVE_MAX_MEMBERS",
                    "most members one uploaded archive may have"),
@@ -508,6 +521,13 @@ def main(argv=None):
     p = sub.add_parser("down", help="stop the background plane and every guest")
     p.add_argument("--state-dir", required=True)
     p.set_defaults(func=cmd_down)
+    p = sub.add_parser("sweep", help="stop the guests of planes no longer running and remove their mounts and loop "
+                                     "devices (state dirs that still exist are kept for a plane started there again)")
+    p.add_argument("--stopped-too", action="store_true",
+                   help="also sweep planes whose state dir still exists (their sessions boot afresh when it is up again)")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("status", help="list the plane's process, sessions, guests, containers and mounts on this host")
     p.add_argument("--state-dir", required=True)
     p.add_argument("--json", action="store_true", help="print one JSON object (what a script checks)")

@@ -2,6 +2,7 @@
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -392,3 +393,47 @@ def test_a_delete_in_flight_when_the_plane_stops_leaves_nothing_mounted(tmp_path
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=False).stdout
     assert state not in loops
     assert processes_mentioning(state) == []
+
+
+def test_sweep_removes_what_a_killed_plane_left_and_nothing_of_a_running_one(tmp_path):
+    """A plane SIGKILLed whose state dir is then removed (a killed test run) leaves guests, mounts and loop devices
+    nobody will adopt: `sweep` removes them; a running plane's guest and a stopped plane that may be restarted stay."""
+    from microvm_localplane.sweep import scope_of
+
+    killed, running = str(tmp_path / "killed"), str(tmp_path / "running")
+    os.makedirs(killed)
+    os.makedirs(running)
+    victim, bystander = start_local_plane(killed), start_local_plane(running)
+    try:
+        sids = []
+        for handle in (victim, bystander):
+            rest = Rest(handle.url, handle.token)
+            sids.append(rest.create("sweep-me"))
+            rest.wait(sids[-1], "READY")
+        orphans = guest_pids(killed)
+        assert orphans and guest_pids(running)
+        victim.process.send_signal(signal.SIGKILL)
+        victim.process.wait(10)
+        kept = cli("sweep")  # the killed plane's state dir still has its records: it may be started again
+        assert kept.returncode == 0, kept.stderr
+        assert all(os.path.exists("/proc/%d" % pid) for pid in orphans)
+        shutil.rmtree(os.path.join(killed, "sessions"))  # as a test's temporary dir goes
+        dry = cli("sweep", "--dry-run", "--json")
+        assert dry.returncode == 0, dry.stderr
+        assert scope_of(guest_state_dir(killed)) in json.loads(dry.stdout)["scopes"]
+        assert all(os.path.exists("/proc/%d" % pid) for pid in orphans)  # a dry run touches nothing
+        swept = cli("sweep")
+        assert swept.returncode == 0, swept.stderr
+        assert "no longer running" in swept.stdout
+        deadline = time.monotonic() + 10
+        while any(os.path.exists("/proc/%d" % pid) for pid in orphans) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(os.path.exists("/proc/%d" % pid) for pid in orphans)
+        with open("/proc/self/mountinfo") as f:
+            assert [line.split()[4] for line in f if killed in line or scope_of(guest_state_dir(killed)) in line] == []
+        assert killed not in subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=False).stdout
+        assert guest_pids(running), "the running plane's guest was touched"
+        assert Rest(bystander.url, bystander.token).exec(sids[1], ["true"])["exit_code"] == 0
+    finally:
+        stop_local_plane(bystander)
+        stop_local_plane(victim)
