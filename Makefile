@@ -32,7 +32,7 @@ NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/te
 # and every task served by the warm runner through the real stack.
 CORE_SUITES := tests/unit/plugins/plugin_utils/test_core_compat.py tests/integration/test_connection_fastpath.py::test_every_task_is_served_warm
 
-.PHONY: help venv system-deps collection base-rootfs proto proto-check lint sanity ansible-lint docs-lint docs \
+.PHONY: help venv system-deps collection base-rootfs proto proto-check lint typecheck sanity ansible-lint docs-lint docs \
         unit localplane-test integration molecule galaxy-import ee-test test test-core220 test-live demo local-up local-down build clean clean-images bench docsite
 
 help:
@@ -116,6 +116,10 @@ docsite: venv
 
 lint: venv
 	$(BIN)/ruff check .
+
+# mypy over plugins/ (config: pyproject.toml [tool.mypy]) and the share of annotated functions (hack/typed_share.py).
+typecheck: venv collection
+	bash hack/typecheck.sh
 
 sanity: setup
 	bash hack/sanity.sh
