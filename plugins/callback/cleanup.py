@@ -93,7 +93,7 @@ class CallbackModule(CallbackBase):
         self.created: dict[str, tuple[str, str | None, str | None]] = {}
         self.done = False
         self._pid = os.getpid()
-        self._previous_sigterm = None
+        self._previous_sigterm: t.Any = None
         self._registered = False
 
     # -- recording ---------------------------------------------------------

@@ -27,7 +27,7 @@ import email.utils
 import json
 import random
 import time
-from typing import Any, Callable, Collection, Container, Iterable, Sequence
+from typing import Any, Callable, Collection, Container, Iterable, Literal, Sequence, overload
 
 from ansible.module_utils.six.moves.urllib.parse import quote, urlencode
 from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
@@ -467,6 +467,14 @@ class ApiClient(object):
         if live and status in profile.GONE:
             raise NotFound("live session", name_or_id, "(session %s is %s)" % (session.get("session_id"), status))
         return session
+
+    @overload
+    def wait_session(self, session_id: str, until: Collection[str] = ..., timeout: float = ...,
+                     gone_ok: Literal[False] = ...) -> dict[str, Any]: ...
+
+    @overload
+    def wait_session(self, session_id: str, until: Collection[str] = ..., timeout: float = ...,
+                     gone_ok: bool = ...) -> dict[str, Any] | None: ...
 
     def wait_session(self, session_id: str, until: Collection[str] = profile.USABLE, timeout: float = 300.0,
                      gone_ok: bool = False) -> dict[str, Any] | None:

@@ -138,7 +138,7 @@ from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_requ
 from ansible_collections.microvm.sandbox.plugins.module_utils import object_storage as store  # noqa: E402
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             mode=dict(type="str", required=True, choices=["put", "get"]),
