@@ -11,6 +11,8 @@ and are renamed into place only once the sha256 matches. Transfer paths
 outside the transfer root are refused here, before any network call.
 """
 
+from __future__ import annotations
+
 import contextlib
 import hashlib
 import os

@@ -14,6 +14,8 @@ closed connection), so the tunnel keeps the last failure as a clear
 TunnelError naming the session; the caller reads it with `errors_since()`.
 """
 
+from __future__ import annotations
+
 import asyncio
 import os
 import shutil
