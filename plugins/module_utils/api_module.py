@@ -16,7 +16,7 @@ import math
 import re
 from typing import Any, Callable, NoReturn
 
-from ansible.module_utils.basic import env_fallback
+from ansible.module_utils.basic import AnsibleModule, env_fallback
 from ansible.module_utils.six.moves.urllib.parse import unquote
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import advice, profile
@@ -51,7 +51,7 @@ def api_argument_spec(**module_options: Any) -> dict[str, Any]:
     return spec
 
 
-def client_from_module(module: Any) -> ApiClient:
+def client_from_module(module: AnsibleModule) -> ApiClient:
     """An ApiClient built from the module's API options; fails the module when it cannot be built."""
     p = module.params
     try:
@@ -86,7 +86,7 @@ def _kind(value: Any) -> str:
     return kinds.get(type(value), "null")
 
 
-def run_api_module(module: Any, work: Callable[[ApiClient], dict[str, Any]]) -> None:
+def run_api_module(module: AnsibleModule, work: Callable[[ApiClient], dict[str, Any]]) -> None:
     """Check the options, build the client, run `work(client)` -> result dict, exit; errors become fail_json."""
     problems = option_problems(module.params)
     if problems:
@@ -99,11 +99,10 @@ def run_api_module(module: Any, work: Callable[[ApiClient], dict[str, Any]]) -> 
     module.exit_json(**result)
 
 
-def fail_from_error(module: Any, error: ApiError | WaitTimeout, client: ApiClient | None = None, **result: Any) -> NoReturn:
+def fail_from_error(module: AnsibleModule, error: ApiError | WaitTimeout, client: ApiClient | None = None, **result: Any) -> NoReturn:
     msg, details = describe_error(error, client)
     details.update(result)
     module.fail_json(msg=msg, **details)
-    raise SystemExit(1)  # not reached: fail_json exits (this says so to the type checker)
 
 
 def describe_error(error: ApiError | WaitTimeout, client: ApiClient | None = None) -> tuple[str, dict[str, Any]]:
