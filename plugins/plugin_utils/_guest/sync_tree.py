@@ -108,7 +108,7 @@ class Excludes:
     """
 
     def __init__(self, patterns: "Iterable[str]" = ()) -> None:
-        self.rules = []  # type: List[Tuple[bool, bool, bool, Pattern[str]]]
+        self.rules: "List[Tuple[bool, bool, bool, Pattern[str]]]" = []
         for raw in patterns:
             self.add(raw)
 
@@ -330,7 +330,7 @@ def _walk_dir(dir_fd: int, prefix: bytes, excludes: "Optional[Excludes]", checks
 SYS_OPENAT2 = 437
 RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
 BENEATH = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
-_openat2 = []  # type: List[Optional[Callable[..., int]]]  # [] until probed, then [function or None]
+_openat2: "List[Optional[Callable[..., int]]]" = []  # [] until probed, then [function or None]
 
 
 def _load_openat2() -> "Optional[Callable[..., int]]":
@@ -431,7 +431,7 @@ def open_root(path: "str | bytes", create: bool = False, workspace: "str | None"
     if workspace and within(os.path.normpath(text), workspace.rstrip("/")):
         bound = [p for p in os.fsencode(workspace).split(b"/") if p]
     fds = [os.open(b"/", DIR_FLAGS)]
-    names = []  # type: List[bytes]
+    names: "List[bytes]" = []
     todo = list(reversed(path.split(b"/")))
     links = made = retries = 0
     try:
