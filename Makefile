@@ -43,6 +43,7 @@ help:
 	@echo "make proto  - regenerate the guest agent stubs from protos/"
 	@echo "make docsite - regenerate the docsite's extra docs (docs/docsite/rst) from docs/*.md and the README"
 	@echo "make bench  - run the benchmarks in bench/"
+	@echo "make typecheck - mypy over plugins/ and the share of annotated functions (hack/typed_share.py)"
 	@echo "make clean  - remove .local (planes, caches, results) and this project's images (make clean-images)"
 	@echo "make ee-test - build an execution environment (ansible-builder, podman) and run a playbook in it"
 	@echo "make galaxy-import - run Galaxy's importer (offline) on the built tarball"
