@@ -32,7 +32,7 @@ NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/te
 # and every task served by the warm runner through the real stack.
 CORE_SUITES := tests/unit/plugins/plugin_utils/test_core_compat.py tests/integration/test_connection_fastpath.py::test_every_task_is_served_warm
 
-.PHONY: help venv system-deps collection base-rootfs proto proto-check lint sanity ansible-lint docs-lint docs \
+.PHONY: help venv system-deps collection base-rootfs proto proto-check lint typecheck sanity ansible-lint docs-lint docs \
         unit localplane-test integration molecule galaxy-import ee-test test test-core220 test-live demo local-up local-down sweep build clean clean-images bench docsite
 
 help:
@@ -44,6 +44,7 @@ help:
 	@echo "make proto  - regenerate the guest agent stubs from protos/"
 	@echo "make docsite - regenerate the docsite's extra docs (docs/docsite/rst) from docs/*.md and the README"
 	@echo "make bench  - run the benchmarks in bench/"
+	@echo "make typecheck - mypy over plugins/ and the share of annotated functions (hack/typed_share.py)"
 	@echo "make clean  - remove .local (planes, caches, results) and this project's images (make clean-images)"
 	@echo "make ee-test - build an execution environment (ansible-builder, podman) and run a playbook in it"
 	@echo "make galaxy-import - run Galaxy's importer (offline) on the built tarball"
@@ -117,6 +118,10 @@ docsite: venv
 
 lint: venv
 	$(BIN)/ruff check .
+
+# mypy over plugins/ (config: pyproject.toml [tool.mypy]) and the share of annotated functions (hack/typed_share.py).
+typecheck: venv collection
+	bash hack/typecheck.sh
 
 sanity: setup
 	bash hack/sanity.sh

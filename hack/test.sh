@@ -23,6 +23,7 @@ suites=(localplane:localplane/tests unit:tests/unit integration:tests/integratio
 step proto-check .venv/bin/python hack/gen_proto.py --check
 step docsite-check .venv/bin/python hack/gen_docsite.py --check
 step ruff .venv/bin/ruff check .
+step typecheck bash hack/typecheck.sh
 step changelog-lint .venv/bin/antsibull-changelog lint
 step docs-lint .venv/bin/antsibull-docs lint-collection-docs --plugin-docs --skip-rstcheck .
 step ansible-lint .venv/bin/ansible-lint --profile production --offline --nocolor -q

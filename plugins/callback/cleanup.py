@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
@@ -93,7 +93,7 @@ class CallbackModule(CallbackBase):
         self.created: dict[str, tuple[str, str | None, str | None]] = {}
         self.done = False
         self._pid = os.getpid()
-        self._previous_sigterm = None
+        self._previous_sigterm: t.Any = None
         self._registered = False
 
     # -- recording ---------------------------------------------------------

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
@@ -99,6 +99,7 @@ cache_timeout: 60
 """
 
 import re  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 from ansible.errors import AnsibleError  # noqa: E402
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable  # noqa: E402
@@ -108,6 +109,9 @@ from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # 
 from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import describe_error  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.views import expand_statuses, select_sessions  # noqa: E402
+
+if TYPE_CHECKING:
+    from ansible.inventory.data import InventoryData
 
 CONNECTION_VARS = {
     # option -> host variable read by the connection plugin
@@ -121,7 +125,7 @@ SUFFIXES = (".microvm_sessions.yml", ".microvm_sessions.yaml")
 _PLUGIN_LINE = re.compile(r"""^plugin:\s*["']?microvm\.sandbox\.sessions["']?\s*(#.*)?$""", re.M)
 
 
-def _names_this_plugin(path):
+def _names_this_plugin(path: str) -> bool:
     """Whether a YAML file says `plugin: microvm.sandbox.sessions` (read cheaply, never fails)."""
     if not path.endswith((".yml", ".yaml")):
         return False
@@ -133,7 +137,7 @@ def _names_this_plugin(path):
     return bool(_PLUGIN_LINE.search(head))
 
 
-def _suggested_name(path):
+def _suggested_name(path: str) -> str:
     stem = re.sub(r"\.ya?ml$", "", path)
     return stem + SUFFIXES[0]
 
@@ -141,14 +145,15 @@ def _suggested_name(path):
 class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
 
     NAME = "microvm.sandbox.sessions"
+    inventory: InventoryData  # the base class's Optional: parse() sets it before anything here reads it
 
-    def verify_file(self, path):
+    def verify_file(self, path: str) -> bool:
         # A file that names this plugin but has another suffix is accepted too, so that
         # parse() can say which suffix it needs instead of core's generic refusal.
         return super(InventoryModule, self).verify_file(path) and \
             (path.endswith(SUFFIXES) or _names_this_plugin(path))
 
-    def parse(self, inventory, loader, path, cache=True):
+    def parse(self, inventory: InventoryData, loader: Any, path: str, cache: bool = True) -> None:
         if not path.endswith(SUFFIXES):
             raise AnsibleError(
                 "%s names the %s inventory plugin, which reads only files whose names end in %s: rename it, "
@@ -159,7 +164,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         self._populate(self._select(sessions))
 
     # -- data --------------------------------------------------------------
-    def _sessions(self, cache_key, cache):
+    def _sessions(self, cache_key: str, cache: bool) -> list[dict[str, Any]]:
         """The unfiltered session list, from the cache when allowed and present."""
         use_cache = self.get_option("cache")
         if use_cache and cache:
@@ -172,7 +177,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             self._cache[cache_key] = sessions
         return sessions
 
-    def _fetch(self):
+    def _fetch(self) -> list[dict[str, Any]]:
         client = None
         try:
             client = ApiClient(api_url=self.get_option("api_url"), api_token=self.get_option("api_token"),
@@ -188,7 +193,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             # from None: describe_error words the server's answer; ansible-core would append the raw ApiError again
             raise AnsibleError("microvm.sandbox.sessions: %s" % describe_error(e, client)[0]) from None
 
-    def _select(self, sessions):
+    def _select(self, sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
         try:
             statuses = expand_statuses(self.get_option("statuses"))
             regex = re.compile(self.get_option("name_regex")) if self.get_option("name_regex") else None
@@ -198,10 +203,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                                name_regex=regex)
 
     # -- hosts -------------------------------------------------------------
-    def _populate(self, sessions):
+    def _populate(self, sessions: list[dict[str, Any]]) -> None:
         strict = self.get_option("strict")
         connection_vars = self._connection_vars()
-        taken = set()
+        taken: set[str] = set()
         # Live sessions first, so a live session always gets its plain name as host name.
         for session in sorted(sessions, key=lambda s: profile.short_status(s.get("status")) in profile.GONE):
             host = self._host_name(session, taken)
@@ -215,7 +220,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             self._add_host_to_keyed_groups(self.get_option("keyed_groups"), hostvars, host, strict=strict)
 
     @staticmethod
-    def _host_name(session, taken):
+    def _host_name(session: dict[str, Any], taken: set[str]) -> str:
         """The session name; a gone session sharing a live one's name gets its id appended.
 
         A name the platform would never issue (wrong characters, such as template
@@ -230,7 +235,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         taken.add(name.lower())
         return name
 
-    def _host_vars(self, session):
+    def _host_vars(self, session: dict[str, Any]) -> dict[str, Any]:
         prefix = self.get_option("host_var_prefix")
         hostvars = dict((prefix + key, value) for key, value in session.items())
         hostvars[prefix + "status"] = profile.short_status(session.get("status"))
@@ -240,7 +245,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         hostvars["ansible_python_interpreter"] = self.get_option("python_interpreter")
         return hostvars
 
-    def _connection_vars(self):
+    def _connection_vars(self) -> dict[str, Any]:
         out = {}
         for option, var in CONNECTION_VARS.items():
             value = self.get_option(option)

@@ -10,7 +10,7 @@ reads the same everywhere. Each row is (what happened, what to do); callers add
 the call, the object and the server's own words around it.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
@@ -59,7 +59,7 @@ def reading(status: int, what: Optional[str] = None, ident: Optional[str] = None
 def hint_for(status: int, what: Optional[str] = None, ident: Optional[str] = None, attempts: int = 1) -> Optional[str]:
     """What to do about a failed call, in one sentence (None when the table has nothing to say)."""
     happened, todo = reading(status, what, ident, attempts)
-    if happened is None:
+    if happened is None or todo is None:
         return None
     return "%s: %s" % (capitalize(happened), todo[:1].lower() + todo[1:])
 

@@ -8,14 +8,15 @@ a message saying what happened and what to do; modules reach it through
 `fail_from_error`, the inventory plugin calls it directly.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
 import math
 import re
+from typing import Any, Callable, NoReturn
 
-from ansible.module_utils.basic import env_fallback
+from ansible.module_utils.basic import AnsibleModule, env_fallback
 from ansible.module_utils.six.moves.urllib.parse import unquote
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import advice, profile
@@ -35,7 +36,7 @@ ENV_OPTIONS = ("env", "secrets")  # the platform takes string values only
 _SESSION_PATH = re.compile(r"^/sessions/([^/?]+)")
 
 
-def api_argument_spec(**module_options):
+def api_argument_spec(**module_options: Any) -> dict[str, Any]:
     """The shared API options (doc fragment microvm.sandbox.api) plus the module's own."""
     spec = dict(
         api_url=dict(type="str", default=profile.DEFAULT_API_URL, fallback=(env_fallback, [profile.API_URL_ENV])),
@@ -50,7 +51,7 @@ def api_argument_spec(**module_options):
     return spec
 
 
-def client_from_module(module):
+def client_from_module(module: AnsibleModule) -> ApiClient:
     """An ApiClient built from the module's API options; fails the module when it cannot be built."""
     p = module.params
     try:
@@ -61,7 +62,7 @@ def client_from_module(module):
         fail_from_error(module, e)
 
 
-def option_problems(params):
+def option_problems(params: dict[str, Any]) -> list[str]:
     """What the argument spec cannot say: timeouts in range, env values that are scalars. -> messages naming the option."""
     problems = []
     for name, (low, high, low_ok) in sorted(TIMEOUT_RANGES.items()):
@@ -80,11 +81,12 @@ def option_problems(params):
     return problems
 
 
-def _kind(value):
-    return {list: "a list", tuple: "a list", dict: "a mapping", set: "a set"}.get(type(value), "null")
+def _kind(value: Any) -> str:
+    kinds: dict[type, str] = {list: "a list", tuple: "a list", dict: "a mapping", set: "a set"}
+    return kinds.get(type(value), "null")
 
 
-def run_api_module(module, work):
+def run_api_module(module: AnsibleModule, work: Callable[[ApiClient], dict[str, Any]]) -> None:
     """Check the options, build the client, run `work(client)` -> result dict, exit; errors become fail_json."""
     problems = option_problems(module.params)
     if problems:
@@ -97,13 +99,13 @@ def run_api_module(module, work):
     module.exit_json(**result)
 
 
-def fail_from_error(module, error, client=None, **result):
+def fail_from_error(module: AnsibleModule, error: ApiError | WaitTimeout, client: ApiClient | None = None, **result: Any) -> NoReturn:
     msg, details = describe_error(error, client)
     details.update(result)
     module.fail_json(msg=msg, **details)
 
 
-def describe_error(error, client=None):
+def describe_error(error: ApiError | WaitTimeout, client: ApiClient | None = None) -> tuple[str, dict[str, Any]]:
     """(message, details) for an ApiError or WaitTimeout: what happened, the server's words, what to do."""
     if isinstance(error, WaitTimeout):
         return _describe_wait(error)
@@ -115,11 +117,11 @@ def describe_error(error, client=None):
     status = error.status
     if isinstance(error, NotFound):
         where = " (session names are matched among live sessions only)" if "session" in (error.what or "") else ""
-        msg = "%s. %s%s." % (advice.capitalize(error.server_message), advice.reading(404)[1], where)
+        msg = "%s. %s%s." % (advice.capitalize(error.server_message or ""), advice.reading(404)[1], where)
     elif isinstance(error, OutcomeUnknown):
         msg = "%s: the outcome is unknown: %s. %s." % (call, error.server_message, error.hint)
     elif status == 0 and error.what == "token destination":
-        msg = advice.capitalize(error.server_message) + "."
+        msg = advice.capitalize(error.server_message or "") + "."
     elif status == 0 and error.path == "-":
         msg = "No API token: set the option api_token or one of the environment variables %s." % (
             ", ".join(profile.API_TOKEN_ENVS))
@@ -133,7 +135,7 @@ def describe_error(error, client=None):
     return msg, details
 
 
-def _from_table(error, call, said, client):
+def _from_table(error: ApiError, call: str, said: str, client: ApiClient | None) -> str:
     """The message of an HTTP error: what happened and what to do come from the one table (advice.py)."""
     status = error.status
     happened, todo = advice.reading(status, error.what or "object", error.ident, error.attempts)
@@ -145,7 +147,7 @@ def _from_table(error, call, said, client):
     return msg
 
 
-def _describe_wait(error):
+def _describe_wait(error: WaitTimeout) -> tuple[str, dict[str, Any]]:
     details = {"reached_status": error.status or ""}
     if error.what and error.last is not None:
         details[error.what] = error.last
@@ -160,7 +162,7 @@ def _describe_wait(error):
     return msg, details
 
 
-def _current_state(error, client):
+def _current_state(error: ApiError, client: ApiClient | None) -> str:
     """' The session was SESSION_STATUS_X.' for a 409 on a session route, best effort."""
     m = _SESSION_PATH.match(error.path or "")
     if not m or client is None:
@@ -177,7 +179,7 @@ def _current_state(error, client):
     return " The session %r was in state %s.%s" % (session.get("name") or session.get("session_id"), status, hint)
 
 
-def parse_duration(value):
+def parse_duration(value: Any) -> int:
     """Seconds from 600, '600', '600s', '10m', '1h30m' or '1d'; ValueError otherwise."""
     if isinstance(value, bool):
         raise ValueError("not a duration: %r" % (value,))

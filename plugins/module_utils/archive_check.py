@@ -18,7 +18,7 @@ controller's own file system holds.
 `sha256_file(path)` is the lowercase hex sha256 of a file, read in chunks.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
@@ -26,6 +26,7 @@ import hashlib
 import posixpath
 import tarfile
 from collections import deque
+from typing import Any
 
 CHUNK = 1024 * 1024
 MAX_LINKS = 40  # symbolic links followed in one resolution, as Linux does
@@ -35,12 +36,12 @@ NAME_MAX, PATH_MAX = 255, 4096  # bytes; the guest agent refuses longer names an
 class ArchiveRefused(Exception):
     """The archive holds members that would land outside the target (or cannot be read)."""
 
-    def __init__(self, message, offending=None):
+    def __init__(self, message: str, offending: list[str] | None = None) -> None:
         super(ArchiveRefused, self).__init__(message)
         self.offending = list(offending or [])
 
 
-def sha256_file(path):
+def sha256_file(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(CHUNK), b""):
@@ -48,16 +49,16 @@ def sha256_file(path):
     return digest.hexdigest()
 
 
-def _inside(rel):
+def _inside(rel: str) -> bool:
     """rel is a normalized path relative to the target: does it stay inside it?"""
     return rel != ".." and not rel.startswith("../") and not rel.startswith("/")
 
 
-def _parts(path):
+def _parts(path: str) -> list[str]:
     return [p for p in path.split("/") if p not in ("", ".")]
 
 
-def resolve_link(link_dir, link, symlinks, root):
+def resolve_link(link_dir: list[str], link: str, symlinks: dict[str, str], root: list[str]) -> list[str] | str:
     """Where a symbolic link of the archive leads, following the archive's own links.
 
     link_dir is the link's directory (list of names relative to the target), symlinks maps the normalized names of
@@ -66,7 +67,7 @@ def resolve_link(link_dir, link, symlinks, root):
     it, so leaving it even for a moment is refused).
     """
     stack = list(link_dir)
-    todo = deque()
+    todo: deque[str] = deque()
     hops = 0
     text = link
     while True:
@@ -79,7 +80,7 @@ def resolve_link(link_dir, link, symlinks, root):
             todo.extendleft(reversed(names[len(root):]))
         else:
             todo.extendleft(reversed(text.split("/")))
-        text = None
+        followed: str | None = None
         while todo:
             part = todo.popleft()
             if part in ("", "."):
@@ -96,13 +97,14 @@ def resolve_link(link_dir, link, symlinks, root):
                 if hops > MAX_LINKS:
                     return "symbolic link to %s is a loop of links" % link
                 stack.pop()
-                text = target
+                followed = target
                 break
-        if text is None:
+        if followed is None:
             return stack
+        text = followed
 
 
-def _too_long(target, rel):
+def _too_long(target: str, rel: str) -> str | None:
     longest = max(len(part.encode("utf-8", "surrogateescape")) for part in rel.split("/"))
     if longest > NAME_MAX:
         return "a name of %d bytes, longer than the file system allows (NAME_MAX %d)" % (longest, NAME_MAX)
@@ -112,7 +114,7 @@ def _too_long(target, rel):
     return None
 
 
-def link_problem(rel, link, symlinks, target):
+def link_problem(rel: str, link: str, symlinks: dict[str, str], target: str) -> str | None:
     """Why the symbolic link rel -> link leaves the target (None when it stays inside)."""
     if not link:
         return "symbolic link with an empty target"
@@ -120,7 +122,7 @@ def link_problem(rel, link, symlinks, target):
     return where if isinstance(where, str) else None
 
 
-def member_problem(member, target, links, symlinks=None):
+def member_problem(member: tarfile.TarInfo, target: str, links: set[str], symlinks: dict[str, str] | None = None) -> str | None:
     """Why this member would land outside target (None when it stays inside).
 
     target is the absolute guest directory the archive is extracted into; links is the set of
@@ -155,20 +157,20 @@ def member_problem(member, target, links, symlinks=None):
     return None
 
 
-def check_archive(path, target="/workspace", limit=20):
+def check_archive(path: str, target: str = "/workspace", limit: int = 20) -> dict[str, Any]:
     """Read every member of the tar at path; -> a summary dict, or ArchiveRefused naming the offending members.
 
     The summary holds members (count), files, dirs, symlinks, hardlinks and size (bytes of regular files).
     """
     offending = []
     summary = {"members": 0, "files": 0, "dirs": 0, "symlinks": 0, "hardlinks": 0, "size": 0}
-    links = set()
-    symlinks = {}
+    links: set[str] = set()
+    symlinks: dict[str, str] = {}
     flagged = set()
     try:
         with tarfile.open(path, mode="r:*") as tar:
             for member in iter(tar.next, None):
-                tar.members = []  # tarfile keeps every header it read: memory would grow with the archive
+                tar.members = []  # type: ignore[attr-defined]  # tarfile keeps every header it read: memory would grow with the archive
                 summary["members"] += 1
                 problem = member_problem(member, target, links, symlinks)
                 if problem:

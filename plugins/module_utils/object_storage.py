@@ -15,13 +15,14 @@ shared credentials file, AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL). They are never
 put into messages.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
 import os
 import re
 import tempfile
+from typing import Any
 
 from ansible_collections.microvm.sandbox.plugins.module_utils.archive_check import sha256_file
 
@@ -35,10 +36,10 @@ except ImportError as e:  # pragma: no cover - exercised only without boto3
     HAS_BOTO3 = False
     BOTO3_IMPORT_ERROR = e
 
-    class BotoCoreError(Exception):
+    class BotoCoreError(Exception):  # type: ignore[no-redef]
         pass
 
-    class ClientError(Exception):
+    class ClientError(Exception):  # type: ignore[no-redef]
         pass
 
 SIDECAR_SUFFIX = ".sha256"
@@ -60,17 +61,17 @@ class ChecksumMismatch(StorageError):
     pass
 
 
-def missing_boto3_message():
+def missing_boto3_message() -> str:
     return ("the Python package boto3 is needed for object storage on the controller "
             "(pip install boto3, or pip install -r requirements.txt of microvm.sandbox): %s" % BOTO3_IMPORT_ERROR)
 
 
-def endpoint_from_env(explicit=None):
+def endpoint_from_env(explicit: str | None = None) -> str | None:
     return explicit or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
 
 
-def make_client(endpoint_url=None, region=None, access_key=None, secret_key=None, session_token=None,
-                validate_certs=True, addressing_style="path"):
+def make_client(endpoint_url: str | None = None, region: str | None = None, access_key: str | None = None, secret_key: str | None = None,
+                session_token: str | None = None, validate_certs: bool = True, addressing_style: str = "path") -> Any:
     """A boto3 S3 client; unset values fall back to boto3's own chain (environment, shared files)."""
     if not HAS_BOTO3:
         raise StorageError(missing_boto3_message())
@@ -89,28 +90,28 @@ def make_client(endpoint_url=None, region=None, access_key=None, secret_key=None
     return session.client("s3", endpoint_url=endpoint_from_env(endpoint_url), verify=validate_certs, config=config)
 
 
-def where(client, bucket, key=None):
+def where(client: Any, bucket: str, key: str | None = None) -> str:
     """s3://bucket/key at the endpoint, for messages (no credentials in it)."""
     endpoint = getattr(getattr(client, "meta", None), "endpoint_url", None) or "the default endpoint"
     return "s3://%s%s at %s" % (bucket, "/" + key if key else "", endpoint)
 
 
-def _code(err):
+def _code(err: Exception) -> str:
     return str(err.response.get("Error", {}).get("Code", "")) if isinstance(err, ClientError) else ""
 
 
-def _explain(err):
+def _explain(err: Exception) -> str:
     if isinstance(err, ClientError):
         e = err.response.get("Error", {})
-        return "%s %s" % (e.get("Code", ""), e.get("Message", "")).strip()
+        return ("%s %s" % (e.get("Code", ""), e.get("Message", ""))).strip()
     return str(err)
 
 
-def sidecar_key(key):
+def sidecar_key(key: str) -> str:
     return key + SIDECAR_SUFFIX
 
 
-def ensure_bucket(client, bucket, create=False):
+def ensure_bucket(client: Any, bucket: str, create: bool = False) -> bool:
     """-> True when the bucket was created. Fails clearly when it is missing and create is off."""
     try:
         client.head_bucket(Bucket=bucket)
@@ -122,7 +123,7 @@ def ensure_bucket(client, bucket, create=False):
         raise StorageError("cannot reach the bucket %s: %s" % (where(client, bucket), _explain(e))) from e
     if not create:
         raise ObjectMissing("the bucket %s does not exist (set create_bucket to create it)" % where(client, bucket))
-    kwargs = {"Bucket": bucket}
+    kwargs: dict[str, Any] = {"Bucket": bucket}
     region = getattr(getattr(client, "meta", None), "region_name", None)
     if region and region != "us-east-1":  # S3 wants the region spelled out everywhere else
         kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
@@ -133,7 +134,7 @@ def ensure_bucket(client, bucket, create=False):
     return True
 
 
-def head(client, bucket, key):
+def head(client: Any, bucket: str, key: str) -> dict[str, Any] | None:
     """The object's head (dict), or None when it does not exist."""
     try:
         return client.head_object(Bucket=bucket, Key=key)
@@ -147,7 +148,7 @@ def head(client, bucket, key):
         raise StorageError("cannot read %s: %s" % (where(client, bucket, key), _explain(e))) from e
 
 
-def stored_sha256(client, bucket, key):
+def stored_sha256(client: Any, bucket: str, key: str) -> str | None:
     """The sha256 in the sidecar <key>.sha256; ObjectMissing when there is none."""
     skey = sidecar_key(key)
     try:
@@ -166,7 +167,7 @@ def stored_sha256(client, bucket, key):
     return digest
 
 
-def upload(client, bucket, key, path, check_mode=False, force=False):
+def upload(client: Any, bucket: str, key: str, path: str, check_mode: bool = False, force: bool = False) -> dict[str, Any]:
     """Store the file at path as key with its sha256 (metadata and sidecar).
 
     -> dict(changed, sha256, size, key, sidecar_key). Unchanged when the object and its sidecar already
@@ -199,11 +200,11 @@ def upload(client, bucket, key, path, check_mode=False, force=False):
     return result
 
 
-def _basename(key):
+def _basename(key: str) -> str:
     return key.rsplit("/", 1)[-1]
 
 
-def download(client, bucket, key, dest, expected_sha256=None, check_mode=False):
+def download(client: Any, bucket: str, key: str, dest: str, expected_sha256: str | None = None, check_mode: bool = False) -> dict[str, Any]:
     """Fetch key to dest and verify it against its sidecar (and metadata, and expected_sha256 when given).
 
     -> dict(changed, sha256, size, dest). Nothing is left at dest when the object is missing or does not verify.
@@ -219,7 +220,7 @@ def download(client, bucket, key, dest, expected_sha256=None, check_mode=False):
     if expected_sha256 and expected_sha256.lower() != want:
         raise ChecksumMismatch("%s is recorded with sha256 %s, not the expected %s"
                                % (where(client, bucket, key), want, expected_sha256.lower()))
-    result = {"changed": True, "sha256": want, "size": None, "dest": dest}
+    result: dict[str, Any] = {"changed": True, "sha256": want, "size": None, "dest": dest}
     if os.path.isfile(dest) and sha256_file(dest) == want:
         result.update(changed=False, size=os.path.getsize(dest))
         return result
@@ -229,6 +230,7 @@ def download(client, bucket, key, dest, expected_sha256=None, check_mode=False):
     if not os.path.isdir(directory):
         os.makedirs(directory)
     fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(dest), dir=directory)
+    moved = False
     os.close(fd)
     try:
         try:
@@ -244,9 +246,9 @@ def download(client, bucket, key, dest, expected_sha256=None, check_mode=False):
                                    % (where(client, bucket, key), got, sidecar_key(key), want))
         os.chmod(tmp, 0o600)
         os.rename(tmp, dest)
-        tmp = None
+        moved = True
     finally:
-        if tmp and os.path.exists(tmp):
+        if not moved and os.path.exists(tmp):
             os.unlink(tmp)
     result["size"] = os.path.getsize(dest)
     return result

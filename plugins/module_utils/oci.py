@@ -3,12 +3,12 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """OCI image references: checked before a template call, so a malformed one fails without touching the platform."""
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
 
-def parse_image_ref(ref):
+def parse_image_ref(ref: str) -> dict[str, str]:
     """'registry/repo:tag@digest' (or 'oci:/layout:tag') -> {registry, repository, tag, digest}.
 
     The first path part must name the registry host (it has a dot, a colon or is 'localhost'): the platform builds

@@ -7,12 +7,13 @@ Every path rule of the platform lives here, so a change in the platform's
 contract is a change in one file.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
 import posixpath
 import re
+from typing import Any, Collection
 
 try:
     from urllib.parse import urlsplit
@@ -68,7 +69,7 @@ HIDDEN_BY_DEFAULT = frozenset(["DESTROYED", "FAILED"])
 STATUS_ALL = STATUS_PREFIX + "ALL"
 
 
-def list_status_filter(statuses):
+def list_status_filter(statuses: Collection[str] | None) -> str | None:
     """The `status` query of a session list that returns every session in `statuses` (a set of short names).
 
     None (no statuses) is the platform's default listing, which hides DESTROYED and FAILED sessions. One status
@@ -81,7 +82,7 @@ def list_status_filter(statuses):
     return STATUS_ALL if set(statuses) & HIDDEN_BY_DEFAULT else None
 
 
-def hitl_rejected_message(session):
+def hitl_rejected_message(session: dict[str, Any]) -> str:
     """Why a command came back `hitl_rejected`, and what to change."""
     return ("the command on session %s was held for human approval and rejected (hitl_rejected): the session's "
             "permission policy asks before running it. permissions.default resolves to ask when omitted; create "
@@ -89,7 +90,7 @@ def hitl_rejected_message(session):
             "rules that allow the commands your tasks run" % session)
 
 
-def token_destination_problem(api_url, token):
+def token_destination_problem(api_url: str, token: str) -> str | None:
     """Why this token must not go to this URL, or None.
 
     A local control plane's token is refused for any URL that is not loopback:
@@ -112,7 +113,7 @@ class TransferPathError(ValueError):
     """A transfer path the platform would refuse; raised before any network call."""
 
 
-def short_status(status):
+def short_status(status: Any) -> str:
     """'SESSION_STATUS_READY' -> 'READY'; unknown strings -> 'UNSPECIFIED'."""
     s = (status or "").upper()
     if s.startswith(STATUS_PREFIX):
@@ -120,14 +121,14 @@ def short_status(status):
     return s if s in KNOWN_STATUSES else "UNSPECIFIED"
 
 
-def warnings_note(session):
+def warnings_note(session: dict[str, Any]) -> str:
     """' (the session's warnings: a; b)' or ''. The session object has no error text: a failed session's only
     documented words are its `warnings` (https://docs.digitalocean.com/reference/pydo/reference/harness/get_session/)."""
     warnings = [str(w) for w in ((session or {}).get("warnings") or []) if str(w).strip()]
     return (" (the session's warnings: %s)" % "; ".join(warnings)) if warnings else ""
 
 
-def guest_path(path):
+def guest_path(path: str) -> str:
     """A guest path as the platform reads it: relative to the default workdir, '~' as the platform's home."""
     if path == "~" or path.startswith("~/"):
         path = HOME_DIR + path[1:]
@@ -136,13 +137,13 @@ def guest_path(path):
     return posixpath.normpath(path)
 
 
-def is_within(path, root=TRANSFER_ROOT):
+def is_within(path: str, root: str = TRANSFER_ROOT) -> bool:
     """True when the normalized absolute path lies at or under root."""
     norm = posixpath.normpath(path)
     return norm == root or norm.startswith(root.rstrip("/") + "/")
 
 
-def check_transfer_path(path, scratch_dir=SCRATCH_DIR, what="transfer path"):
+def check_transfer_path(path: str, scratch_dir: str = SCRATCH_DIR, what: str = "transfer path") -> str:
     """Refuse locally what the guest agent refuses remotely.
 
     Returns the normalized path. Symlinks are resolved by the guest, which
@@ -163,7 +164,7 @@ def check_transfer_path(path, scratch_dir=SCRATCH_DIR, what="transfer path"):
     return posixpath.normpath(path)
 
 
-def check_scratch_dir(scratch_dir, what="scratch dir"):
+def check_scratch_dir(scratch_dir: str, what: str = "scratch dir") -> str:
     """A scratch dir (or remote_tmp) must live under the transfer root."""
     if not isinstance(scratch_dir, str) or not scratch_dir.startswith("/") or not is_within(scratch_dir) \
             or posixpath.normpath(scratch_dir) == TRANSFER_ROOT:
@@ -179,11 +180,11 @@ SESSION_NAME_RE = r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62}[A-Za-z0-9])?$"
 UUID_RE = r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$"
 
 
-def looks_like_uuid(value):
+def looks_like_uuid(value: str | None) -> bool:
     return bool(re.match(UUID_RE, value or ""))
 
 
-def session_name_problem(name):
+def session_name_problem(name: str) -> str | None:
     """Why `name` cannot name a session (None when it can)."""
     if not re.match(SESSION_NAME_RE, name or ""):
         return ("a session name is 1-64 characters of letters, digits, '.', '_' and '-', "

@@ -19,7 +19,7 @@ reports success when it did. The token never appears in a message, a repr or
 an exception.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
@@ -27,6 +27,7 @@ import email.utils
 import json
 import random
 import time
+from typing import Any, Callable, Collection, Container, Iterable, Literal, Sequence, overload
 
 from ansible.module_utils.six.moves.urllib.parse import quote, urlencode
 from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
@@ -37,7 +38,7 @@ from ansible_collections.microvm.sandbox.plugins.module_utils.advice import hint
 try:
     from http.client import HTTPException
 except ImportError:  # pragma: no cover - Python 2 is not supported, import test only
-    HTTPException = Exception
+    HTTPException = Exception  # type: ignore[misc,assignment]
 
 USER_AGENT = "microvm.sandbox-ansible/0.1"
 # PATCH sets session settings to given values: sending it twice changes nothing more.
@@ -53,7 +54,8 @@ _EPOCH_THRESHOLD = 1000000000
 class ApiError(Exception):
     """An API call failed. `status` is the HTTP status (0 for a connection error)."""
 
-    def __init__(self, method, path, status, message, hint=None, what=None, ident=None, attempts=1, not_api=False):
+    def __init__(self, method: str, path: str, status: int, message: str | None, hint: str | None = None, what: str | None = None,
+                 ident: str | None = None, attempts: int = 1, not_api: bool = False) -> None:
         self.method = method
         self.path = path
         self.status = status
@@ -75,16 +77,16 @@ class ApiError(Exception):
         super(ApiError, self).__init__(text)
 
     @property
-    def gone(self):
+    def gone(self) -> bool:
         return self.status in (404, 410) and not self.not_api
 
     @property
-    def no_response(self):
+    def no_response(self) -> bool:
         """No HTTP answer came (timeout, cut connection): a POST may or may not have been carried out."""
         return self.status == 0 and self.path != "-"
 
     @property
-    def may_have_happened(self):
+    def may_have_happened(self) -> bool:
         """The call may have been carried out (or still be running): no answer came, or an edge gave up on it.
 
         A 502 or 504 comes from a gateway in front of the service (an edge timeout, a dropped upstream), not
@@ -96,7 +98,7 @@ class ApiError(Exception):
 class OutcomeUnknown(ApiError):
     """A blocking call got no answer and the lookup afterwards could not tell whether it happened."""
 
-    def __init__(self, method, path, what, ident, looked_for, cause):
+    def __init__(self, method: str, path: str, what: str | None, ident: str | None, looked_for: str, cause: ApiError) -> None:
         if cause.status:
             got = "HTTP %d from a gateway, which says nothing of the outcome (%s)" % (
                 cause.status, cause.server_message or "no message")
@@ -113,7 +115,7 @@ class OutcomeUnknown(ApiError):
 class NotFound(ApiError):
     """A lookup by id or name found nothing (raised by the require_* helpers)."""
 
-    def __init__(self, what, ident, detail=None):
+    def __init__(self, what: str, ident: str, detail: str | None = None) -> None:
         message = "no %s with id or name %r%s" % (what, ident, (" " + detail) if detail else "")
         super(NotFound, self).__init__("GET", "-", 404, message, None, what=what, ident=ident)
 
@@ -125,7 +127,8 @@ class WaitTimeout(Exception):
     statuses waited for and `timeout` the budget in seconds.
     """
 
-    def __init__(self, message, last=None, status=None, wanted=None, timeout=None, what=None):
+    def __init__(self, message: str, last: Any = None, status: str | None = None, wanted: str | None = None, timeout: float | None = None,
+                 what: str | None = None) -> None:
         super(WaitTimeout, self).__init__(message)
         self.last = last
         self.status = status
@@ -134,7 +137,7 @@ class WaitTimeout(Exception):
         self.what = what
 
 
-def error_message(body):
+def error_message(body: Any) -> str:
     """Pull the server's message out of an error body: the documented {id, message, request_id}, or the older
     {"error": {code, message}}. The request id is kept: support asks for it."""
     if isinstance(body, dict):
@@ -151,7 +154,7 @@ def error_message(body):
     return str(body or "").strip()[:500]
 
 
-def ansible_open(url, data, headers, method, timeout, validate_certs):
+def ansible_open(url: str, data: bytes | None, headers: dict[str, str], method: str, timeout: float, validate_certs: bool) -> Any:
     """One HTTP request through ansible-core's open_url (proxies, CA bundles, as every module does)."""
     # Imported here: it pulls in ansible.module_utils.basic and cryptography (about 12 MB), which the
     # connection's long-lived multiplexer, passing its own stdlib opener, never needs.
@@ -163,9 +166,10 @@ def ansible_open(url, data, headers, method, timeout, validate_certs):
 class ApiClient(object):
     """Talks to `<api_url><prefix>/...` with a bearer token."""
 
-    def __init__(self, api_url=None, api_token=None, prefix=profile.DEFAULT_PREFIX, timeout=30.0,
-                 retries=5, backoff=0.5, max_backoff=30.0, validate_certs=True,
-                 blocking_timeout=DEFAULT_BLOCKING_TIMEOUT, reconcile_timeout=300.0, opener=None):
+    def __init__(self, api_url: str | None = None, api_token: str | None = None, prefix: str | None = profile.DEFAULT_PREFIX,
+                 timeout: float = 30.0, retries: int = 5, backoff: float = 0.5, max_backoff: float = 30.0, validate_certs: bool = True,
+                 blocking_timeout: float = DEFAULT_BLOCKING_TIMEOUT, reconcile_timeout: float = 300.0,
+                 opener: Callable[..., Any] | None = None) -> None:
         if not api_token:
             raise ApiError("-", "-", 0, "no API token",
                            "Set option api_token or env %s" % " / ".join(profile.API_TOKEN_ENVS))
@@ -191,11 +195,11 @@ class ApiClient(object):
         self._sleep = time.sleep
         self._now = time.time
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "ApiClient(%r, prefix=%r, token=<hidden>)" % (self.api_url, self.prefix)
 
     # -- transport ---------------------------------------------------------
-    def url(self, path, query=None):
+    def url(self, path: str, query: dict[str, Any] | None = None) -> str:
         u = self.api_url + self.prefix + path
         if query:
             q = dict((k, v) for k, v in query.items() if v not in (None, ""))
@@ -203,7 +207,7 @@ class ApiClient(object):
                 u += "?" + urlencode(q)
         return u
 
-    def server_wait(self, headers, status=None):
+    def server_wait(self, headers: Any, status: int | None = None) -> float | None:
         """Seconds the server asked us to wait, or None (then the caller backs off on its own).
 
         Retry-After (seconds or an HTTP date) is always an explicit wish. ratelimit-reset only says when the
@@ -228,7 +232,7 @@ class ApiClient(object):
             return None
         return max(0.0, value - self._now()) if value >= _EPOCH_THRESHOLD else max(0.0, value)
 
-    def _delay(self, attempt, headers=None, status=None):
+    def _delay(self, attempt: int, headers: Any = None, status: int | None = None) -> float:
         """How long to sleep before retry `attempt`: the server's wish or a backoff, capped, with jitter."""
         asked = self.server_wait(headers, status)
         if asked is not None:
@@ -238,8 +242,9 @@ class ApiClient(object):
         base = min(self.backoff * (2 ** attempt), self.max_backoff)
         return base / 2 + random.uniform(0, base / 2)
 
-    def request(self, method, path, body=None, query=None, content_type="application/json",
-                raw=None, what=None, retry=None, expect_json=True, ident=None, timeout=None):
+    def request(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None, content_type: str = "application/json",
+                raw: bytes | None = None, what: str | None = None, retry: bool | None = None, expect_json: bool = True,
+                ident: str | None = None, timeout: float | None = None) -> Any:
         """Perform a call, returning the decoded JSON body (or {} when empty)."""
         if retry is None:
             retry = method in IDEMPOTENT
@@ -296,7 +301,7 @@ class ApiClient(object):
             raise ApiError(method, path, status, error_message(decoded), hint_for(status, what, ident, attempt + 1),
                            what=what, ident=ident, attempts=attempt + 1)
 
-    def _not_the_api(self, method: str, path: str, status: int, headers, payload: bytes, what, ident,
+    def _not_the_api(self, method: str, path: str, status: int, headers: Any, payload: bytes, what: str | None, ident: str | None,
                      attempts: int) -> ApiError:
         """A 4xx whose body is not the API's JSON: the URL points at some other web server (or a wrong path)."""
         ctype = (headers.get("Content-Type") if headers is not None else "") or ""
@@ -310,7 +315,7 @@ class ApiClient(object):
         return ApiError(method, path, status, message, hint, what=what, ident=ident, attempts=attempts, not_api=True)
 
     # -- sessions ----------------------------------------------------------
-    def create_session(self, spec, resume_on_topoff=None):
+    def create_session(self, spec: dict[str, Any], resume_on_topoff: bool | None = None) -> dict[str, Any]:
         """POST the flat environment spec as YAML, the form the platform documents for it (CREATE-SESSION).
 
         JSON is the other, exclusive form, {name, config_id}; a flat spec sent as JSON is refused.
@@ -324,31 +329,32 @@ class ApiClient(object):
         return self.request("POST", "/sessions", raw=spec_yaml.dump(body).encode("utf-8"), query=query,
                             content_type="application/yaml", what="session", ident=body.get("name"))["session"]
 
-    def update_session(self, session_id, resume_on_topoff):
+    def update_session(self, session_id: str, resume_on_topoff: bool) -> dict[str, Any]:
         """PATCH the session-scoped settings; today the platform documents one, resume_on_topoff (UPDATE-SESSION)."""
         return self.request("PATCH", _path("sessions", session_id), body={"resume_on_topoff": bool(resume_on_topoff)},
                             what="session", ident=session_id)["session"]
 
-    def get_session(self, session_id):
+    def get_session(self, session_id: str) -> dict[str, Any]:
         return self.request("GET", _path("sessions", session_id), what="session", ident=session_id)["session"]
 
-    def list_sessions(self, status=None, name=None, search=None, page_size=50):
+    def list_sessions(self, status: str | None = None, name: str | None = None, search: str | None = None,
+                      page_size: int = 50) -> list[dict[str, Any]]:
         """Sessions, newest first. Without `status` the platform hides DESTROYED and FAILED ones;
         profile.STATUS_ALL lists every session. `search` is the platform's own filter."""
         return self._paginate("/sessions", "sessions", {"status": status, "name": name, "search": search,
                                                         "page_size": page_size})
 
-    def list_sizes(self):
+    def list_sizes(self) -> list[dict[str, Any]]:
         """The sandbox size catalog, smallest first (GET /sessions/sandbox/sizes; not paginated)."""
         return self.request("GET", "/sessions/sandbox/sizes", what="size catalog").get("sizes") or []
 
-    def delete_session(self, session_id):
+    def delete_session(self, session_id: str) -> Any:
         return self.request("DELETE", _path("sessions", session_id), what="session", ident=session_id)
 
-    def pause_session(self, session_id):
+    def pause_session(self, session_id: str) -> Any:
         return self.request("POST", _path("sessions", session_id, "pause"), body={}, what="session", ident=session_id)
 
-    def resume_session(self, session_id):
+    def resume_session(self, session_id: str) -> Any:
         """Blocking: the platform answers once the session is ready. An unanswered call is reconciled."""
         path = _path("sessions", session_id, "resume")
         try:
@@ -360,9 +366,9 @@ class ApiClient(object):
             return self._reconcile(e, "POST", path, "session", session_id, "the session becoming usable",
                                    lambda: self._usable_or_none(session_id))
 
-    def fork_session(self, session_id, count=1, from_checkpoint_id=None):
+    def fork_session(self, session_id: str, count: int = 1, from_checkpoint_id: str | None = None) -> list[dict[str, Any]]:
         """Blocking, all or nothing: returns the new sessions. An unanswered call is reconciled by lineage."""
-        body = {"count": count}
+        body: dict[str, Any] = {"count": count}
         if from_checkpoint_id:
             body["from_checkpoint_id"] = from_checkpoint_id
         path = _path("sessions", session_id, "fork")
@@ -374,14 +380,14 @@ class ApiClient(object):
             if not e.may_have_happened:
                 raise
 
-            def new_children():
+            def new_children() -> list[dict[str, Any]] | None:
                 fresh = [s for s in self.forks_of(session_id, from_checkpoint_id)
                          if s.get("session_id") not in known]
                 return fresh if len(fresh) >= count else None
             return self._reconcile(e, "POST", path, "session", session_id,
                                    "%d new fork(s) of the session" % count, new_children)
 
-    def forks_of(self, session_id, from_checkpoint_id=None):
+    def forks_of(self, session_id: str, from_checkpoint_id: str | None = None) -> list[dict[str, Any]]:
         """Live sessions whose parent is `session_id` (and forked from that checkpoint, when given)."""
         out = []
         for s in self.list_sessions():
@@ -392,7 +398,7 @@ class ApiClient(object):
             out.append(s)
         return out
 
-    def _usable_or_none(self, session_id, changed_from=None):
+    def _usable_or_none(self, session_id: str, changed_from: str | None = None) -> dict[str, Any] | None:
         session = self.get_session(session_id)
         status = profile.short_status(session.get("status"))
         if status in profile.GONE:
@@ -404,7 +410,8 @@ class ApiClient(object):
             return None
         return session
 
-    def _reconcile(self, error, method, path, what, ident, looked_for, probe):
+    def _reconcile(self, error: ApiError, method: str, path: str, what: str, ident: str | None, looked_for: str,
+                   probe: Callable[[], Any]) -> Any:
         """After a blocking call got no answer (or a 502/504): poll `probe` (None = not yet) until it shows the effect.
 
         The call itself is never sent again: it may have been carried out, or still be running.
@@ -425,7 +432,7 @@ class ApiClient(object):
             self._sleep(delay)
             delay = min(delay * 1.5, 5.0)
 
-    def find_session(self, name_or_id):
+    def find_session(self, name_or_id: str) -> dict[str, Any] | None:
         """Resolve a session by live name or by id (any status); None when there is none.
 
         Ids are opaque (UUIDs, `sess_abc123` ...): nothing is decided from a value's shape. It is tried as a live
@@ -436,7 +443,7 @@ class ApiClient(object):
             return found[0]
         return self.session_by_id(name_or_id)
 
-    def session_by_id(self, session_id):
+    def session_by_id(self, session_id: str) -> dict[str, Any] | None:
         """The session with this id, or None (an unknown id, or a value the platform refuses as an id)."""
         try:
             return self.get_session(session_id)
@@ -445,13 +452,13 @@ class ApiClient(object):
                 raise
             return None
 
-    def sessions_named(self, name, status=None, live_only=False):
+    def sessions_named(self, name: str, status: str | None = None, live_only: bool = False) -> list[dict[str, Any]]:
         """Sessions with exactly this name (case-insensitive), newest first, in the listing `status` asks for."""
         return [s for s in self.list_sessions(status=status, name=name)
                 if (s.get("name") or "").lower() == name.lower()
                 and not (live_only and profile.short_status(s.get("status")) in profile.GONE)]
 
-    def require_session(self, name_or_id, live=False):
+    def require_session(self, name_or_id: str, live: bool = False) -> dict[str, Any]:
         """Like find_session, but a missing session (or, with `live`, a gone one) is a NotFound error."""
         session = self.find_session(name_or_id)
         if session is None:
@@ -461,7 +468,16 @@ class ApiClient(object):
             raise NotFound("live session", name_or_id, "(session %s is %s)" % (session.get("session_id"), status))
         return session
 
-    def wait_session(self, session_id, until=profile.USABLE, timeout=300.0, gone_ok=False):
+    @overload
+    def wait_session(self, session_id: str, until: Collection[str] = ..., timeout: float = ...,
+                     gone_ok: Literal[False] = ...) -> dict[str, Any]: ...
+
+    @overload
+    def wait_session(self, session_id: str, until: Collection[str] = ..., timeout: float = ...,
+                     gone_ok: bool = ...) -> dict[str, Any] | None: ...
+
+    def wait_session(self, session_id: str, until: Collection[str] = profile.USABLE, timeout: float = 300.0,
+                     gone_ok: bool = False) -> dict[str, Any] | None:
         """Poll until the session's status is in `until` (fast at first, then slower).
 
         With `gone_ok`, a 404 ends the wait (returning None) and gone statuses
@@ -494,7 +510,7 @@ class ApiClient(object):
             delay = min(delay * 1.5, 2.0)
 
     # -- checkpoints -------------------------------------------------------
-    def create_checkpoint(self, session_id, label=None):
+    def create_checkpoint(self, session_id: str, label: str | None = None) -> dict[str, Any]:
         """Blocking: answers once the checkpoint is taken. An unanswered call is reconciled by listing."""
         body = {"label": label} if label else {}
         path = _path("sessions", session_id, "checkpoints")
@@ -506,7 +522,7 @@ class ApiClient(object):
             if not e.may_have_happened:
                 raise
 
-            def new_checkpoint():
+            def new_checkpoint() -> dict[str, Any] | None:
                 for cp in self.list_checkpoints(session_id):
                     if cp.get("checkpoint_id") not in known and (cp.get("label") or "") == (label or ""):
                         # A checkpoint still being taken is waited for; READY or FAILED is the outcome.
@@ -515,19 +531,19 @@ class ApiClient(object):
             return self._reconcile(e, "POST", path, "session", session_id,
                                    "a new checkpoint labelled %r" % (label or ""), new_checkpoint)
 
-    def list_checkpoints(self, session_id):
+    def list_checkpoints(self, session_id: str) -> list[dict[str, Any]]:
         return self._paginate(_path("sessions", session_id, "checkpoints"), "checkpoints", {},
                               what="session", ident=session_id)
 
-    def get_checkpoint(self, session_id, checkpoint_id):
+    def get_checkpoint(self, session_id: str, checkpoint_id: str) -> dict[str, Any]:
         return self.request("GET", _path("sessions", session_id, "checkpoints", checkpoint_id),
                             what="checkpoint", ident=checkpoint_id)["checkpoint"]
 
-    def delete_checkpoint(self, session_id, checkpoint_id):
+    def delete_checkpoint(self, session_id: str, checkpoint_id: str) -> Any:
         return self.request("DELETE", _path("sessions", session_id, "checkpoints", checkpoint_id),
                             what="checkpoint", ident=checkpoint_id)
 
-    def rollback(self, session_id, checkpoint_id):
+    def rollback(self, session_id: str, checkpoint_id: str) -> dict[str, Any]:
         """Blocking: answers with the session booted from the checkpoint (a new sandbox_id).
 
         An unanswered call is reconciled by waiting for the sandbox id to change.
@@ -544,7 +560,7 @@ class ApiClient(object):
                                    "the session on a new sandbox (rolled back)",
                                    lambda: self._usable_or_none(session_id, changed_from=before))
 
-    def find_checkpoint(self, session_id, checkpoint_id=None, label=None):
+    def find_checkpoint(self, session_id: str, checkpoint_id: str | None = None, label: str | None = None) -> dict[str, Any] | None:
         """A checkpoint by id, or the newest one with `label`; None when there is none."""
         if checkpoint_id:
             try:
@@ -560,12 +576,12 @@ class ApiClient(object):
         return None
 
     # -- templates ---------------------------------------------------------
-    def create_template(self, name, source_oci_ref, base_template):
+    def create_template(self, name: str, source_oci_ref: str, base_template: str) -> dict[str, Any]:
         # base_template is required by the platform ("Omitting it causes registration to fail").
         body = {"name": name, "base_template": base_template, "source_oci_ref": source_oci_ref}
         return self.request("POST", "/templates", body=body, what="template", ident=name)["template"]
 
-    def update_template(self, template_id, source_oci_ref=None, base_template=None):
+    def update_template(self, template_id: str, source_oci_ref: str | None = None, base_template: str | None = None) -> dict[str, Any]:
         body = {}
         if source_oci_ref:
             body["source_oci_ref"] = source_oci_ref
@@ -574,25 +590,25 @@ class ApiClient(object):
         return self.request("PUT", _path("templates", template_id), body=body,
                             what="template", ident=template_id)["template"]
 
-    def get_template(self, template_id):
+    def get_template(self, template_id: str) -> dict[str, Any]:
         return self.request("GET", _path("templates", template_id), what="template", ident=template_id)["template"]
 
-    def list_templates(self):
+    def list_templates(self) -> list[dict[str, Any]]:
         return self._paginate("/templates", "templates", {})
 
-    def delete_template(self, template_id):
+    def delete_template(self, template_id: str) -> Any:
         return self.request("DELETE", _path("templates", template_id), what="template", ident=template_id)
 
-    def list_builds(self, template_id):
+    def list_builds(self, template_id: str) -> list[dict[str, Any]]:
         return self._paginate(_path("templates", template_id, "builds"), "builds", {},
                               what="template", ident=template_id)
 
-    def get_build(self, template_id, build_id):
+    def get_build(self, template_id: str, build_id: str) -> dict[str, Any]:
         """One build; the reply is wrapped in {"build": ...} (pydo get_template_build)."""
         return self.request("GET", _path("templates", template_id, "builds", build_id), what="build",
                             ident=build_id)["build"]
 
-    def find_template(self, name_or_id):
+    def find_template(self, name_or_id: str) -> dict[str, Any] | None:
         """The template named so (or with that id), as GET returns it, or None.
 
         List items carry no `spec` (pydo list_templates): only the template's own GET says what it was built from.
@@ -602,7 +618,7 @@ class ApiClient(object):
                 return self.template_or_none(t["template_id"])
         return None
 
-    def template_or_none(self, template_id):
+    def template_or_none(self, template_id: str) -> dict[str, Any] | None:
         """The template as GET returns it (with spec), or None when it is gone (deleted after a list, say)."""
         try:
             return self.get_template(template_id)
@@ -611,7 +627,8 @@ class ApiClient(object):
                 return None
             raise
 
-    def wait_build(self, template_id, known_build_ids=(), timeout=600.0):
+    def wait_build(self, template_id: str, known_build_ids: Iterable[str] = (),
+                   timeout: float = 600.0) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """Wait for the template's newest build (one not in `known_build_ids`) to finish.
 
         Returns (template, build). A failed build raises WaitTimeout carrying the
@@ -638,14 +655,14 @@ class ApiClient(object):
             self._sleep(delay)
             delay = min(delay * 1.5, 3.0)
 
-    def newest_build(self, template_id, exclude=()):
+    def newest_build(self, template_id: str, exclude: Container[str] = ()) -> dict[str, Any] | None:
         builds = [b for b in self.list_builds(template_id) if b.get("build_id") not in exclude]
         if not builds:
             return None
         # Newest by creation time; on a tie, the later one in the list.
         return max(enumerate(builds), key=lambda ib: (str(ib[1].get("created_at") or ""), ib[0]))[1]
 
-    def build_error(self, template_id):
+    def build_error(self, template_id: str) -> str | None:
         """The error of the most recent failed build, best effort (None when unknown)."""
         try:
             builds = self.list_builds(template_id)
@@ -661,10 +678,10 @@ class ApiClient(object):
     # -- persistent workspaces and environment configs (docs-objects) ------
     # How to Use Persistent Workspaces; doctl harness-runtime workspace and config; pydo delete_workspace and
     # create_config. A workspace is attached only to a session created from a saved config (JSON create form).
-    def create_workspace(self, size_limit_gib, name=None, idempotency_key=None):
+    def create_workspace(self, size_limit_gib: int, name: str | None = None, idempotency_key: str | None = None) -> dict[str, Any]:
         """POST /workspaces. With an idempotency key a repeat cannot make a second workspace (within 24 hours the
         same key and values return the first), so the call is retried like an idempotent one."""
-        body = {"size_limit_gib": size_limit_gib}
+        body: dict[str, Any] = {"size_limit_gib": size_limit_gib}
         if name:
             body["name"] = name
         if idempotency_key:
@@ -672,18 +689,19 @@ class ApiClient(object):
         return self.request("POST", "/workspaces", body=body, what="workspace", ident=name or None,
                             retry=bool(idempotency_key))["workspace"]
 
-    def get_workspace(self, workspace_id):
+    def get_workspace(self, workspace_id: str) -> dict[str, Any]:
         return self.request("GET", _path("workspaces", workspace_id), what="workspace",
                             ident=workspace_id)["workspace"]
 
-    def list_workspaces(self, state=None):
+    def list_workspaces(self, state: str | None = None) -> list[dict[str, Any]]:
         """Newest first; `state` keeps one state (AVAILABLE, ATTACHING, ATTACHED, RELEASING, FAILED, DELETING)."""
         return self._paginate("/workspaces", "workspaces", {"state": state})
 
-    def delete_workspace(self, workspace_id):
+    def delete_workspace(self, workspace_id: str) -> Any:
         return self.request("DELETE", _path("workspaces", workspace_id), what="workspace", ident=workspace_id)
 
-    def wait_workspace(self, workspace_id, states, timeout=300.0, gone_ok=False):
+    def wait_workspace(self, workspace_id: str, states: Sequence[str], timeout: float = 300.0,
+                       gone_ok: bool = False) -> dict[str, Any] | None:
         """Poll a workspace until its state is one of `states` (a save after a session's removal: RELEASING)."""
         deadline = time.time() + timeout
         delay = 0.1
@@ -703,24 +721,24 @@ class ApiClient(object):
             self._sleep(delay)
             delay = min(delay * 1.5, 2.0)
 
-    def create_config(self, name, manifest_yaml, insights=None):
+    def create_config(self, name: str, manifest_yaml: str, insights: Any = None) -> dict[str, Any]:
         """POST /configs: an immutable Environment Config from the environment spec's YAML text (pydo create_config)."""
         body = {"name": name, "manifest_yaml": manifest_yaml}
         if insights:
             body["insights"] = insights
         return self.request("POST", "/configs", body=body, what="config", ident=name)["config"]
 
-    def get_config(self, config_id):
+    def get_config(self, config_id: str) -> dict[str, Any]:
         return self.request("GET", _path("configs", config_id), what="config", ident=config_id)["config"]
 
-    def list_configs(self, search=None):
+    def list_configs(self, search: str | None = None) -> list[dict[str, Any]]:
         return self._paginate("/configs", "configs", {"search": search})
 
-    def delete_config(self, config_id):
+    def delete_config(self, config_id: str) -> Any:
         """A soft delete (pydo delete_config): the name is released; sessions from it keep their config_id."""
         return self.request("DELETE", _path("configs", config_id), what="config", ident=config_id)
 
-    def find_config(self, name_or_id):
+    def find_config(self, name_or_id: str) -> dict[str, Any] | None:
         """A config by id or by name (names are unique among a team's active configs, case-insensitively)."""
         low = name_or_id.lower()
         for c in self.list_configs(search=name_or_id if len(name_or_id) <= 64 else None):
@@ -734,7 +752,8 @@ class ApiClient(object):
                 return None
             raise
 
-    def create_session_from_config(self, name, config_id, workspace_id=None, resume_on_topoff=None):
+    def create_session_from_config(self, name: str, config_id: str, workspace_id: str | None = None,
+                                   resume_on_topoff: bool | None = None) -> dict[str, Any]:
         """The JSON create form {name, config_id, workspace_id?} (CREATE-SESSION; doctl create --from-config)."""
         body = {"name": name, "config_id": config_id}
         if workspace_id:
@@ -745,8 +764,10 @@ class ApiClient(object):
         return self.request("POST", "/sessions", body=body, query=query, what="session", ident=name)["session"]
 
     # -- helpers -----------------------------------------------------------
-    def _paginate(self, path, key, query, what=None, ident=None):
-        items, token = [], None
+    def _paginate(self, path: str, key: str, query: dict[str, Any], what: str | None = None,
+                  ident: str | None = None) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        token = None
         while True:
             q = dict(query)
             if token:
@@ -758,7 +779,7 @@ class ApiClient(object):
                 return items
 
 
-def _header(headers, name):
+def _header(headers: Any, name: str) -> Any:
     """A response header by name, case-insensitively (HTTPMessage is; a plain dict is not)."""
     if not headers:
         return None
@@ -771,7 +792,7 @@ def _header(headers, name):
     return value
 
 
-def _quota_spent(remaining):
+def _quota_spent(remaining: Any) -> bool:
     """ratelimit-remaining says no request is left (a missing or unreadable value says nothing)."""
     try:
         return remaining is not None and int(str(remaining).strip()) <= 0
@@ -779,22 +800,22 @@ def _quota_spent(remaining):
         return False
 
 
-def _path(*parts):
+def _path(*parts: Any) -> str:
     """'/sessions/<id>/pause' with every id quoted, so a name can never change the route."""
     return "/" + "/".join(quote(str(p), safe="") for p in parts)
 
 
-def _checkpoint_done(cp):
+def _checkpoint_done(cp: dict[str, Any]) -> bool:
     status = str(cp.get("status") or "").upper()
     return status.endswith("READY") or status.endswith("FAILED")
 
 
-def build_status(build):
+def build_status(build: dict[str, Any] | None) -> str:
     s = str((build or {}).get("status") or "").upper()
     return s[len("BUILD_STATUS_"):] if s.startswith("BUILD_STATUS_") else s
 
 
-def template_status(template):
+def template_status(template: dict[str, Any] | None) -> str:
     """'TEMPLATE_STATUS_READY' -> 'READY' (and unknown values pass through upper-cased)."""
     s = str((template or {}).get("status") or "").upper()
     return s[len("TEMPLATE_STATUS_"):] if s.startswith("TEMPLATE_STATUS_") else s

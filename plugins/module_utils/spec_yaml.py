@@ -12,7 +12,7 @@ anything unprintable escaped, so no value can turn into another type ("yes",
 rely on PyYAML being installed where modules run, hence this small emitter.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 

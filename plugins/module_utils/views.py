@@ -3,9 +3,11 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """How the modules show platform objects in diffs."""
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
+
+from typing import Any, Collection, Iterable
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 
@@ -14,7 +16,7 @@ from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 _VOLATILE = frozenset(["last_event_at", "warnings", "updated_at"])
 
 
-def agent_kind(adapter):
+def agent_kind(adapter: str | None) -> str | None:
     """The session object's agent_kind for an adapter: 'codex' -> 'AGENT_KIND_CODEX_CLI'."""
     if not adapter:
         return None
@@ -22,13 +24,13 @@ def agent_kind(adapter):
     return "AGENT_KIND_" + (names[0] if names else str(adapter).upper().replace("-", "_"))
 
 
-def same_adapter(reported_kind, adapter):
+def same_adapter(reported_kind: str | None, adapter: str) -> bool:
     """Whether a session's agent_kind names `adapter`. An absent or UNSPECIFIED kind says nothing, so it matches.
 
     The SDKs' enum names differ from the adapters' (codex is AGENT_KIND_CODEX_CLI); each adapter's known names
     are in profile.AGENT_KIND_NAMES. Case and punctuation are ignored.
     """
-    def norm(text):
+    def norm(text: str) -> str:
         return "".join(c for c in str(text).upper() if c.isalnum())
     kind = norm(reported_kind or "")
     if kind.startswith("AGENTKIND"):
@@ -39,11 +41,11 @@ def same_adapter(reported_kind, adapter):
     return kind in set(norm(n) for n in names) | set([norm(adapter)])
 
 
-def status_of(session):
+def status_of(session: dict[str, Any] | None) -> str:
     return profile.short_status((session or {}).get("status"))
 
 
-def object_view(obj):
+def object_view(obj: dict[str, Any] | None) -> dict[str, Any]:
     """The object as a diff side: {} for none, volatile fields dropped."""
     if not obj:
         return {}
@@ -56,11 +58,11 @@ session_view = object_view
 _STATUS_ALIASES = {"USABLE": profile.USABLE, "GONE": profile.GONE}
 
 
-def expand_statuses(statuses):
+def expand_statuses(statuses: Iterable[str] | None) -> frozenset[str] | None:
     """{'READY', ...} from short or full names and the aliases usable/gone; None for no filter."""
     if not statuses:
         return None
-    out = set()
+    out: set[str] = set()
     for raw in statuses:
         name = str(raw).strip().upper()
         if name in _STATUS_ALIASES:
@@ -74,7 +76,8 @@ def expand_statuses(statuses):
     return frozenset(out)
 
 
-def select_sessions(sessions, statuses=None, name_prefix=None, name_regex=None):
+def select_sessions(sessions: Iterable[dict[str, Any]], statuses: Collection[str] | None = None, name_prefix: str | None = None,
+                    name_regex: Any = None) -> list[dict[str, Any]]:
     """The sessions that pass every filter given (a compiled regex is searched in the name)."""
     out = []
     for s in sessions:

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
@@ -170,37 +170,39 @@ session:
     sandbox_id: sbx-0002
 """
 
+from typing import Any  # noqa: E402
+
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, run_api_module  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError, NotFound  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, NotFound  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.views import object_view  # noqa: E402
 
 # A checkpoint in one of these counts as existing for idempotency; a FAILED one does not.
 KEPT = ("READY", "PENDING")
 
 
-def checkpoint_status(cp):
+def checkpoint_status(cp: dict[str, Any]) -> str:
     s = str((cp or {}).get("status") or "").upper()
     return s[len("CHECKPOINT_STATUS_"):] if s.startswith("CHECKPOINT_STATUS_") else s
 
 
 class CheckpointManager(object):
 
-    def __init__(self, module, client):
+    def __init__(self, module: AnsibleModule, client: ApiClient) -> None:
         self.module = module
         self.client = client
         self.p = module.params
         self.check = module.check_mode
 
-    def run(self):
+    def run(self) -> dict[str, Any]:
         self.session = self.client.require_session(self.p["session"], live=True)
         sid = self.session["session_id"]
         state = self.p["state"]
         if state == "present":
             before, after, changed = self.present(sid)
-            result = dict(changed=changed, checkpoint=after)
+            result: dict[str, Any] = dict(changed=changed, checkpoint=after)
             if self.p["retake"]:
                 result["replaced"] = self.replaced
         elif state == "absent":
@@ -213,9 +215,9 @@ class CheckpointManager(object):
             result["diff"] = dict(before=object_view(before), after=object_view(after))
         return result
 
-    def present(self, sid):
+    def present(self, sid: str) -> tuple[dict[str, Any], dict[str, Any], bool]:
         label = self.p["label"]
-        self.replaced = []
+        self.replaced: list[str] = []
         existing = None
         if label:
             existing = self.client.find_checkpoint(sid, label=label)
@@ -233,10 +235,10 @@ class CheckpointManager(object):
             self.replaced = self.delete_all(sid, older)
         return before, created, True
 
-    def labelled(self, sid, label):
+    def labelled(self, sid: str, label: str | None) -> list[dict[str, Any]]:
         return [cp for cp in self.client.list_checkpoints(sid) if cp.get("label") == label]
 
-    def delete_all(self, sid, checkpoints):
+    def delete_all(self, sid: str, checkpoints: list[dict[str, Any]]) -> list[str]:
         """Delete these checkpoints (already gone is fine) -> their ids."""
         for cp in checkpoints:
             try:
@@ -246,7 +248,7 @@ class CheckpointManager(object):
                     raise
         return [cp["checkpoint_id"] for cp in checkpoints]
 
-    def absent(self, sid):
+    def absent(self, sid: str) -> tuple[dict[str, Any], dict[str, Any], bool]:
         if self.p["checkpoint_id"]:
             found = self.client.find_checkpoint(sid, checkpoint_id=self.p["checkpoint_id"])
             doomed = [found] if found else []
@@ -258,7 +260,7 @@ class CheckpointManager(object):
             self.delete_all(sid, doomed)
         return doomed[0], {}, True
 
-    def rolled_back(self, sid):
+    def rolled_back(self, sid: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         checkpoint = self.client.find_checkpoint(sid, checkpoint_id=self.p["checkpoint_id"], label=self.p["label"])
         if checkpoint is None:
             raise NotFound("checkpoint", self.p["checkpoint_id"] or self.p["label"],
@@ -276,7 +278,7 @@ class CheckpointManager(object):
         return before, after, checkpoint
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=api_argument_spec(
             session=dict(type="str", required=True),

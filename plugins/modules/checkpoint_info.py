@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
@@ -69,12 +69,15 @@ checkpoints:
       size_bytes: 73400320
 """
 
+from typing import Any  # noqa: E402
+
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, run_api_module  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient  # noqa: E402
 
 
-def list_checkpoints(module, client):
+def list_checkpoints(module: AnsibleModule, client: ApiClient) -> dict[str, Any]:
     p = module.params
     sid = client.require_session(p["session"])["session_id"]
     if p["checkpoint_id"]:
@@ -87,7 +90,7 @@ def list_checkpoints(module, client):
     return dict(changed=False, checkpoints=checkpoints)
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=api_argument_spec(
             session=dict(type="str", required=True),

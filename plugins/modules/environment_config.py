@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
@@ -147,15 +147,17 @@ config:
         provider: ""
 """
 
+from typing import Any  # noqa: E402
+
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile, spec_yaml  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, run_api_module  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.views import object_view  # noqa: E402
 
 
-def manifest(module):
+def manifest(module: AnsibleModule) -> str:
     p = module.params
     spec = dict(p["spec"] or {})
     if "secrets" in spec:
@@ -169,7 +171,7 @@ def manifest(module):
         module.fail_json(msg="spec: %s" % e)
 
 
-def save(module, client):
+def save(module: AnsibleModule, client: ApiClient) -> dict[str, Any]:
     p = module.params
     if not p["spec"]:
         module.fail_json(msg="Config %r does not exist; spec is required to save it." % p["name"])
@@ -180,7 +182,7 @@ def save(module, client):
     return client.create_config(p["name"], text, insights=p["insights"])
 
 
-def delete(client, existing):
+def delete(client: ApiClient, existing: dict[str, Any]) -> None:
     try:
         client.delete_config(existing["id"])
     except ApiError as e:
@@ -188,12 +190,12 @@ def delete(client, existing):
             raise
 
 
-def run(module, client):
+def run(module: AnsibleModule, client: ApiClient) -> dict[str, Any]:
     p = module.params
     existing = client.find_config(p["name"])
     if p["state"] == "absent":
         changed, after = existing is not None, {}
-        if changed and not module.check_mode:
+        if existing is not None and not module.check_mode:
             delete(client, existing)
         shown = existing or {}
     else:
@@ -211,7 +213,7 @@ def run(module, client):
     return result
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=api_argument_spec(
             name=dict(type="str", required=True),

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
@@ -66,12 +66,15 @@ configs:
       region: local
 """
 
+from typing import Any  # noqa: E402
+
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, run_api_module  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient  # noqa: E402
 
 
-def list_configs(module, client):
+def list_configs(module: AnsibleModule, client: ApiClient) -> dict[str, Any]:
     p = module.params
     if p["name"]:
         found = client.find_config(p["name"])
@@ -83,7 +86,7 @@ def list_configs(module, client):
     return dict(changed=False, configs=configs)
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=api_argument_spec(
             name=dict(type="str"),

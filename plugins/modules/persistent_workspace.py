@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
@@ -140,18 +140,19 @@ workspace:
 """
 
 import uuid  # noqa: E402
+from typing import Any  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, run_api_module  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.views import object_view  # noqa: E402
 
 MIN_SIZE_GIB = 1
 MAX_SIZE_GIB = 100
 
 
-def find_workspace(module, client):
+def find_workspace(module: AnsibleModule, client: ApiClient) -> dict[str, Any] | None:
     """The managed workspace: by id, else the one with that name (names are labels; several is an error)."""
     p = module.params
     if p["workspace_id"]:
@@ -168,7 +169,7 @@ def find_workspace(module, client):
     return same[0] if same else None
 
 
-def present(module, client, existing):
+def present(module: AnsibleModule, client: ApiClient, existing: dict[str, Any] | None) -> tuple[bool, dict[str, Any]]:
     p = module.params
     size = p["size_limit_gib"]
     if size is not None and not MIN_SIZE_GIB <= size <= MAX_SIZE_GIB:
@@ -193,7 +194,7 @@ def present(module, client, existing):
     return True, client.create_workspace(size, name=p["name"], idempotency_key=key)
 
 
-def absent(module, client, existing):
+def absent(module: AnsibleModule, client: ApiClient, existing: dict[str, Any] | None) -> tuple[bool, dict[str, Any]]:
     if existing is None:
         return False, {}
     if existing.get("state") == "DELETING":
@@ -212,7 +213,7 @@ def absent(module, client, existing):
     return changed, {}
 
 
-def run(module, client):
+def run(module: AnsibleModule, client: ApiClient) -> dict[str, Any]:
     existing = find_workspace(module, client)
     if module.params["state"] == "absent":
         changed, after = absent(module, client, existing)
@@ -220,13 +221,13 @@ def run(module, client):
     else:
         changed, after = present(module, client, existing)
         shown = after
-    result = dict(changed=changed, workspace=shown or {})
+    result: dict[str, Any] = dict(changed=changed, workspace=shown or {})
     if module._diff:
         result["diff"] = dict(before=object_view(existing), after=object_view(after))
     return result
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=api_argument_spec(
             name=dict(type="str"),

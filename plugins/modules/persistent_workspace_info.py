@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
@@ -74,13 +74,15 @@ workspaces:
       created_at: "2026-11-17T10:00:00Z"
 """
 
+from typing import Any  # noqa: E402
+
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, run_api_module  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError  # noqa: E402
 
 
-def list_workspaces(module, client):
+def list_workspaces(module: AnsibleModule, client: ApiClient) -> dict[str, Any]:
     p = module.params
     if p["workspace_id"]:
         try:
@@ -97,7 +99,7 @@ def list_workspaces(module, client):
     return dict(changed=False, workspaces=found)
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=api_argument_spec(
             workspace_id=dict(type="str"),

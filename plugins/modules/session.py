@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
@@ -363,12 +363,14 @@ created:
   sample: true
 """
 
+from typing import Any, Callable, Collection  # noqa: E402
+
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import (  # noqa: E402
     api_argument_spec, describe_error, parse_duration, run_api_module)
-from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError, WaitTimeout  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, WaitTimeout  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.views import agent_kind, same_adapter, session_view, status_of  # noqa: E402
 
 SECRET_LOOKING_KEY = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "APIKEY", "PRIVATE_KEY", "CREDENTIAL")
@@ -378,18 +380,18 @@ DELETED = "SESSION_STATUS_DESTROYED"
 class SessionManager(object):
     """Brings one session to the state a task asks for."""
 
-    def __init__(self, module, client):
+    def __init__(self, module: AnsibleModule, client: ApiClient) -> None:
         self.module = module
         self.client = client
         self.p = module.params
         self.check = module.check_mode
         self.changed = False
         self.timeout = self.p["wait_timeout"]
-        self.last_seen = None
+        self.last_seen: dict[str, Any] | None = None
         self.created = False
 
     # -- the task ----------------------------------------------------------
-    def run(self):
+    def run(self) -> dict[str, Any]:
         existing = self.find()
         before = session_view(existing)
         if self.p["state"] == "absent":
@@ -403,7 +405,7 @@ class SessionManager(object):
             result["diff"] = dict(before=before, after=session_view(session) if self.p["state"] != "absent" else {})
         return result
 
-    def find(self):
+    def find(self) -> dict[str, Any] | None:
         session = self.client.find_session(self.p["name"])
         if session is not None and status_of(session) in profile.GONE:
             if self.p["state"] == "absent":
@@ -415,7 +417,7 @@ class SessionManager(object):
         return session
 
     # -- present -----------------------------------------------------------
-    def present(self, existing):
+    def present(self, existing: dict[str, Any] | None) -> dict[str, Any]:
         if existing is not None:
             differing = self.differences(existing)
             if not differing:
@@ -429,7 +431,7 @@ class SessionManager(object):
             self.delete(existing)
         return self.create()
 
-    def differences(self, existing):
+    def differences(self, existing: dict[str, Any]) -> list[str]:
         """'field: is X, wanted Y' for every requested, reported setting the session does not have."""
         wanted = self.wanted_settings()
         out = []
@@ -448,11 +450,11 @@ class SessionManager(object):
                 bool(existing.get("workspace_id")), existing.get("workspace_id") or "", self.p["persistent_workspace"]))
         return out
 
-    def wanted_settings(self):
+    def wanted_settings(self) -> dict[str, Any]:
         """Requested settings the platform reports back on the session object, as they appear there."""
         return {"idle_timeout_seconds": self.idle_timeout(), "keep_warm": self.p["keep_warm"]}
 
-    def idle_timeout(self):
+    def idle_timeout(self) -> int | None:
         if self.p["idle_timeout"] is None:
             return None
         try:
@@ -460,7 +462,7 @@ class SessionManager(object):
         except ValueError as e:
             self.module.fail_json(msg="idle_timeout: %s" % e)
 
-    def settings_in_place(self, session):
+    def settings_in_place(self, session: dict[str, Any]) -> dict[str, Any]:
         """resume_on_topoff is reported and patchable: set it on the existing session when it differs."""
         want = self.p["resume_on_topoff"]
         if want is None or bool(session.get("resume_on_topoff")) == want:
@@ -470,7 +472,7 @@ class SessionManager(object):
             return dict(session, resume_on_topoff=want)
         return self.client.update_session(session["session_id"], want)
 
-    def create(self):
+    def create(self) -> dict[str, Any]:
         problem = profile.session_name_problem(self.p["name"])
         if problem:
             self.module.fail_json(msg="Cannot create a session named %r: %s. No live session has that name or id."
@@ -497,7 +499,7 @@ class SessionManager(object):
             details.setdefault("session", session)
             self.module.fail_json(msg=msg, created=True, **details)
 
-    def predicted(self):
+    def predicted(self) -> dict[str, Any]:
         """The session check mode expects: what can be known before the platform creates it, and nothing made up.
 
         The ids, times and workspace id exist only once it is created, so they are absent (a task that needs the id
@@ -515,14 +517,15 @@ class SessionManager(object):
                 predicted["workspace_id"] = self.p["workspace_id"]
         return predicted
 
-    def create_spec(self):
-        spec = {"name": self.p["name"], "agent": self.p["agent"]}
+    def create_spec(self) -> dict[str, Any]:
+        spec: dict[str, Any] = {"name": self.p["name"], "agent": self.p["agent"]}
         for option, field in (("template", "template"), ("size", "size"),
                               ("persistent_workspace", "persistent_workspace"), ("keep_warm", "keep_warm")):
             if self.p[option] is not None:
                 spec[field] = self.p[option]
-        if self.p["idle_timeout"] is not None:
-            spec["idle_timeout"] = "%ds" % self.idle_timeout()
+        idle_timeout = self.idle_timeout()
+        if idle_timeout is not None:
+            spec["idle_timeout"] = "%ds" % idle_timeout
         env = dict((str(k), env_string(v)) for k, v in (self.p["env"] or {}).items())
         secrets = dict((str(k), env_string(v)) for k, v in (self.p["secrets"] or {}).items())
         both = sorted(set(env) & set(secrets))
@@ -543,20 +546,20 @@ class SessionManager(object):
             spec["egress"] = "unrestricted" if egress == ["unrestricted"] else list(egress)
         return spec
 
-    def warn_about_secret_looking_env(self):
+    def warn_about_secret_looking_env(self) -> None:
         for key in sorted(self.p["env"] or {}):
             if any(word in str(key).upper() for word in SECRET_LOOKING_KEY):
                 self.module.warn("env key %r looks like a secret: pass it in secrets, which the platform keeps in its "
                                  "secret store and never shows back" % key)
 
-    def settle(self, session, need_usable=False):
+    def settle(self, session: dict[str, Any], need_usable: bool = False) -> dict[str, Any]:
         """Wait for a provisioning session to become usable when the task waits (or must)."""
         if status_of(session) == "PROVISIONING" and (self.p["wait"] or need_usable) and not self.check:
             return self.client.wait_session(session["session_id"], until=profile.USABLE, timeout=self.timeout)
         return session
 
     # -- running / paused --------------------------------------------------
-    def to_state(self, session):
+    def to_state(self, session: dict[str, Any]) -> dict[str, Any]:
         state = self.p["state"]
         status = status_of(session)
         if state == "running" and status == "PAUSED":
@@ -566,7 +569,8 @@ class SessionManager(object):
             return self.transition(session, self.client.pause_session, frozenset(["PAUSED"]), "SESSION_STATUS_PAUSED")
         return session
 
-    def transition(self, session, call, until, predicted_status):
+    def transition(self, session: dict[str, Any], call: Callable[[str], Any], until: Collection[str],
+                   predicted_status: str) -> dict[str, Any]:
         self.changed = True
         if self.check:
             return dict(session, status=predicted_status)
@@ -576,18 +580,18 @@ class SessionManager(object):
         return self.client.wait_session(session["session_id"], until=until, timeout=self.timeout)
 
     # -- absent ------------------------------------------------------------
-    def absent(self, existing):
+    def absent(self, existing: dict[str, Any] | None) -> dict[str, Any] | None:
         doomed = [existing] if existing is not None else []
         doomed += [s for s in self.failed_by_name() if existing is None or s["session_id"] != existing["session_id"]]
         for session in doomed:
             self.delete(session)
         return self.last_seen
 
-    def failed_by_name(self):
+    def failed_by_name(self) -> list[dict[str, Any]]:
         """FAILED sessions of this name: the API's name filter matches live sessions only."""
         return self.client.sessions_named(self.p["name"], status=profile.STATUS_PREFIX + "FAILED")
 
-    def delete(self, session):
+    def delete(self, session: dict[str, Any]) -> None:
         self.changed = True
         self.last_seen = dict(session, status=DELETED)
         if self.check:
@@ -608,7 +612,7 @@ class SessionManager(object):
             self.last_seen = gone
 
 
-def env_string(value):
+def env_string(value: Any) -> str:
     """The platform takes strings only; YAML booleans become 'true'/'false', not Python's 'True'."""
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -619,7 +623,7 @@ SPEC_OPTIONS = ("template", "size", "idle_timeout", "persistent_workspace", "kee
                 "egress")
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=api_argument_spec(
             name=dict(type="str", required=True),

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
@@ -140,34 +140,38 @@ checkpoint:
   type: dict
 """
 
+from typing import Any, Collection  # noqa: E402
+
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, run_api_module  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError, NotFound  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, NotFound  # noqa: E402
 
 MAX_FORKS = 4
 
 
 class ForkManager(object):
 
-    def __init__(self, module, client):
+    def __init__(self, module: AnsibleModule, client: ApiClient) -> None:
         self.module = module
         self.client = client
         self.p = module.params
         self.check = module.check_mode
 
-    def run(self):
+    def run(self) -> dict[str, Any]:
         source = self.client.require_session(self.p["source"], live=True)
         sid = source["session_id"]
         checkpoint = self.resolve_checkpoint(sid)
         from_id = checkpoint["checkpoint_id"] if checkpoint else None
         before = self.live_forks(sid, from_id)
+        after: list[dict[str, Any]]
+        created: list[Any]
         if self.p["state"] == "absent":
             changed, after, created = self.absent(before), [], []
         else:
             changed, after, created = self.present(source, from_id, before)
-        result = dict(changed=changed, sessions=after, names=[s.get("name") for s in after], created=created)
+        result: dict[str, Any] = dict(changed=changed, sessions=after, names=[s.get("name") for s in after], created=created)
         if checkpoint:
             result["checkpoint"] = checkpoint
         if self.module._diff:
@@ -175,7 +179,7 @@ class ForkManager(object):
                                   after={"forks": [s.get("name") for s in after]})
         return result
 
-    def resolve_checkpoint(self, sid):
+    def resolve_checkpoint(self, sid: str) -> dict[str, Any] | None:
         wanted = self.p["checkpoint"]
         if not wanted:
             return None
@@ -187,11 +191,12 @@ class ForkManager(object):
             raise NotFound("checkpoint", wanted, "in session %s (checkpoint ids and labels are per session)" % sid)
         return found
 
-    def live_forks(self, sid, from_id):
+    def live_forks(self, sid: str, from_id: str | None) -> list[dict[str, Any]]:
         forks = self.client.forks_of(sid, from_id)
         return sorted(forks, key=lambda s: (str(s.get("created_at") or ""), s.get("name") or ""))
 
-    def present(self, source, from_id, existing):
+    def present(self, source: dict[str, Any], from_id: str | None,
+                existing: list[dict[str, Any]]) -> tuple[bool, list[dict[str, Any]], list[Any]]:
         missing = self.p["count"] - len(existing)
         if missing <= 0:
             return False, existing, []
@@ -208,7 +213,7 @@ class ForkManager(object):
                         for c in children]
         return True, existing + children, [c.get("name") for c in children]
 
-    def absent(self, existing):
+    def absent(self, existing: list[dict[str, Any]]) -> bool:
         if not existing:
             return False
         if self.check:
@@ -226,7 +231,7 @@ class ForkManager(object):
         return True
 
 
-def fork_names(parent_name, taken, count):
+def fork_names(parent_name: str, taken: Collection[str], count: int) -> list[str]:
     """The names the local control plane gives `count` new forks: <parent>-fork-<n>, lowest free n first.
 
     The same rule as the plane's own fork_name (microvm_localplane.checkpoints; a unit test keeps the two in step):
@@ -234,7 +239,8 @@ def fork_names(parent_name, taken, count):
     result fits in 64 characters.
     """
     used = set(str(n).lower() for n in taken)
-    names, n = [], 1
+    names: list[str] = []
+    n = 1
     while len(names) < count:
         suffix = "-fork-%d" % n
         name = parent_name[:64 - len(suffix)].rstrip("._-") + suffix
@@ -245,7 +251,7 @@ def fork_names(parent_name, taken, count):
     return names
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=api_argument_spec(
             source=dict(type="str", required=True),

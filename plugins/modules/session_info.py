@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
@@ -90,14 +90,17 @@ sessions:
       workspace_id: ""
 """
 
+from typing import Any  # noqa: E402
+
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, run_api_module  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.views import expand_statuses, select_sessions  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient  # noqa: E402
 
 
-def list_sessions(module, client):
+def list_sessions(module: AnsibleModule, client: ApiClient) -> dict[str, Any]:
     p = module.params
     try:
         statuses = expand_statuses(p["statuses"])
@@ -116,7 +119,7 @@ def list_sessions(module, client):
     return dict(changed=False, sessions=select_sessions(sessions, statuses=statuses, name_prefix=p["name_prefix"]))
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=api_argument_spec(
             name=dict(type="str", aliases=["session"]),

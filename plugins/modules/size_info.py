@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
@@ -75,12 +75,15 @@ slugs:
   sample: [mars-2vcpu-4gb]
 """
 
+from typing import Any  # noqa: E402
+
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, run_api_module  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient  # noqa: E402
 
 
-def list_sizes(module, client):
+def list_sizes(module: AnsibleModule, client: ApiClient) -> dict[str, Any]:
     sizes = client.list_sizes()
     wanted = module.params["slug"]
     if wanted is not None:
@@ -92,7 +95,7 @@ def list_sizes(module, client):
     return dict(changed=False, sizes=sizes, slugs=[s.get("slug") for s in sizes])
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=api_argument_spec(slug=dict(type="str")),
         supports_check_mode=True,

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
@@ -154,11 +154,13 @@ build:
     error: ""
 """
 
+from typing import Any, Collection  # noqa: E402
+
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, run_api_module  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.oci import parse_image_ref  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError, template_status  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, template_status  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.views import object_view  # noqa: E402
 
 IN_PROGRESS = ("PENDING", "BUILDING")
@@ -166,14 +168,14 @@ IN_PROGRESS = ("PENDING", "BUILDING")
 
 class TemplateManager(object):
 
-    def __init__(self, module, client):
+    def __init__(self, module: AnsibleModule, client: ApiClient) -> None:
         self.module = module
         self.client = client
         self.p = module.params
         self.check = module.check_mode
-        self.build = None
+        self.build: dict[str, Any] | None = None
 
-    def run(self):
+    def run(self) -> dict[str, Any]:
         existing = self.client.find_template(self.p["name"])
         if self.p["state"] == "absent":
             changed, after = self.absent(existing)
@@ -181,7 +183,7 @@ class TemplateManager(object):
         else:
             changed, after = self.present(existing)
             template = after
-        result = dict(changed=changed, template=template or {})
+        result: dict[str, Any] = dict(changed=changed, template=template or {})
         if self.build is not None:
             result["build"] = self.build
         if self.module._diff:
@@ -189,7 +191,7 @@ class TemplateManager(object):
         return result
 
     # -- present -----------------------------------------------------------
-    def present(self, existing):
+    def present(self, existing: dict[str, Any] | None) -> tuple[bool, dict[str, Any]]:
         if existing is None:
             return True, self.create()
         if self.p["wait"] and template_status(existing) in IN_PROGRESS and not self.check:
@@ -200,7 +202,7 @@ class TemplateManager(object):
             return False, existing
         return True, self.rebuild(existing)
 
-    def rebuild_reasons(self, existing):
+    def rebuild_reasons(self, existing: dict[str, Any]) -> list[str]:
         reasons = []
         if self.p["force_rebuild"]:
             reasons.append("force_rebuild")
@@ -212,13 +214,13 @@ class TemplateManager(object):
             reasons.append("base_template")
         return reasons
 
-    def wanted_image(self):
+    def wanted_image(self) -> dict[str, str]:
         try:
             return parse_image_ref(self.p["source_oci_ref"])
         except ValueError as e:
             self.module.fail_json(msg="source_oci_ref: %s" % e)
 
-    def create(self):
+    def create(self) -> dict[str, Any]:
         missing = [o for o in ("source_oci_ref", "base_template") if not self.p[o]]
         if missing:
             self.module.fail_json(msg="Template %r does not exist; %s %s required to register it (base_template: a "
@@ -230,11 +232,11 @@ class TemplateManager(object):
         template = self.client.create_template(self.p["name"], self.p["source_oci_ref"], self.p["base_template"])
         return self.wait_for_build(template, known=())
 
-    def rebuild(self, existing):
+    def rebuild(self, existing: dict[str, Any]) -> dict[str, Any]:
         if self.check:
             return self.predicted(existing)
         tid = existing["template_id"]
-        known = [b.get("build_id") for b in self.client.list_builds(tid)]
+        known: list[Any] = [b.get("build_id") for b in self.client.list_builds(tid)]
         if self.p["source_oci_ref"]:
             self.wanted_image()
         # With force_rebuild and no source given, the platform rebuilds what it has.
@@ -242,7 +244,7 @@ class TemplateManager(object):
                                                base_template=self.p["base_template"])
         return self.wait_for_build(template, known)
 
-    def wait_for_build(self, template, known):
+    def wait_for_build(self, template: dict[str, Any], known: Collection[Any]) -> dict[str, Any]:
         tid = template["template_id"]
         if not self.p["wait"]:
             self.build = self.client.newest_build(tid, exclude=known)
@@ -250,7 +252,7 @@ class TemplateManager(object):
         template, self.build = self.client.wait_build(tid, known_build_ids=known, timeout=self.p["wait_timeout"])
         return template
 
-    def predicted(self, existing):
+    def predicted(self, existing: dict[str, Any]) -> dict[str, Any]:
         spec = dict(existing.get("spec") or {})
         if self.p["base_template"] is not None:
             spec["base_template"] = self.p["base_template"]
@@ -258,7 +260,7 @@ class TemplateManager(object):
                     status="TEMPLATE_STATUS_READY")
 
     # -- absent ------------------------------------------------------------
-    def absent(self, existing):
+    def absent(self, existing: dict[str, Any] | None) -> tuple[bool, dict[str, Any]]:
         if existing is None:
             return False, {}
         if not self.check:
@@ -270,7 +272,7 @@ class TemplateManager(object):
         return True, {}
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=api_argument_spec(
             name=dict(type="str", required=True),

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
@@ -138,7 +138,7 @@ from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_requ
 from ansible_collections.microvm.sandbox.plugins.module_utils import object_storage as store  # noqa: E402
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             mode=dict(type="str", required=True, choices=["put", "get"]),

@@ -51,6 +51,7 @@ import sys
 import tempfile
 import zipfile
 import zipimport
+from typing import Any, Container, Dict, Iterable, List, NoReturn, Optional, Tuple
 
 HEADER = struct.Struct("!IIB")
 RUN, KILL, RUNREF, TMP = 1, 2, 3, 4
@@ -67,7 +68,7 @@ ZIP_CACHE = 32  # verified zips kept on disk (about 130-300 KiB each)
 class CoreConfig:
     """What the runner knows about ansible-core's payloads, as core_compat.runner_config() gives it."""
 
-    def __init__(self, config):
+    def __init__(self, config: "Dict[str, Any]") -> None:
         self.marker = config["marker"].encode("ascii")
         self.zip_data = re.compile(config["zip_data"].encode("ascii"), re.M)
         self.preload = tuple(config["preload"])
@@ -75,7 +76,7 @@ class CoreConfig:
         self.task_tmp = re.compile(config["task_tmp"])  # the only dirs a TMP op creates or removes
 
 
-def split_payload(payload, core):
+def split_payload(payload: bytes, core: CoreConfig) -> "Optional[Tuple[bytes, str]]":
     """(wrapper source with the zip literal replaced by a name, the zip's base64), or None.
 
     Compiling the wrapper with its zip as a literal costs several ms a run; the
@@ -90,7 +91,7 @@ def split_payload(payload, core):
     return source, found.group(1).decode("ascii")
 
 
-def zip_key(zip_b64):
+def zip_key(zip_b64: str) -> str:
     """The name both sides give an embedded zip: the sha256 of its base64 text."""
     return hashlib.sha256(zip_b64.encode("ascii")).hexdigest()
 
@@ -105,14 +106,14 @@ class CodeCache:
     zipimport is not the pure-Python one (before 3.8) just compiles as before.
     """
 
-    def __init__(self):
-        self.code = {}         # (archive, prefix, fullname) -> zipimport's (code, ispackage, modpath)
-        self.compiled = None   # in a child: the keys it had to compile itself
-        self.original = getattr(zipimport, "_get_module_code", None)
+    def __init__(self) -> None:
+        self.code: "Dict[Tuple[str, str, str], Any]" = {}  # (archive, prefix, fullname) -> zipimport's (code, ispackage, modpath)
+        self.compiled: "Optional[List[Tuple[str, str, str]]]" = None  # in a child: the keys it had to compile itself
+        self.original: "Any" = getattr(zipimport, "_get_module_code", None)
         if self.original is not None:
-            zipimport._get_module_code = self.get
+            zipimport._get_module_code = self.get  # type: ignore[attr-defined]
 
-    def get(self, importer, fullname):
+    def get(self, importer: Any, fullname: str) -> Any:
         key = (importer.archive, importer.prefix, fullname)
         found = self.code.get(key)
         if found is not None:
@@ -122,44 +123,45 @@ class CodeCache:
             self.compiled.append(key)
         return result
 
-    def learn(self, keys, archives):
+    def learn(self, keys: "Iterable[Tuple[str, str, str]]", archives: "Container[str]") -> None:
         for archive, prefix, fullname in keys:
             key = (archive, prefix, fullname)
             if archive in archives and key not in self.code:
                 importer = zipimport.zipimporter(os.path.join(archive, prefix) if prefix else archive)
                 self.code[key] = self.original(importer, fullname)
 
-    def forget(self, archive):
+    def forget(self, archive: str) -> None:
         for key in [k for k in self.code if k[0] == archive]:
             del self.code[key]
 
 
 class Runner:
-    def __init__(self, proto_in, proto_out, core):
+    def __init__(self, proto_in: int, proto_out: int, core: CoreConfig) -> None:
         self.core = core
         self.codes = CodeCache()
         self.proto_in = proto_in
         self.proto_out = proto_out
         self.sel = selectors.DefaultSelector()
         self.buf = b""
-        self.children = {}        # pid -> request id
-        self.pipes = {}           # fd -> (request id, kind)
-        self.open_pipes = {}      # request id -> open pipe count
-        self.status = {}          # request id -> rc once reaped
-        self.pids = {}            # request id -> pid
-        self.reports = {}         # request id -> bytes the child reported
-        self.zip_of = {}          # request id -> the zip it ran from
-        self.preload_dir = None
-        self.preload_zip = None
-        self.roots = []           # zips the runner's own packages import from (kept while it lives)
-        self.preloaded = None     # arcname -> sha256 of the preloaded files
-        self.preload_error = None
+        self.children: "Dict[int, int]" = {}  # pid -> request id
+        self.pipes: "Dict[int, Tuple[int, Any]]" = {}  # fd -> (request id, kind)
+        self.open_pipes: "Dict[int, int]" = {}  # request id -> open pipe count
+        self.status: "Dict[int, int]" = {}  # request id -> rc once reaped
+        self.pids: "Dict[int, int]" = {}  # request id -> pid
+        self.reports: "Dict[int, bytes]" = {}  # request id -> bytes the child reported
+        self.zip_of: "Dict[int, Optional[str]]" = {}  # request id -> the zip it ran from
+        self.preload_dir: "Any" = None  # set by preload(), before any run
+        self.preload_zip: "Any" = None
+        self.roots: "List[str]" = []  # zips the runner's own packages import from (kept while it lives)
+        self.preloaded: "Any" = None  # arcname -> sha256 of the preloaded files (set by preload())
+        self.preload_error: "Optional[str]" = None
         self.generation = 0       # grows with self.preloaded: older verifications are stale
-        self.verified = collections.OrderedDict()  # zip_key -> [path on disk, generation, base64 text]
+        # zip_key -> [path on disk, generation, base64 text]
+        self.verified: "collections.OrderedDict[str, List[Any]]" = collections.OrderedDict()
         self.base_env = dict(os.environ)
         self.cwd = os.getcwd()
 
-    def send(self, rid, kind, payload=b""):
+    def send(self, rid: int, kind: int, payload: Any = b"") -> None:
         if not isinstance(payload, bytes):
             payload = json.dumps(payload).encode("utf-8")
         data = HEADER.pack(len(payload), rid, kind) + payload
@@ -169,7 +171,7 @@ class Runner:
             view = view[n:]
 
     # -- preloading ------------------------------------------------------------------
-    def preload(self, zip_bytes):
+    def preload(self, zip_bytes: bytes) -> None:
         self.preload_dir = tempfile.mkdtemp(prefix="%s%d-" % (TMP_PREFIX, os.getpid()))
         self.preload_zip = os.path.join(self.preload_dir, "preload.zip")
         with open(self.preload_zip, "wb") as f:
@@ -184,14 +186,14 @@ class Runner:
             return
         self.record_preloaded()
 
-    def root_of(self, path):
+    def root_of(self, path: str) -> "Optional[Tuple[str, str]]":
         """(zip, arcname) when path lies in one of the runner's zips, else None."""
         for root in self.roots:
             if path.startswith(root + os.sep):
                 return root, path[len(root) + 1:].replace(os.sep, "/")
         return None
 
-    def record_preloaded(self):
+    def record_preloaded(self) -> None:
         """Note the sha256 of every file the runner has imported from its zips."""
         preloaded = {}
         archives = {}
@@ -210,7 +212,7 @@ class Runner:
         self.preloaded = preloaded
         self.generation += 1
 
-    def extend_preload(self, names, zip_path):
+    def extend_preload(self, names: "Iterable[str]", zip_path: str) -> None:
         """Import module_utils a clean run imported from zip_path, so later forks start with them."""
         names = [n for n in names if self.core.module_utils.match(n) and n not in sys.modules]
         if not names or self.preload_error:
@@ -237,7 +239,7 @@ class Runner:
                     sys.modules.pop(key, None)
         self.record_preloaded()
 
-    def verified_zip(self, zip_b64, zip_bytes):
+    def verified_zip(self, zip_b64: str, zip_bytes: bytes) -> "Tuple[Optional[str], Optional[str]]":
         """(why this zip cannot run warm or None, its path on disk)."""
         key = zip_key(zip_b64)
         known = self.verified.get(key)
@@ -271,7 +273,7 @@ class Runner:
                 break
         return None, path
 
-    def refusal(self, env, zip_b64):
+    def refusal(self, env: "Dict[str, str]", zip_b64: "Optional[str]") -> "Tuple[Optional[str], Optional[str]]":
         """(why this payload cannot run warm or None, the path of its verified zip)."""
         if zip_b64 is None:
             return "not an AnsiballZ Python module payload", None
@@ -286,7 +288,7 @@ class Runner:
         return self.verified_zip(zip_b64, zip_bytes)
 
     # -- running ---------------------------------------------------------------------
-    def run(self, rid, env, split):
+    def run(self, rid: int, env: "Dict[str, str]", split: "Optional[Tuple[bytes, str]]") -> None:
         """Run a payload given as split_payload's (source, zip base64), or refuse it (None: not a module)."""
         zip_path = None
         try:
@@ -301,7 +303,7 @@ class Runner:
         rep_r, rep_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            self.child(env, split, zip_path, out_w, err_w, rep_w, (out_r, err_r, rep_r))
+            self.child(env, split, zip_path, out_w, err_w, rep_w, (out_r, err_r, rep_r))  # type: ignore[arg-type]  # not refused: both set
         for fd in (out_w, err_w, rep_w):
             os.close(fd)
         self.children[pid] = rid
@@ -314,14 +316,15 @@ class Runner:
             self.sel.register(fd, selectors.EVENT_READ, "pipe")
         self.send(rid, STARTED)
 
-    def own_path(self, entry, own_zip):
+    def own_path(self, entry: str, own_zip: str) -> "Optional[str]":
         """A package path entry in one of the runner's zips, moved into the payload's zip."""
         found = self.root_of(entry) if entry not in self.roots else (entry, "")
         if not found:
             return None
         return os.path.join(own_zip, found[1]) if found[1] else own_zip
 
-    def child(self, env, split, own_zip, out_w, err_w, rep_w, close):
+    def child(self, env: "Dict[str, str]", split: "Tuple[bytes, str]", own_zip: str, out_w: int, err_w: int, rep_w: int,
+              close: "Tuple[int, int, int]") -> NoReturn:
         rc = 1
         try:
             os.setpgid(0, 0)  # a KILL stops the module and what it started
@@ -357,10 +360,10 @@ class Runner:
                 rc = 0
             except SystemExit as e:
                 rc = exit_code(e)
-            except BaseException:
-                kind, value, tb = sys.exc_info()
+            except BaseException as exc:
+                tb = exc.__traceback__
                 tb = tb.tb_next if tb is not None else tb  # the runner's own frame is not the module's
-                sys.excepthook(kind, value.with_traceback(tb), tb)
+                sys.excepthook(type(exc), exc.with_traceback(tb), tb)
                 rc = 1
             run_atexit()
             prefix = own_zip + os.sep
@@ -380,7 +383,7 @@ class Runner:
                     pass
             os._exit(rc)
 
-    def kill(self, rid):
+    def kill(self, rid: int) -> None:
         pid = self.pids.get(rid)
         if pid:
             try:
@@ -388,7 +391,7 @@ class Runner:
             except OSError:
                 pass
 
-    def reap(self):
+    def reap(self) -> None:
         while self.children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -405,7 +408,7 @@ class Runner:
                 self.status[rid] = os.WEXITSTATUS(status)
             self.finish(rid)
 
-    def finish(self, rid):
+    def finish(self, rid: int) -> None:
         if self.open_pipes.get(rid) == 0 and rid in self.status:
             rc = self.status.pop(rid)
             self.send(rid, EXIT, {"rc": rc})
@@ -420,7 +423,7 @@ class Runner:
                 except Exception:  # preloading more is an optimisation: a failure keeps what there is
                     pass
 
-    def on_pipe(self, fd):
+    def on_pipe(self, fd: int) -> None:
         rid, kind = self.pipes[fd]
         data = os.read(fd, 65536)
         if data:
@@ -442,7 +445,7 @@ class Runner:
                 self.status[rid] = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         self.finish(rid)
 
-    def on_input(self):
+    def on_input(self) -> bool:
         data = os.read(self.proto_in, 1 << 20)
         if not data:
             return False
@@ -470,7 +473,7 @@ class Runner:
         return True
 
     # -- a task tmp dir's commands -----------------------------------------------------
-    def tmp_op(self, rid, req):
+    def tmp_op(self, rid: int, req: Any) -> None:
         """Do what core's mkdtemp / chmod / rm command would, in this process; REFUSE on any doubt.
 
         Each is safe to run again in a shell after a refusal, however far it got: `mkdir -p` and
@@ -487,7 +490,7 @@ class Runner:
             return
         self.send(rid, DONE, {"rc": 0, "stdout": done, "stderr": ""})
 
-    def serve(self):
+    def serve(self) -> None:
         self.sel.register(self.proto_in, selectors.EVENT_READ, "input")
         self.send(0, READY, {"python": "%d.%d.%d" % sys.version_info[:3], "pid": os.getpid()})
         reading = True
@@ -511,7 +514,7 @@ class Runner:
                 shutil.rmtree(self.preload_dir, ignore_errors=True)
 
 
-def tmp_mkdtemp(core, req):
+def tmp_mkdtemp(core: CoreConfig, req: "Dict[str, Any]") -> "Optional[str]":
     """( umask U && mkdir -p BASE && mkdir BASE/NAME && echo NAME=BASE/NAME )"""
     base, name, mode = req["base"], req["name"], int(req["mode"])
     if not core.task_tmp.match(name) or not base.startswith("/"):
@@ -528,7 +531,7 @@ def tmp_mkdtemp(core, req):
     return "%s=%s\n" % (name, path)
 
 
-def tmp_chmod(core, req):
+def tmp_chmod(core: CoreConfig, req: "Dict[str, Any]") -> "Optional[str]":
     """chmod u+[rwx]... PATH... (every path must exist first: a refusal then changed nothing)"""
     mode = req["mode"]
     if not mode.startswith("u+"):
@@ -541,7 +544,7 @@ def tmp_chmod(core, req):
     return ""
 
 
-def tmp_rm(core, req):
+def tmp_rm(core: CoreConfig, req: "Dict[str, Any]") -> "Optional[str]":
     """rm -f -r PATH > /dev/null 2>&1, for a task tmp dir only"""
     path = req["path"]
     bare = path.rstrip("/")
@@ -560,7 +563,7 @@ def tmp_rm(core, req):
 TMP_OPS = {"mkdtemp": tmp_mkdtemp, "chmod": tmp_chmod, "rm": tmp_rm}
 
 
-def exit_code(e):
+def exit_code(e: SystemExit) -> int:
     """The exit status Python gives an uncaught SystemExit."""
     code = e.code
     if code is None:
@@ -574,14 +577,14 @@ def exit_code(e):
     return 1
 
 
-def run_atexit():
+def run_atexit() -> None:
     import atexit
     run = getattr(atexit, "_run_exitfuncs", None)
     if run is not None:
         run()
 
 
-def runner_alive(pid):
+def runner_alive(pid: int) -> bool:
     """Is pid a warm runner (its command line carries MARKER)? A reused pid of anything else is not."""
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as f:
@@ -590,7 +593,7 @@ def runner_alive(pid):
         return False
 
 
-def sweep_stale_dirs(tmp=None):
+def sweep_stale_dirs(tmp: "Optional[str]" = None) -> None:
     """Remove the preload dirs of runners that are gone: they die by SIGKILL with their mux, never cleaning up."""
     tmp = tmp or tempfile.gettempdir()
     try:
@@ -603,7 +606,7 @@ def sweep_stale_dirs(tmp=None):
             shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
 
 
-def main():
+def main() -> None:
     core = CoreConfig(json.loads(sys.argv[2]))
     sweep_stale_dirs()
     proto_in = os.dup(0)

@@ -33,7 +33,10 @@ import re
 import stat
 import sys
 
-from typing import BinaryIO, Callable, Iterable, Iterator, Optional  # noqa: F401 (named in the annotations' strings)
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterable, Iterator, List, Optional, Pattern, Tuple  # noqa: F401 (in annotation strings)
+
+if TYPE_CHECKING:
+    import tarfile  # imported where used at run time: most runs write no archive
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -52,7 +55,7 @@ class SyncError(Exception):
 
 # ------------------------------------------------------------------ excludes
 
-def glob_regex(pattern):
+def glob_regex(pattern: str) -> str:
     """A gitignore glob as a regex: * and ? stay within a name, ** crosses directories, [...] is a class."""
     out = []
     i, n = 0, len(pattern)
@@ -104,12 +107,12 @@ class Excludes:
     rsync's spelling of a plain exclude. An excluded directory is pruned with everything in it.
     """
 
-    def __init__(self, patterns=()):
-        self.rules = []
+    def __init__(self, patterns: "Iterable[str]" = ()) -> None:
+        self.rules: "List[Tuple[bool, bool, bool, Pattern[str]]]" = []
         for raw in patterns:
             self.add(raw)
 
-    def add(self, raw):
+    def add(self, raw: str) -> None:
         pattern = raw.rstrip("\n").rstrip("\r")
         if not pattern.strip() or pattern.startswith("#"):
             return
@@ -134,10 +137,10 @@ class Excludes:
             anchored = True  # "**/x" is x at any depth, written as an anchored pattern
         self.rules.append((negate, dir_only, anchored, re.compile(glob_regex(pattern), re.S)))
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return bool(self.rules)
 
-    def excluded(self, rel, is_dir):
+    def excluded(self, rel: str, is_dir: bool) -> bool:
         """rel: the path relative to the tree's root (str, '/'-separated)."""
         result = False
         base = rel.rsplit("/", 1)[-1]
@@ -149,7 +152,7 @@ class Excludes:
         return result
 
 
-def read_patterns(path):
+def read_patterns(path: str) -> "List[str]":
     with open(path, "r", encoding="utf-8", errors="surrogateescape") as f:
         return list(f)
 
@@ -159,7 +162,7 @@ def read_patterns(path):
 class Entry:
     __slots__ = ("path", "kind", "mode", "size", "mtime", "extra")
 
-    def __init__(self, path, kind, mode, size, mtime, extra=b""):
+    def __init__(self, path: bytes, kind: bytes, mode: int, size: int, mtime: int, extra: bytes = b"") -> None:
         self.path = path      # bytes, relative, '/'-separated; ROOT for the root
         self.kind = kind      # KIND_*
         self.mode = mode      # permission bits
@@ -167,22 +170,22 @@ class Entry:
         self.mtime = mtime    # whole seconds, the resolution every tar and filesystem keeps
         self.extra = extra    # a link's target, or a file's sha256 (hex, bytes) when checksums are asked for
 
-    def key(self):
+    def key(self) -> "Tuple[bytes, ...]":
         return sort_key(self.path)
 
-    def encode(self):
+    def encode(self) -> bytes:
         return b"%s\0%s%o %d %d\0%s\0" % (self.path, self.kind, self.mode, self.size, self.mtime, self.extra)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Entry(%r, %r, %o, %d, %d, %r)" % (self.path, self.kind, self.mode, self.size, self.mtime, self.extra)
 
 
-def sort_key(path):
+def sort_key(path: bytes) -> "Tuple[bytes, ...]":
     """The canonical order: a directory right before its contents, names compared as bytes."""
     return () if path == ROOT else tuple(path.split(b"/"))
 
 
-def parse_meta(path, meta, extra):
+def parse_meta(path: bytes, meta: bytes, extra: bytes) -> Entry:
     kind = meta[:1]
     try:
         mode, size, mtime = meta[1:].split(b" ")
@@ -193,7 +196,7 @@ def parse_meta(path, meta, extra):
 
 # ------------------------------------------------------------------ walking
 
-def rel_text(path):
+def rel_text(path: bytes) -> str:
     return path.decode("utf-8", "surrogateescape")
 
 
@@ -246,7 +249,7 @@ def source_entries(entries: "Iterable[Entry]", keep_setid: bool = False, private
         yield entry
 
 
-def file_digest(dir_fd, name):
+def file_digest(dir_fd: int, name: bytes) -> bytes:
     fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
     try:
         digest = hashlib.sha256()
@@ -259,7 +262,7 @@ def file_digest(dir_fd, name):
         os.close(fd)
 
 
-def entry_of(dir_fd, name, rel, st, checksum):
+def entry_of(dir_fd: int, name: bytes, rel: bytes, st: os.stat_result, checksum: bool) -> "Optional[Entry]":
     mode = stat.S_IMODE(st.st_mode)
     mtime = int(st.st_mtime)
     if stat.S_ISREG(st.st_mode):
@@ -271,7 +274,8 @@ def entry_of(dir_fd, name, rel, st, checksum):
     return None
 
 
-def walk(root_fd, excludes=None, checksum=False, skip_unsafe_links=False):
+def walk(root_fd: int, excludes: "Optional[Excludes]" = None, checksum: bool = False,
+         skip_unsafe_links: bool = False) -> "Iterator[Entry]":
     """Entries of the tree under root_fd, the root first, in canonical order.
 
     Special files (sockets, FIFOs, devices) and, with skip_unsafe_links, links that leave the tree
@@ -282,7 +286,7 @@ def walk(root_fd, excludes=None, checksum=False, skip_unsafe_links=False):
     yield from _walk_dir(root_fd, b"", excludes, checksum, skip_unsafe_links)
 
 
-def _walk_dir(dir_fd, prefix, excludes, checksum, skip_unsafe_links):
+def _walk_dir(dir_fd: int, prefix: bytes, excludes: "Optional[Excludes]", checksum: bool, skip_unsafe_links: bool) -> "Iterator[Entry]":
     with os.scandir(dir_fd) as it:
         names = sorted(os.fsencode(e.name) for e in it)
     for name in names:
@@ -326,7 +330,7 @@ def _walk_dir(dir_fd, prefix, excludes, checksum, skip_unsafe_links):
 SYS_OPENAT2 = 437
 RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
 BENEATH = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
-_openat2 = []  # [] until probed, then [function or None]
+_openat2: "List[Optional[Callable[..., int]]]" = []  # [] until probed, then [function or None]
 
 
 def _load_openat2() -> "Optional[Callable[..., int]]":
@@ -342,7 +346,7 @@ def _load_openat2() -> "Optional[Callable[..., int]]":
 
     syscall.restype = ctypes.c_long
 
-    def openat2(dir_fd, path, flags, mode, resolve):
+    def openat2(dir_fd: int, path: bytes, flags: int, mode: int, resolve: int) -> int:
         how = OpenHow(flags, mode if flags & os.O_CREAT else 0, resolve)
         fd = syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_int(dir_fd), ctypes.c_char_p(path), ctypes.byref(how),
                      ctypes.c_size_t(ctypes.sizeof(how)))
@@ -405,7 +409,7 @@ def open_dir_at(root_fd: int, parts: "list[bytes]") -> int:
     return open_beneath(root_fd, b"/".join(parts), DIR_FLAGS)
 
 
-def split_rel(rel):
+def split_rel(rel: bytes) -> "Tuple[List[bytes], bytes]":
     parts = rel.split(b"/")
     if rel.startswith(b"/") or any(p in (b"", b".", b"..") for p in parts):
         raise SyncError("refused path %r: not a plain relative path" % rel_text(rel))
@@ -427,7 +431,7 @@ def open_root(path: "str | bytes", create: bool = False, workspace: "str | None"
     if workspace and within(os.path.normpath(text), workspace.rstrip("/")):
         bound = [p for p in os.fsencode(workspace).split(b"/") if p]
     fds = [os.open(b"/", DIR_FLAGS)]
-    names = []
+    names: "List[bytes]" = []
     todo = list(reversed(path.split(b"/")))
     links = made = retries = 0
     try:
@@ -489,13 +493,13 @@ def open_root(path: "str | bytes", create: bool = False, workspace: "str | None"
             os.close(fd)
 
 
-def within(path, root):
+def within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 # ------------------------------------------------------------------ changing a tree
 
-def remove_entry(dir_fd, name, rel, excludes=None):
+def remove_entry(dir_fd: int, name: bytes, rel: bytes, excludes: "Optional[Excludes]" = None) -> bool:
     """Remove dir_fd/name; a directory goes depth first, never through a link; excluded entries stay.
 
     -> False when something excluded was kept (so the directory stays too).
@@ -536,7 +540,7 @@ def remove_entry(dir_fd, name, rel, excludes=None):
     return True
 
 
-def copy_entry(src_fd, name, dst_fd, dst_name):
+def copy_entry(src_fd: int, name: bytes, dst_fd: int, dst_name: bytes) -> None:
     """Copy src_fd/name to dst_fd/dst_name (across filesystems), with modes and mtimes."""
     st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
     if stat.S_ISLNK(st.st_mode):
@@ -572,7 +576,7 @@ def copy_entry(src_fd, name, dst_fd, dst_name):
         os.close(fin)
 
 
-def move_into(src_fd, name, dst_fd):
+def move_into(src_fd: int, name: bytes, dst_fd: int) -> None:
     """rename(2) src_fd/name over dst_fd/name: atomic. Across filesystems: copy beside it, then rename."""
     try:
         os.rename(name, name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
@@ -589,7 +593,7 @@ def move_into(src_fd, name, dst_fd):
         raise
 
 
-def chown_entry(dir_fd, name, owner):
+def chown_entry(dir_fd: int, name: bytes, owner: "Tuple[int, int]") -> None:
     """Give dir_fd/name, and everything in it for a directory, to owner (uid, gid); links themselves."""
     os.chown(name, owner[0], owner[1], dir_fd=dir_fd, follow_symlinks=False)
     if not stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
@@ -604,7 +608,7 @@ def chown_entry(dir_fd, name, owner):
         os.close(sub)
 
 
-def apply_stage(stage_fd, dest_fd, rel=b"", owner=None):
+def apply_stage(stage_fd: int, dest_fd: int, rel: bytes = b"", owner: "Optional[Tuple[int, int]]" = None) -> int:
     """Move every entry of the staged tree into the destination tree; -> number of entries moved.
 
     A staged directory whose counterpart is a directory is entered; any other entry replaces its
@@ -640,7 +644,7 @@ def apply_stage(stage_fd, dest_fd, rel=b"", owner=None):
     return moved
 
 
-def set_attrs(fd_or_dir, mode, mtime, name=None):
+def set_attrs(fd_or_dir: int, mode: int, mtime: int, name: "Optional[bytes]" = None) -> None:
     """Mode and mtime of an open fd, or of dir_fd/name (never through a link)."""
     if name is None:
         os.fchmod(fd_or_dir, mode)
@@ -669,15 +673,15 @@ def set_attrs(fd_or_dir, mode, mtime, name=None):
         os.close(fd)
 
 
-def op_delete(rel):
+def op_delete(rel: bytes) -> bytes:
     return b"-" + rel + b"\0"
 
 
-def op_attrs(rel, mode, mtime):
+def op_attrs(rel: bytes, mode: int, mtime: int) -> bytes:
     return b"=%o %d %s\0" % (mode, mtime, rel)
 
 
-def run_ops(root_fd, records, excludes=None):
+def run_ops(root_fd: int, records: "Iterable[bytes]", excludes: "Optional[Excludes]" = None) -> "Tuple[int, int]":
     """Do the plan's deletions and attribute fixes, in order; -> (deleted, fixed)."""
     deleted = fixed = 0
     for record in records:
@@ -715,7 +719,7 @@ def run_ops(root_fd, records, excludes=None):
     return deleted, fixed
 
 
-def split_stream(chunks):
+def split_stream(chunks: "Iterable[bytes]") -> "Iterator[bytes]":
     """NUL-terminated records from bytes chunks."""
     tail = b""
     for chunk in chunks:
@@ -728,7 +732,7 @@ def split_stream(chunks):
 
 # ------------------------------------------------------------------ archives of selected entries (pull)
 
-def tar_selected(root_fd, paths, out):
+def tar_selected(root_fd: int, paths: "Iterable[bytes]", out: BinaryIO) -> int:
     """Write a tar stream of the given entries (each alone, not recursively) to the file out; -> members."""
     import tarfile
     count = 0
@@ -745,11 +749,11 @@ def tar_selected(root_fd, paths, out):
                     count += 1
             finally:
                 os.close(dir_fd)
-            tar.members = []  # tarfile keeps every header it wrote: memory would grow with the archive
+            tar.members = []  # type: ignore[attr-defined]  # tarfile keeps every header it wrote: memory would grow with the archive
     return count
 
 
-def add_member(tar, dir_fd, name, rel):
+def add_member(tar: "tarfile.TarFile", dir_fd: int, name: bytes, rel: bytes) -> bool:
     """Add dir_fd/name as the member rel; False when it vanished or is no longer a plain entry."""
     import tarfile
     info = tarfile.TarInfo(rel_text(rel))
@@ -796,7 +800,7 @@ def extract_checked(fileobj: "BinaryIO", stage_fd: int, wanted: "Iterator[bytes]
     links = []
     with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
         for member in iter(tar.next, None):
-            tar.members = []  # tarfile keeps every header it read: memory would grow with the archive
+            tar.members = []  # type: ignore[attr-defined]  # tarfile keeps every header it read: memory would grow with the archive
             rel = os.fsencode(member.name.rstrip("/"))
             parents, name = split_rel(rel)
             if wanted is not None and next((p for p in wanted if p == rel), None) is None:
@@ -818,9 +822,9 @@ def extract_checked(fileobj: "BinaryIO", stage_fd: int, wanted: "Iterator[bytes]
                 elif member.isreg():
                     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
                     try:
-                        src = tar.extractfile(member)
+                        src = tar.extractfile(member)  # a regular member always has a file object
                         while True:
-                            data = src.read(HASH_CHUNK)
+                            data = src.read(HASH_CHUNK)  # type: ignore[union-attr]
                             if not data:
                                 break
                             os.write(fd, data)
@@ -843,7 +847,7 @@ def extract_checked(fileobj: "BinaryIO", stage_fd: int, wanted: "Iterator[bytes]
 
 # ------------------------------------------------------------------ the guest's side of a run
 
-def read_chunks(stream, size=65536):
+def read_chunks(stream: BinaryIO, size: int = 65536) -> "Iterator[bytes]":
     while True:
         data = stream.read1(size) if hasattr(stream, "read1") else stream.read(size)
         if not data:
@@ -888,11 +892,11 @@ def guest_main(argv: "list[str]") -> int:
         out.write(b"\0END\0" + json.dumps({"exists": root_fd is not None}).encode() + b"\0")
         out.flush()
         if mode == "pull":
-            return guest_pull(root_fd, run_fd, stage_name, stdin, out)
-        return guest_push(args, root_fd, stage_fd, stdin, out, excludes)
+            return guest_pull(root_fd, run_fd, stage_name, stdin, out)  # type: ignore[arg-type]  # pull: refused above when None
+        return guest_push(args, root_fd, stage_fd, stdin, out, excludes)  # type: ignore[arg-type]  # push: made above
     finally:
         if stage_fd is not None:
-            remove_entry(run_fd, stage_name, b"stage")  # whatever happened: the stage never outlives the run
+            remove_entry(run_fd, stage_name, b"stage")  # type: ignore[arg-type]  # whatever happened: the stage never outlives the run
         for fd in (run_fd, root_fd, stage_fd):
             if fd is not None:
                 os.close(fd)
@@ -928,8 +932,10 @@ def guest_push(args: dict, root_fd: "int | None", stage_fd: int, stdin: "BinaryI
         return 0  # nothing to do (or check mode)
     owner = args.get("owner")
     made = root_fd is None
-    if made:
+    if root_fd is None:
         root_fd = open_root(args["root"], create=True, workspace=args.get("workspace"))
+        if root_fd is None:  # open_root returns None only without create
+            raise SyncError("%s could not be created" % args["root"])
         if owner:
             os.fchown(root_fd, owner[0], owner[1])
     try:

@@ -11,12 +11,15 @@ and are renamed into place only once the sha256 matches. Transfer paths
 outside the transfer root are refused here, before any network call.
 """
 
+from __future__ import annotations
+
 import contextlib
 import hashlib
 import os
 import queue
 import tempfile
 import threading
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Sequence
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_pb import sandbox_agent_pb2 as pb
@@ -51,7 +54,7 @@ CHANNEL_OPTIONS = [
 ]
 
 
-def _current_umask():
+def _current_umask() -> int:
     """The process umask, read without changing it (os.umask is not thread-safe to probe)."""
     try:
         with open("/proc/self/status") as f:
@@ -63,7 +66,7 @@ def _current_umask():
     return 0o022
 
 
-def collect_exec(events):
+def collect_exec(events: Iterable[tuple[str, Any]]) -> ExecResult:
     """The exit of one command's (kind, data) events, with its stdout and stderr joined on it (both roads)."""
     out, err = [], []
     for kind, data in events:
@@ -86,14 +89,14 @@ class prefetch_chunks:
 
     DEPTH = 4
 
-    def __init__(self, f, chunk_size):
+    def __init__(self, f: BinaryIO, chunk_size: int) -> None:
         self._queue = queue.Queue(self.DEPTH)
         self._digest = hashlib.sha256()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._read, args=(f, chunk_size), name="upload-read", daemon=True)
         self._thread.start()
 
-    def _read(self, f, chunk_size):
+    def _read(self, f: BinaryIO, chunk_size: int) -> None:
         try:
             while not self._stop.is_set():
                 chunk = f.read(chunk_size)
@@ -105,7 +108,7 @@ class prefetch_chunks:
         except OSError as e:
             self._queue.put(e)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[bytes]:
         while True:
             item = self._queue.get()
             if item is None:
@@ -114,11 +117,11 @@ class prefetch_chunks:
                 raise item
             yield item
 
-    def hexdigest(self):
+    def hexdigest(self) -> str:
         self._thread.join()
         return self._digest.hexdigest()
 
-    def cancel(self):
+    def cancel(self) -> None:
         self._stop.set()
         while self._thread.is_alive():  # unblock a reader waiting on a full queue
             try:
@@ -154,7 +157,8 @@ class ChecksumMismatch(AgentError):
 class ExecResult:
     __slots__ = ("exit_code", "timed_out", "duration_ms", "hitl_rejected", "stdout", "stderr")
 
-    def __init__(self, exit_code, timed_out=False, duration_ms=0, hitl_rejected=False, stdout=b"", stderr=b""):
+    def __init__(self, exit_code: int, timed_out: bool = False, duration_ms: int = 0, hitl_rejected: bool = False, stdout: bytes = b"",
+                 stderr: bytes = b"") -> None:
         self.exit_code = exit_code
         self.timed_out = timed_out
         self.duration_ms = duration_ms
@@ -163,12 +167,12 @@ class ExecResult:
         self.stderr = stderr
 
 
-def open_channel(target):
+def open_channel(target: str) -> grpc.Channel:
     """A gRPC channel to the agent; `target` is e.g. 'unix:/path/to/tunnel.sock'."""
     return grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
 
 
-def is_absent(error):
+def is_absent(error: grpc.RpcError) -> bool:
     """NOT_FOUND, or INTERNAL carrying a 404, means "absent" (platform contract, section 3)."""
     code = error.code() if hasattr(error, "code") else None
     details = (error.details() if hasattr(error, "details") else "") or ""
@@ -177,7 +181,7 @@ def is_absent(error):
     return code == grpc.StatusCode.INTERNAL and ("404" in details or "does not exist" in details)
 
 
-def transfer_error(error, path, label, verb):
+def transfer_error(error: grpc.RpcError, path: str, label: str, verb: str) -> AgentError:
     """Map a gRPC error of Upload/Download to a clear AgentError naming the path and session."""
     code = error.code()
     details = error.details() or ""
@@ -199,7 +203,7 @@ class _Line:
 
     __slots__ = ("channel", "stub", "calls", "retired")
 
-    def __init__(self, channel):
+    def __init__(self, channel: grpc.Channel) -> None:
         self.channel = channel
         self.stub = pb_grpc.SandboxAgentServiceStub(channel)
         self.calls = 0
@@ -215,7 +219,8 @@ class AgentClient:
     old channel finish on it; it is closed after the last one.
     """
 
-    def __init__(self, channel, label, scratch_dir=profile.SCRATCH_DIR, redial=None):
+    def __init__(self, channel: grpc.Channel, label: str, scratch_dir: str = profile.SCRATCH_DIR,
+                 redial: Callable[[], grpc.Channel] | None = None) -> None:
         self.label = label
         self.scratch_dir = scratch_dir
         self._redial = redial
@@ -224,20 +229,20 @@ class AgentClient:
         self._exec_lines = {}  # id(call) -> its line, from exec_stream to the end of iter_exec
 
     @property
-    def channel(self):
+    def channel(self) -> grpc.Channel:
         return self._line.channel
 
     @property
-    def stub(self):
+    def stub(self) -> Any:
         return self._line.stub
 
-    def _take(self):
+    def _take(self) -> _Line:
         with self._lock:
             line = self._line
             line.calls += 1
         return line
 
-    def _give_back(self, line):
+    def _give_back(self, line: _Line) -> None:
         with self._lock:
             line.calls -= 1
             done = line.retired and line.calls == 0
@@ -245,14 +250,14 @@ class AgentClient:
             line.channel.close()
 
     @contextlib.contextmanager
-    def _using(self):
+    def _using(self) -> Iterator[_Line]:
         line = self._take()
         try:
             yield line
         finally:
             self._give_back(line)
 
-    def drop_connection(self, line):
+    def drop_connection(self, line: _Line) -> None:
         """A stream on `line` was lost: the calls that follow dial a fresh connection."""
         if self._redial is None:
             return
@@ -265,13 +270,15 @@ class AgentClient:
         if done:
             line.channel.close()
 
-    def close(self):
+    def close(self) -> None:
         with self._lock:
             line, self._redial = self._line, None
         line.channel.close()
 
     # -- Exec ------------------------------------------------------------------
-    def exec_stream(self, argv, env=None, workdir="", timeout=0, stdin=None, deadline=None, hold_stdin=False):
+    def exec_stream(self, argv: Sequence[str], env: dict[str, str] | None = None, workdir: str = "", timeout: int = 0,
+                    stdin: bytes | None = None, deadline: float | None = None,
+                    hold_stdin: bool = False) -> tuple[Any, queue.Queue[bytes | None]]:
         """Start a command; returns (call, stdin_queue).
 
         `hold_stdin` (stdin arrives while the command runs) changes nothing here: the stream carries it anyway.
@@ -283,7 +290,7 @@ class AgentClient:
         start = pb.ExecRequest(start=pb.ExecStart(argv=list(argv), workdir=workdir or "",
                                                   env=dict(env or {}), timeout_seconds=int(timeout or 0)))
 
-        def requests():
+        def requests() -> Iterator[Any]:
             yield start
             while True:
                 item = feed.get()
@@ -305,7 +312,7 @@ class AgentClient:
             self._exec_lines[id(call)] = line
         return call, feed
 
-    def iter_exec(self, call, feed=None):
+    def iter_exec(self, call: Any, feed: queue.Queue[bytes | None] | None = None) -> Iterator[tuple[str, Any]]:
         """Yield ('stdout'|'stderr', bytes) and finally ('exit', ExecResult); raise CommandLost otherwise."""
         with self._lock:
             line = self._exec_lines.pop(id(call), None)
@@ -317,7 +324,7 @@ class AgentClient:
             if line is not None:
                 self._give_back(line)
 
-    def _iter_exec(self, call, line):
+    def _iter_exec(self, call: Any, line: _Line) -> Iterator[tuple[str, Any]]:
         try:
             for out in call:
                 which = out.WhichOneof("output")
@@ -339,7 +346,7 @@ class AgentClient:
         raise CommandLost("the command's output stream on session %s ended without an exit status: "
                           "the command was lost (it may have partly run; it is not re-run)" % self.label)
 
-    def _exec_error(self, e):
+    def _exec_error(self, e: grpc.RpcError) -> AgentError:
         code = e.code()
         details = e.details() or ""
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.CANCELLED,
@@ -350,14 +357,15 @@ class AgentClient:
             return CommandLost("the command on session %s ran past the client deadline: %s" % (self.label, details))
         return AgentError("the guest agent refused the command on session %s: %s (%s)" % (self.label, details, code.name))
 
-    def exec(self, argv, env=None, workdir="", timeout=0, stdin=b"", deadline=None):
+    def exec(self, argv: Sequence[str], env: dict[str, str] | None = None, workdir: str = "", timeout: int = 0, stdin: bytes = b"",
+             deadline: float | None = None) -> ExecResult:
         """Run a command to completion, collecting stdout and stderr apart."""
         call, feed = self.exec_stream(argv, env=env, workdir=workdir, timeout=timeout, stdin=stdin or b"",
                                       deadline=deadline)
         return collect_exec(self.iter_exec(call, feed))
 
     # -- Upload ----------------------------------------------------------------
-    def upload(self, local_path, remote_path, mode=0, chunk_size=CHUNK_SIZE, is_archive=False):
+    def upload(self, local_path: str, remote_path: str, mode: int = 0, chunk_size: int = CHUNK_SIZE, is_archive: bool = False) -> int:
         """Stream a local file to a guest path under the transfer root; returns bytes written.
 
         With is_archive the file is a tar stream the agent extracts under remote_path.
@@ -367,7 +375,7 @@ class AgentClient:
         with open(local_path, "rb") as f:
             chunks = prefetch_chunks(f, chunk_size)
 
-            def requests():
+            def requests() -> Iterator[Any]:
                 yield pb.UploadRequest(header=pb.UploadHeader(path=remote_path, mode=mode, is_archive=is_archive))
                 for chunk in chunks:
                     yield pb.UploadRequest(chunk=chunk)
@@ -387,12 +395,12 @@ class AgentClient:
                 self._give_back(line)
         return response.bytes_written
 
-    def _drop_if_lost(self, error, line):
+    def _drop_if_lost(self, error: grpc.RpcError, line: _Line) -> None:
         if error.code() == grpc.StatusCode.UNAVAILABLE:  # the connection broke (a refusal leaves it alone)
             self.drop_connection(line)
 
     # -- Download --------------------------------------------------------------
-    def download(self, remote_path, local_path, chunk_size=CHUNK_SIZE):
+    def download(self, remote_path: str, local_path: str, chunk_size: int = CHUNK_SIZE) -> int:
         """Stream a guest file to local_path; verified, then renamed into place. Returns bytes written."""
         remote_path = profile.check_transfer_path(remote_path, self.scratch_dir, what="download source")
         local_dir = os.path.dirname(os.path.abspath(local_path))

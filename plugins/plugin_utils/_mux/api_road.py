@@ -41,10 +41,14 @@ import tempfile
 import threading
 import urllib.parse
 import uuid
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterator, NoReturn, Sequence
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import USER_AGENT
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
+
+if TYPE_CHECKING:
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link import SessionLink
 
 log = logging.getLogger("microvm.mux")
 
@@ -64,7 +68,7 @@ TEAM_SETTING = "interactive stdin (keep_stdin_open), which the platform enables 
 class HttpFailure(ac.AgentError):
     """The data plane answered a call with an error status."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
 
@@ -82,7 +86,7 @@ def _error_text(body: bytes) -> str:
     return body[:300].decode("utf-8", "replace")
 
 
-def env_argv(argv: list, env: dict | None) -> list:
+def env_argv(argv: Sequence[str], env: dict[str, str] | None) -> list[str]:
     """argv with the per-command environment the documented exec lacks, through env(1)."""
     if not env:
         return list(argv)
@@ -95,7 +99,7 @@ def env_argv(argv: list, env: dict | None) -> list:
 class ApiExec:
     """One command on the event stream: the `call` of exec_stream (cancel() stops it)."""
 
-    def __init__(self, client: ApiRoadClient, argv: list, workdir: str, timeout: int, hold_stdin: bool):
+    def __init__(self, client: ApiRoadClient, argv: list, workdir: str, timeout: int, hold_stdin: bool) -> None:
         self.client = client
         self.argv = argv
         self.workdir = workdir
@@ -122,7 +126,7 @@ class ApiRoadClient:
     channel = None  # no gRPC channel on this road
 
     def __init__(self, api_url: str, prefix: str, token: str, session_id: str, label: str,
-                 scratch_dir: str = profile.SCRATCH_DIR, validate_certs: bool = True, connect_timeout: float = 60.0):
+                 scratch_dir: str = profile.SCRATCH_DIR, validate_certs: bool = True, connect_timeout: float = 60.0) -> None:
         parts = urllib.parse.urlsplit(api_url.rstrip("/"))
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ac.AgentError("api_url %r is not an http(s) URL" % api_url)
@@ -161,7 +165,8 @@ class ApiRoadClient:
         headers.update(extra or {})
         return headers
 
-    def _send(self, method: str, path: str, body=None, headers: dict | None = None, query: dict | None = None):
+    def _send(self, method: str, path: str, body: bytes | BinaryIO | None = None, headers: dict | None = None,
+              query: dict | None = None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """(connection, response) of one call; an error status raises HttpFailure (the connection is closed)."""
         url = self.base + path + ("?" + urllib.parse.urlencode(query) if query else "")
         conn = self._connection()
@@ -185,7 +190,9 @@ class ApiRoadClient:
             conn.close()
 
     # -- exec -------------------------------------------------------------------------------
-    def exec_stream(self, argv, env=None, workdir="", timeout=0, stdin=None, deadline=None, hold_stdin=False):
+    def exec_stream(self, argv: Sequence[str], env: dict[str, str] | None = None, workdir: str = "", timeout: int = 0,
+                    stdin: bytes | None = None, deadline: float | None = None,
+                    hold_stdin: bool = False) -> tuple[ApiExec, queue.Queue[bytes | None]]:
         """Prepare a command; returns (call, stdin_queue) like AgentClient.exec_stream.
 
         It starts in iter_exec: with one-shot stdin once the queue's stdin is complete (put(None)),
@@ -207,7 +214,7 @@ class ApiRoadClient:
                 "for this team (the platform answered 403). Enable it for the team, use transport agent, or "
                 "become without a password (NOPASSWD). Nothing was run." % (self.label, TEAM_SETTING))
 
-    def iter_exec(self, call: ApiExec, feed: queue.Queue | None = None):
+    def iter_exec(self, call: ApiExec, feed: queue.Queue | None = None) -> Iterator[tuple[str, Any]]:
         """Yield ('stdout'|'stderr', bytes) and finally ('exit', ExecResult); raise CommandLost otherwise."""
         feed = feed if feed is not None else queue.Queue()
         staged, finished = None, False
@@ -259,7 +266,7 @@ class ApiRoadClient:
             os.unlink(local)
         return path, ["/bin/sh", "-c", 'f=$1; shift; exec "$@" < "$f"', "sh", path] + list(argv)
 
-    def _start(self, call: ApiExec, stdin: bytes, keep_open: bool):
+    def _start(self, call: ApiExec, stdin: bytes, keep_open: bool) -> http.client.HTTPResponse:
         body = {"argv": call.argv, "timeout_seconds": call.timeout}
         if call.workdir:
             body["workdir"] = call.workdir
@@ -291,7 +298,7 @@ class ApiRoadClient:
             conn.sock.settimeout(READ_TIMEOUT)
         return resp
 
-    def _events(self, call: ApiExec, resp):
+    def _events(self, call: ApiExec, resp: http.client.HTTPResponse) -> Iterator[tuple[str, Any]]:
         lost = "its event stream ended without an exit event"
         try:
             for event, data in _read_events(resp):
@@ -350,7 +357,8 @@ class ApiRoadClient:
             if eof:
                 return
 
-    def exec(self, argv, env=None, workdir="", timeout=0, stdin=b"", deadline=None):
+    def exec(self, argv: Sequence[str], env: dict[str, str] | None = None, workdir: str = "", timeout: int = 0, stdin: bytes = b"",
+             deadline: float | None = None) -> ac.ExecResult:
         """Run a command to completion, collecting stdout and stderr apart (the mux's own helpers)."""
         call, feed = self.exec_stream(argv, env=env, workdir=workdir, timeout=timeout, stdin=stdin or b"")
         return ac.collect_exec(self.iter_exec(call, feed))
@@ -368,7 +376,7 @@ class ApiRoadClient:
             return ac.AgentUnavailable("cannot %s %s: %s" % (verb, where, e))
         return ac.AgentError("cannot %s %s: %s" % (verb, where, e))
 
-    def upload(self, local_path, remote_path, mode=0, chunk_size=COPY_CHUNK, is_archive=False):
+    def upload(self, local_path: str, remote_path: str, mode: int = 0, chunk_size: int = COPY_CHUNK, is_archive: bool = False) -> int:
         """Stream a local file to a guest path under the transfer root (X-Content-Sha256); returns bytes written."""
         what = "archive destination" if is_archive else "upload destination"
         remote_path = profile.check_transfer_path(remote_path, self.scratch_dir, what=what)
@@ -401,7 +409,7 @@ class ApiRoadClient:
             conn.close()
         return int(doc.get("bytes_written", size))
 
-    def download(self, remote_path, local_path, chunk_size=COPY_CHUNK):
+    def download(self, remote_path: str, local_path: str, chunk_size: int = COPY_CHUNK) -> int:
         """Stream a guest file to local_path; verified against the DOWSSHA1 footer, then renamed into place."""
         remote_path = profile.check_transfer_path(remote_path, self.scratch_dir, what="download source")
         try:
@@ -450,7 +458,7 @@ class ApiRoadClient:
                     pass
 
 
-def _read_events(resp):
+def _read_events(resp: http.client.HTTPResponse) -> Iterator[tuple[str, Any]]:
     """(event, data) pairs of a Server-Sent Events body; comments (keepalives) are skipped."""
     event, data = None, []
     while True:
@@ -473,11 +481,11 @@ def _read_events(resp):
 class NoWarm:
     """The api road has no warm module runner (it needs a long-lived stdin): the worker runs modules cold."""
 
-    def get(self, interpreter, core=""):
+    def get(self, interpreter: str, core: str = "") -> NoReturn:
         from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
         raise module_runners.Refused("the api transport has no warm runner")
 
-    def any_alive(self):
+    def any_alive(self) -> bool:
         """No runner to do a task's tmp dir commands either: the worker runs them in a shell."""
         return self.get("")
 
@@ -485,7 +493,7 @@ class NoWarm:
         pass
 
 
-def attach(link) -> None:
+def attach(link: SessionLink) -> None:
     """Give a SessionLink (_mux/session_link.py) the api road: its client and no warm runner."""
     cfg = link.cfg
     link.road = "api"

@@ -14,14 +14,18 @@ follow_redirects="none"), so the bearer token never goes to another host.
 from __future__ import annotations
 
 import functools
+import http.client
 import ssl
 import urllib.request
+from email.message import Message as HTTPMessage
+from typing import IO
 
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import USER_AGENT
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: HTTPMessage,
+                         newurl: str) -> None:
         return None  # urllib then raises HTTPError with the 3xx
 
 
@@ -34,7 +38,8 @@ def _opener(validate_certs: bool) -> urllib.request.OpenerDirector:
     return urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), _NoRedirect())
 
 
-def stdlib_open(url: str, data: bytes | None, headers: dict, method: str, timeout: float, validate_certs: bool):
+def stdlib_open(url: str, data: bytes | None, headers: dict[str, str], method: str, timeout: float,
+                validate_certs: bool) -> http.client.HTTPResponse:
     """One request, as rest.ApiClient's `opener`; raises HTTPError for statuses >= 300."""
     request = urllib.request.Request(url, data=data, headers=dict(headers, **{"User-Agent": USER_AGENT}),
                                      method=method)

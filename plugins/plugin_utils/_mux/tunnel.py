@@ -14,6 +14,8 @@ closed connection), so the tunnel keeps the last failure as a clear
 TunnelError naming the session; the caller reads it with `errors_since()`.
 """
 
+from __future__ import annotations
+
 import asyncio
 import os
 import shutil
@@ -21,19 +23,24 @@ import ssl
 import tempfile
 import threading
 import time
+from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import advice, profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.frames import socket_path as short_socket_path
 
+WEBSOCKETS_IMPORT_ERROR: ImportError | None
 try:
     from websockets.asyncio.client import connect as ws_connect
     from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, WebSocketException
 except ImportError as e:  # the mux reports it, naming the package to install
     WEBSOCKETS_IMPORT_ERROR = e
-    ConnectionClosed = InvalidHandshake = InvalidStatus = WebSocketException = ()  # match nothing
+    ConnectionClosed = InvalidHandshake = InvalidStatus = WebSocketException = ()  # type: ignore[misc,assignment]  # match nothing
 else:
     WEBSOCKETS_IMPORT_ERROR = None
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
 
 PING_INTERVAL = 30.0
 READ_SIZE = 1024 * 1024
@@ -43,7 +50,7 @@ USER_AGENT = "microvm.sandbox-tunnel/0.1"
 class TunnelError(Exception):
     """A port-forward dial or connection failed. `fatal` means retrying cannot help."""
 
-    def __init__(self, message, status=None, close_code=None, fatal=False):
+    def __init__(self, message: str, status: int | None = None, close_code: int | None = None, fatal: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.close_code = close_code
@@ -51,7 +58,7 @@ class TunnelError(Exception):
         self.at = time.monotonic()
 
 
-def ws_url(api_url, prefix, session_id, port):
+def ws_url(api_url: str, prefix: str, session_id: str, port: int) -> str:
     """http(s)://host/base + prefix -> ws(s)://host/base<prefix>/sessions/<id>/port-forward/<port>."""
     parts = urlsplit(api_url.rstrip("/"))
     scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme.lower())
@@ -77,7 +84,7 @@ def status_error(status: int, label: str, port: int) -> "TunnelError":
     return TunnelError(text, status=status, fatal=400 <= status < 500 and status not in (408, 429))
 
 
-def close_error(code, reason, label, port):
+def close_error(code: int, reason: str, label: str, port: int) -> TunnelError | None:
     """A WebSocket close code of the port-forward, as a clear error (None for a normal close)."""
     why = (": " + reason) if reason else ""
     if code == 4001:
@@ -97,8 +104,8 @@ def close_error(code, reason, label, port):
 class Tunnel:
     """Serve a private unix socket whose connections are tunnelled to a guest port."""
 
-    def __init__(self, api_url, prefix, session_id, token, port=profile.AGENT_PORT, label=None,
-                 connect_timeout=30.0, validate_certs=True, socket_dir=None):
+    def __init__(self, api_url: str, prefix: str, session_id: str, token: str, port: int = profile.AGENT_PORT, label: str | None = None,
+                 connect_timeout: float = 30.0, validate_certs: bool = True, socket_dir: str | None = None) -> None:
         self.url = ws_url(api_url, prefix, session_id, port)
         self.session_id = session_id
         self.port = int(port)
@@ -115,27 +122,27 @@ class Tunnel:
         self._dir = socket_dir or tempfile.mkdtemp(prefix="microvm-tunnel-")
         os.chmod(self._dir, 0o700)
         self.socket_path = short_socket_path(self._dir, "tunnel.sock")  # a long mux dir must not break the bind
-        self._loop = None
-        self._server = None
-        self._thread = None
-        self._errors = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._errors: list[TunnelError] = []
         self._lock = threading.Lock()
         self.connections = 0      # WebSockets opened so far
         self.active = 0           # WebSockets open now
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Tunnel(%r, token=<hidden>)" % self.url
 
     # -- life cycle ----------------------------------------------------------
-    def start(self):
+    def start(self) -> str:
         ready = threading.Event()
         failure = []
 
-        def run():
-            self._loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(self._loop)
+        def run() -> None:
+            loop = self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
             try:
-                self._server = self._loop.run_until_complete(
+                self._server = loop.run_until_complete(
                     asyncio.start_unix_server(self._serve, path=self.socket_path, limit=READ_SIZE))
                 os.chmod(self.socket_path, 0o600)
             except Exception as e:  # reported to start()'s caller
@@ -143,21 +150,21 @@ class Tunnel:
                 ready.set()
                 return
             ready.set()
-            self._loop.run_forever()
-            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
-            self._loop.close()
+            loop.run_forever()
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
 
-        self._thread = threading.Thread(target=run, name="tunnel", daemon=True)
-        self._thread.start()
+        thread = self._thread = threading.Thread(target=run, name="tunnel", daemon=True)
+        thread.start()
         ready.wait()
         if failure:
             raise failure[0]
         return self.socket_path
 
-    def stop(self):
+    def stop(self) -> None:
         loop = self._loop
         if loop and loop.is_running():
-            async def shutdown():
+            async def shutdown() -> None:
                 if self._server:
                     self._server.close()
                 tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
@@ -170,25 +177,26 @@ class Tunnel:
             except Exception:  # best effort at exit
                 pass
             loop.call_soon_threadsafe(loop.stop)
-            self._thread.join(5)
+            if self._thread is not None:  # set with the loop, by start()
+                self._thread.join(5)
         if os.path.exists(self.socket_path):  # it may live outside the dir (a short path for a long dir)
             os.unlink(self.socket_path)
         if self._own_dir:
             shutil.rmtree(self._dir, ignore_errors=True)
 
     # -- errors --------------------------------------------------------------
-    def _record(self, error):
+    def _record(self, error: TunnelError) -> None:
         with self._lock:
             self._errors.append(error)
             del self._errors[:-20]
 
-    def errors_since(self, since):
+    def errors_since(self, since: float) -> list[TunnelError]:
         """Failures recorded at or after monotonic time `since`, oldest first."""
         with self._lock:
             return [e for e in self._errors if e.at >= since]
 
     # -- one local connection = one WebSocket ---------------------------------
-    async def _dial(self):
+    async def _dial(self) -> ClientConnection:
         try:
             return await ws_connect(
                 self.url, additional_headers={"Authorization": "Bearer " + self._token},
@@ -201,7 +209,7 @@ class Tunnel:
             raise TunnelError("cannot open the port-forward to session %s at %s: %s" % (
                 self.label, self.url, str(e) or type(e).__name__)) from e
 
-    async def _serve(self, reader, writer):
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             await self._serve_one(reader, writer)
         except asyncio.CancelledError:
@@ -209,7 +217,7 @@ class Tunnel:
             # task for its exception (Python 3.11), which logs a CancelledError traceback for a clean stop.
             writer.close()
 
-    async def _serve_one(self, reader, writer):
+    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             ws = await self._dial()
         except TunnelError as e:
@@ -223,15 +231,15 @@ class Tunnel:
         finally:
             self.active -= 1
 
-    async def _pump(self, reader, writer, ws):
-        async def upstream():
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ws: ClientConnection) -> None:
+        async def upstream() -> None:
             while True:
                 data = await reader.read(READ_SIZE)
                 if not data:
                     return
                 await ws.send(data)
 
-        async def downstream():
+        async def downstream() -> None:
             async for message in ws:
                 if isinstance(message, bytes):  # text frames are ignored by the contract
                     writer.write(message)

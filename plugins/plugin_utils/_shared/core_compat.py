@@ -325,5 +325,5 @@ def cache_collection_code() -> bool:
         return code
 
     get_code.microvm_cached = True  # type: ignore[attr-defined]
-    base.get_code = get_code
+    base.get_code = get_code  # type: ignore[method-assign]  # patching core's loader is the point
     return True

@@ -15,19 +15,22 @@ a template in a default, which core would need to mark as trusted) leaves the
 work to core, unchanged.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 import os
 import tempfile
+from typing import Any
 
 try:
     import yaml
     from yaml import CSafeLoader as FAST_LOADER
 except ImportError:  # no libyaml: core parses as usual
-    FAST_LOADER = None
+    FAST_LOADER = None  # type: ignore[misc,assignment]
 
 
-def parsed_options(documentation):
+def parsed_options(documentation: str) -> dict[str, Any] | None:
     """The `options` of a DOCUMENTATION string, or None when core must handle it itself."""
     if FAST_LOADER is None:
         return None
@@ -40,7 +43,7 @@ def parsed_options(documentation):
     return options
 
 
-def cached_options(documentation):
+def cached_options(documentation: str) -> dict[str, Any] | None:
     """parsed_options, kept as JSON in this run's local temp dir: the first worker parses, the others read.
 
     The dir is ansible-core's per-run one (created by the parent before it forks workers), so nothing
@@ -67,7 +70,7 @@ def cached_options(documentation):
     return options
 
 
-def register(plugin_type, name, documentation):
+def register(plugin_type: str, name: str, documentation: str) -> bool:
     """Define the options of plugin `name` unless core already has them; True if defined here.
 
     `name` is what core files the plugin's options under: for a collection plugin, its

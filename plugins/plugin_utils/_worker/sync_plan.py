@@ -10,56 +10,62 @@ deletion or a mode/mtime fix of the destination, in the order they must run (a d
 everything inside it). It keeps counts and the first `limit` paths of each kind for the result.
 """
 
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator
+
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import sync_tree as st
 
 
 class Listing:
     """A count and the first `limit` paths."""
 
-    def __init__(self, limit):
+    def __init__(self, limit: int) -> None:
         self.limit = limit
         self.count = 0
-        self.paths = []
+        self.paths: list[str] = []
 
-    def add(self, path):
+    def add(self, path: bytes) -> None:
         self.count += 1
         if len(self.paths) < self.limit:
             self.paths.append(st.rel_text(path))
 
 
-def is_under(key, prefix):
+def is_under(key: tuple[bytes, ...], prefix: tuple[bytes, ...]) -> bool:
     return len(key) > len(prefix) and key[:len(prefix)] == prefix
 
 
-def merged(source, destination):
+def merged(source: Iterable[st.Entry],
+           destination: Iterable[st.Entry]) -> Iterator[tuple[tuple[bytes, ...], st.Entry | None, st.Entry | None]]:
     """(key, source entry or None, destination entry or None), in canonical order."""
-    def keyed(entries):
+    def keyed(entries: Iterable[st.Entry]) -> Iterator[tuple[tuple[bytes, ...], st.Entry]]:
         for entry in entries:
             yield entry.key(), entry
 
     src, dst = keyed(source), keyed(destination)
     s, d = next(src, None), next(dst, None)
     while s is not None or d is not None:
-        if d is None or (s is not None and s[0] < d[0]):
+        if s is not None and (d is None or s[0] < d[0]):
             yield s[0], s[1], None
             s = next(src, None)
-        elif s is None or d[0] < s[0]:
+        elif d is not None and (s is None or d[0] < s[0]):
             yield d[0], None, d[1]
             d = next(dst, None)
-        else:
-            yield s[0], s[1], d[1]
+        else:  # the same key on both sides
+            yield s[0], s[1], d[1]  # type: ignore[index]
             s, d = next(src, None), next(dst, None)
 
 
 class OpenDir:
     __slots__ = ("key", "entry", "new", "differs", "dirty")
 
-    def __init__(self, key, entry, new, differs):
+    def __init__(self, key: tuple[bytes, ...], entry: st.Entry, new: bool, differs: bool) -> None:
         self.key, self.entry, self.new, self.differs, self.dirty = key, entry, new, differs, False
 
 
 class Planner:
-    def __init__(self, send, op, delete=False, checksum=False, limit=1000):
+    def __init__(self, send: Callable[..., None], op: Callable[[bytes], None], delete: bool = False, checksum: bool = False,
+                 limit: int = 1000) -> None:
         self._send = send
         self._op = op
         self.delete = delete
@@ -70,16 +76,16 @@ class Planner:
         self.skipped = Listing(limit)
         self.root_created = False
         self.bytes = 0
-        self._dirs = []          # directories of the source still open (the path to the current entry)
-        self._sent_dirs = []     # directories already in the archive, along the current path
-        self._covered = None     # a destination subtree that goes away with its root (deleted or replaced)
+        self._dirs: list[OpenDir] = []  # directories of the source still open (the path to the current entry)
+        self._sent_dirs: list[tuple[bytes, ...]] = []  # directories already in the archive, along the current path
+        self._covered: tuple[bytes, ...] | None = None  # a destination subtree that goes away with its root (deleted or replaced)
 
     @property
-    def changed(self):
+    def changed(self) -> bool:
         return bool(self.added.count or self.updated.count or self.deleted.count or self.root_created)
 
     # -- output -------------------------------------------------------------------------------------
-    def send(self, entry, key):
+    def send(self, entry: st.Entry, key: tuple[bytes, ...]) -> None:
         """Send entry, after whichever of its ancestors the archive does not hold yet."""
         depth = len(key) - 1
         while self._sent_dirs and (len(self._sent_dirs[-1]) > depth or key[:len(self._sent_dirs[-1])] != self._sent_dirs[-1]):
@@ -94,11 +100,11 @@ class Planner:
         if entry.kind == st.KIND_DIR:
             self._sent_dirs.append(key)
 
-    def touch_parent(self):
+    def touch_parent(self) -> None:
         if self._dirs:
             self._dirs[-1].dirty = True
 
-    def close_dirs(self, key):
+    def close_dirs(self, key: tuple[bytes, ...]) -> None:
         """Close the open directories that key is not inside: their fixes come after their contents."""
         while self._dirs and not (key[:len(self._dirs[-1].key)] == self._dirs[-1].key and key != self._dirs[-1].key):
             done = self._dirs.pop()
@@ -106,13 +112,13 @@ class Planner:
                 self._op(st.op_attrs(done.entry.path, done.entry.mode, done.entry.mtime))
 
     # -- the merge ----------------------------------------------------------------------------------
-    def run(self, source, destination):
+    def run(self, source: Iterable[st.Entry], destination: Iterable[st.Entry]) -> None:
         for key, s, d in merged(source, destination):
             self.close_dirs(key)
             if s is None:
                 if self._covered is not None and is_under(key, self._covered):
                     continue
-                self.only_in_destination(key, d)
+                self.only_in_destination(key, d)  # type: ignore[arg-type]  # merged() never yields two Nones
             elif d is None:
                 self.only_in_source(key, s)
             else:
@@ -121,7 +127,7 @@ class Planner:
         self.close_dirs((b"\0end",))
         self.close_dirs(())
 
-    def only_in_destination(self, key, d):
+    def only_in_destination(self, key: tuple[bytes, ...], d: st.Entry) -> None:
         if d.kind == st.KIND_DIR:
             self._covered = key  # deleted or kept, its contents follow it
         if not self.delete:
@@ -130,7 +136,7 @@ class Planner:
         self.deleted.add(d.path)
         self.touch_parent()
 
-    def only_in_source(self, key, s):
+    def only_in_source(self, key: tuple[bytes, ...], s: st.Entry) -> None:
         if s.kind == st.KIND_SKIPPED:
             self.skipped.add(s.path)
             return
@@ -142,13 +148,13 @@ class Planner:
             self.send(s, key)
         self.after_send(key, s, new=True)
 
-    def after_send(self, key, s, new):
+    def after_send(self, key: tuple[bytes, ...], s: st.Entry, new: bool) -> None:
         if s.kind == st.KIND_DIR:
             self._dirs.append(OpenDir(key, s, new, False))
         elif s.kind == st.KIND_FILE and s.mode not in st.PLAIN_MODES:
             self._op(st.op_attrs(s.path, s.mode, s.mtime))  # an extractor may filter such modes: set them
 
-    def in_both(self, key, s, d):
+    def in_both(self, key: tuple[bytes, ...], s: st.Entry, d: st.Entry) -> None:
         if s.kind == st.KIND_SKIPPED:
             self.skipped.add(s.path)
             if d.kind == st.KIND_DIR:
@@ -190,12 +196,12 @@ class Planner:
 class ManifestReader:
     """The guest's stdout during a run: manifest records up to the END record, then JSON lines."""
 
-    def __init__(self, chunks):
+    def __init__(self, chunks: Iterator[bytes]) -> None:
         self._chunks = chunks
         self._rest = b""
         self.info = None
 
-    def entries(self):
+    def entries(self) -> Iterator[st.Entry]:
         """sync_tree.Entry values until the END record (then `info` holds its JSON)."""
         pending = []
         tail = b""
@@ -216,7 +222,7 @@ class ManifestReader:
             del pending[:usable]
         raise st.SyncError("the guest ended its manifest early")
 
-    def line(self):
+    def line(self) -> Any:
         """The next JSON line after the manifest, or None when the output ended first."""
         buf = self._rest
         while b"\n" not in buf:
@@ -228,6 +234,6 @@ class ManifestReader:
         line, self._rest = buf.split(b"\n", 1)
         return st.json.loads(line.decode("utf-8"))
 
-    def finish(self):
+    def finish(self) -> None:
         for _chunk in self._chunks:
             pass

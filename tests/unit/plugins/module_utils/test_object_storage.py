@@ -92,3 +92,19 @@ def test_bucket_outside_us_east_1_is_created_with_its_region(monkeypatch):
         client = store.make_client(region="eu-central-1", access_key="AKIAUNITTEST", secret_key=SECRET)
         assert store.ensure_bucket(client, "snaps-eu", create=True) is True
         assert client.get_bucket_location(Bucket="snaps-eu")["LocationConstraint"] == "eu-central-1"
+
+
+def test_a_refusal_is_reported_with_its_code_and_message(client):
+    """A ClientError other than "missing" (403 AccessDenied) becomes a StorageError naming S3's code and message.
+
+    _explain once applied .strip() to the tuple instead of the formatted text (found by mypy) and raised
+    AttributeError in place of the report.
+    """
+    from botocore.stub import Stubber
+    with Stubber(client) as stub:
+        stub.add_client_error("head_bucket", service_error_code="AccessDenied", service_message="Access Denied",
+                              http_status_code=403)
+        with pytest.raises(store.StorageError) as err:
+            store.ensure_bucket(client, "locked")
+    assert "cannot reach the bucket s3://locked" in str(err.value)
+    assert str(err.value).endswith(": AccessDenied Access Denied")
