@@ -121,6 +121,8 @@ class StagedTransfers:
 
     def _finish(self, t: Transfer, status: str, error: str = "") -> None:
         t.status, t.error_message, t.finished = status, error, time.time()
+        log.info("staged %s %s of session %s: %s, %d bytes%s", t.direction, t.transfer_id, t.session_id, status,
+                 t.bytes_written, (": " + error) if error else "")
         if status == FAILED:
             t.bytes_written = 0 if t.direction == "upload" else t.bytes_written
             shutil.rmtree(t.workdir, ignore_errors=True)
@@ -157,8 +159,7 @@ class StagedTransfers:
         wrong = [k for k in (("as_archive",) if direction == "upload" else ("is_archive", "size_bytes", "sha256"))
                  if k in doc]
         if wrong:
-            raise ApiFailure(400, "%s %s only for the other direction" % (", ".join(wrong),
-                                                                        "is" if len(wrong) == 1 else "are"))
+            raise ApiFailure(400, "%s: only for the other direction (%s)" % (", ".join(wrong), direction))
         archive = doc.get("is_archive" if direction == "upload" else "as_archive", False)
         if not isinstance(archive, bool):
             raise ApiFailure(400, "is_archive / as_archive must be true or false, got %r" % (archive,))
@@ -383,8 +384,8 @@ class StagedTransfers:
         t = self._object_transfer(request, "PUT")
         number = int(request.match_info["n"])
         if t.committed or t.status != PENDING:
-            raise ApiFailure(409, "transfer %s takes no more parts (%s)" % (t.transfer_id,
-                                                                          "committed" if t.committed else t.status))
+            state = "committed" if t.committed else t.status
+            raise ApiFailure(409, "transfer %s takes no more parts (%s)" % (t.transfer_id, state))
         length = request.content_length
         if length is None:
             raise ApiFailure(411, "a part needs its Content-Length")
