@@ -23,7 +23,7 @@ from test_connection import (  # noqa: F401  (collected again here, with this mo
 )
 
 from microvm_localplane import dataplane
-from microvm_plane_testing import stop_muxes, tail
+from microvm_plane_testing import stop_muxes, tail, team_defaults
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def team(plane, **values):
     try:
         yield
     finally:
-        dataplane.write_settings(plane.state_dir, interactive_stdin=False, closed_ports=[])
+        dataplane.write_settings(plane.state_dir, **team_defaults())
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from test_sync import (  # noqa: F401  (collected again here, with this module's
 )
 
 from microvm_localplane import dataplane
-from microvm_plane_testing import stop_muxes, unique_name
+from microvm_plane_testing import stop_muxes, team_defaults, unique_name
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def box(plane, tmp_path_factory):
         yield {"sid": session["session_id"], "inventory": str(inv),
                "env": {"MICROVM_MUX_DIR": mux, "MICROVM_PERSIST": "30", "MICROVM_TRANSPORT": "api"}}
     finally:
-        dataplane.write_settings(plane.state_dir, interactive_stdin=False, closed_ports=[])
+        dataplane.write_settings(plane.state_dir, **team_defaults())
         stop_muxes(mux)
         client.delete_session(session["session_id"])
 
