@@ -1,9 +1,7 @@
-"""The connection over `transport: api` (the documented exec and file API) through the real stack.
+"""The connection over `transport: api` (the documented exec and file API) through the real stack: what only
+this road has (its refusals, the team's interactive stdin, staged transfers, a run with the agent port closed).
 
-The tests imported from the agent road's suites (test_connection.py, test_sync.py) run here again with
-MICROVM_TRANSPORT=api: a representative subset, because every test there boots guests and runs
-ansible-playbook (the whole suites twice would double the slowest part of the run). The rest here is
-what only this road has: its refusals, the team's interactive stdin, and a run with the agent port closed.
+The agent road's whole suites run over this road too: `make integration-api` (MICROVM_TEST_TRANSPORT=api).
 """
 import contextlib
 import glob
@@ -11,16 +9,7 @@ import os
 import re
 
 import pytest
-from test_connection import (  # noqa: F401  (collected again here, with this module's `env`)  # pylint: disable=unused-import
-    BIG,
-    inventory,
-    sha1,
-    test_battery_pipelining_on_and_off,
-    test_become_with_passwords_as_the_unprivileged_user,
-    test_command_timeout_names_the_timeout,
-    test_deleted_during_a_command_is_lost_not_rerun,
-    test_tasks_run_as_the_requested_user,
-)
+from test_connection import BIG, inventory, sha1
 
 from microvm_localplane import dataplane
 from microvm_plane_testing import stop_muxes, tail, team_defaults
