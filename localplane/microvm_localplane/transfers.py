@@ -81,6 +81,7 @@ class Transfer:
     committed: bool = False
     finished: float = 0.0
     task: asyncio.Task | None = None
+    created: float = field(default_factory=time.time)
     parts: dict = field(default_factory=dict)   # part number -> size (upload)
 
     @property
@@ -130,9 +131,12 @@ class StagedTransfers:
             shutil.rmtree(t.workdir, ignore_errors=True)  # the parts are in the workspace now
 
     def _sweep(self) -> None:
+        """Finished transfers an hour after they finished, and uploads never committed an hour after they began
+        (as object storage aborts stale multipart uploads)."""
         now = time.time()
         for tid, t in list(self.transfers.items()):
-            if t.finished and now - t.finished > KEEP_SECONDS:
+            if (t.finished and now - t.finished > KEEP_SECONDS) or (
+                    not t.committed and not t.finished and t.direction == "upload" and now - t.created > KEEP_SECONDS):
                 shutil.rmtree(t.workdir, ignore_errors=True)
                 del self.transfers[tid]
 
@@ -171,13 +175,13 @@ class StagedTransfers:
                              % (size, MAX_STAGED_BYTES))
         sha = _sha256_field(doc.get("sha256"), "sha256")
         self._sweep()
+        guest = await self.sessions.usable_guest(rec, "download") if direction == "download" else None
         tid = "tr_" + uuid.uuid4().hex
         t = Transfer(tid, rec["session_id"], direction, full, archive, size, sha, os.path.join(self.root, tid))
         os.makedirs(t.workdir, mode=0o700)
         self.transfers[tid] = t
         if direction == "upload":
             return web.json_response({"transfer_id": tid, "part_size": PART_SIZE}, status=201)
-        guest = await self.sessions.usable_guest(rec, "download")
         started = asyncio.get_running_loop().create_future()
         t.task = asyncio.ensure_future(self._export(t, guest, started))
         try:

@@ -422,7 +422,7 @@ class ApiRoadClient:
     def _remote_size(self, remote_path: str) -> int | None:
         """The guest's word on a file's size (it only picks the road: both roads bound and verify what comes)."""
         try:
-            res = self.exec(["stat", "-L", "-c", "%s", "--", remote_path], deadline=60)
+            res = self.exec(["stat", "-L", "-c", "%s", "--", remote_path], timeout=60)
         except ac.AgentError:
             return None
         text = res.stdout.strip()
@@ -516,6 +516,7 @@ class ApiRoadClient:
             if status not in ("pending", "in_progress"):
                 raise ac.AgentError("staged transfer %s answered status %r" % (tid, status))
             if time.monotonic() > deadline:
+                self._cancel(tid, "the client gave up waiting")
                 raise ac.AgentError("the staged transfer to %s %s on session %s was still %s after %d s"
                                     % (verb, remote_path, self.label, status, STAGED_DEADLINE))
             time.sleep(pause)
