@@ -285,3 +285,17 @@ def test_a_staged_upload_puts_its_parts_presigned_and_commits_its_sha256(fake, t
     assert all("Authorization" not in h for _p, h, _b in puts), "the API token never goes to object storage"
     assert json.loads(seen[("POST", route("/workspace/transfers/tr_2/commit"))][1]) == {"sha256": sha}
     assert (("POST", route("/workspace/transfers/tr_2/cancel")) in seen) == (error is not None)
+
+
+def test_a_platform_without_staged_transfers_gets_no_direct_download_past_the_bound(fake, tmp_path, monkeypatch):
+    """A big file on a platform that answers the transfers route 404: refused naming both roads, and the
+    streaming download past its bound is never asked for."""
+    server, client = fake
+    monkeypatch.setattr(api_road, "STREAM_DOWNLOAD_MAX", 1000)
+    stat_says(server, 5000)
+    server.answers[("POST", route("/workspace/transfers"))] = (404, {}, b'{"id": "not_found", "message": "no such route"}')
+    with pytest.raises(ac.AgentError, match="no staged transfers") as err:
+        client.download("/workspace/f", str(tmp_path / "out"))
+    assert "5000 bytes" in str(err.value) and "transport agent" in str(err.value)
+    assert not [s for s in server.seen if s[1].startswith(route("/workspace/download"))]
+    assert list(tmp_path.iterdir()) == []
