@@ -94,7 +94,7 @@ def auth_middleware(plane):
 
     @web.middleware
     async def check_token(request, handler):
-        if request.path.startswith(transfers.SPACES_PREFIX + "/"):
+        if request.match_info.route.name in transfers.SPACES_ROUTES:
             return await handler(request)  # the object store's presigned URLs carry their own signature
         given = bearer_credentials(request.headers.get("Authorization", ""))
         # Constant-time comparison; the token is never logged.

@@ -49,6 +49,7 @@ MAX_PART_URLS = 100                 # Decision: part numbers presigned by one ca
 URL_TTL_SECONDS = 900               # Decision: presigned URLs live 15 minutes ("request them again")
 KEEP_SECONDS = 3600                 # Decision: a finished download's object is kept an hour, then swept
 SPACES_PREFIX = "/_spaces"          # the local object store's URLs (outside /v2: no bearer token there)
+SPACES_ROUTES = ("spaces-part", "spaces-object")  # the only routes the bearer check lets through (they check a signature)
 PENDING, IN_PROGRESS, COMPLETED, FAILED = "pending", "in_progress", "completed", "failed"
 HEX = frozenset("0123456789abcdef")
 
@@ -437,6 +438,6 @@ def add_routes(app, transfers: StagedTransfers, session_base: str) -> list:
         ("POST", t + "/{tid}/commit", transfers.commit),
         ("POST", t + "/{tid}/cancel", transfers.cancel),
     ]
-    app.router.add_route("PUT", SPACES_PREFIX + "/{tid}/parts/{n:[0-9]{1,5}}", transfers.put_part)
-    app.router.add_route("GET", SPACES_PREFIX + "/{tid}/object", transfers.get_object)
+    app.router.add_route("PUT", SPACES_PREFIX + "/{tid}/parts/{n:[0-9]{1,5}}", transfers.put_part, name=SPACES_ROUTES[0])
+    app.router.add_route("GET", SPACES_PREFIX + "/{tid}/object", transfers.get_object, name=SPACES_ROUTES[1])
     return table

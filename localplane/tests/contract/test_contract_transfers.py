@@ -117,7 +117,7 @@ def test_parts_are_refused_past_part_size_and_without_a_valid_signature(api, san
     assert r.status_code == 400 and "one auth mechanism" in error_message(r)
     assert requests.put(url.replace("signature=", "signature=0"), data=b"abc", timeout=60).status_code == 403
     assert requests.put(url.replace("/parts/1", "/parts/2"), data=b"abc", timeout=60).status_code == 403
-    assert requests.get(url, timeout=60).status_code in (403, 405)  # a PUT URL is no GET URL
+    assert requests.get(url, timeout=60).status_code in (401, 403, 405)  # a PUT URL is no GET URL
     # gaps and short middle parts are refused at commit
     assert requests.put(doc["part_urls"][1]["upload_url"], data=b"tail", timeout=60).status_code == 200
     resp = api.call("POST", (T % sid) + "/%s/commit" % tid, json={})
@@ -164,3 +164,13 @@ def test_both_prefixes(plane, sandbox):
     for prefix in ("/v2/agents", "/v2/harness-runtime"):
         resp = Api(plane, prefix).call("POST", T % sandbox["session_id"], json={"direction": "upload", "path": "p"})
         assert resp.status_code == 201, resp.text
+
+
+@local_only
+@pytest.mark.parametrize("path", ["/_spaces/x/../../v2/agents/sessions", "/_spaces/%2e%2e/v2/agents/sessions",
+                                  "/_spaces/", "/_spaces/tr_x/object/../../../v2/agents/sessions"])
+def test_only_the_object_routes_go_without_a_token(plane, path):
+    """The object store's routes are the only ones without a bearer token: nothing else is reached through them."""
+    resp = requests.get(plane.url.rstrip("/") + path, timeout=60)
+    assert resp.status_code in (401, 403, 404), (path, resp.status_code, resp.text[:200])
+    assert "sessions" not in resp.text
