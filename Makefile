@@ -30,14 +30,17 @@ PYTEST_ARGS ?=
 NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_ssh_habits.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py tests/unit/plugins/plugin_utils/test_option_defs.py tests/unit/plugins/plugin_utils/test_warm.py $(CORE_SUITES)
 # What every supported ansible-core must pass: its internals the connection relies on (_shared/core_compat.py),
 # and every task served by the warm runner through the real stack.
+API_SUITES := $(addprefix tests/integration/,test_connection.py test_connection_shared.py test_connection_fastpath.py \
+	test_ssh_habits.py test_hostile_output.py test_sync.py test_hostile_sync.py)
 CORE_SUITES := tests/unit/plugins/plugin_utils/test_core_compat.py tests/integration/test_connection_fastpath.py::test_every_task_is_served_warm
 
 .PHONY: help venv system-deps collection base-rootfs proto proto-check lint typecheck sanity ansible-lint docs-lint docs \
-        unit localplane-test integration molecule galaxy-import ee-test test test-core220 test-live demo local-up local-down sweep build clean clean-images bench docsite
+        unit localplane-test integration integration-api molecule galaxy-import ee-test test test-core220 test-live demo local-up local-down sweep build clean clean-images bench docsite
 
 help:
 	@echo "make demo   - set up everything and run the demo end to end on the local control plane"
 	@echo "make test   - set up and run the whole suite (lint, sanity, unit, integration, e2e)"
+	@echo "make integration-api - the connection, become and sync suites over transport api, agent port closed"
 	@echo "make docs   - build the HTML docsite into docs/build/html"
 	@echo "make local-up / local-down - start / stop the local control plane (.local/env)"
 	@echo "make sweep  - stop the guests and remove the mounts that killed local planes left on this host"
@@ -143,6 +146,11 @@ localplane-test: setup
 
 integration: setup
 	bash hack/pytest-count.sh integration tests/integration
+
+# The connection, become and sync suites again over `transport: api` (the documented exec and file API), with the
+# agent port closed to the port-forward: tests that need the agent road are skipped there, naming why.
+integration-api: setup
+	MICROVM_TEST_TRANSPORT=api bash hack/pytest-count.sh integration-api $(API_SUITES)
 
 molecule: setup
 	bash hack/molecule.sh

@@ -33,6 +33,7 @@ step galaxy-import bash hack/galaxy-import.sh
 for s in "${suites[@]}"; do
   step "${s%%:*}" bash hack/pytest-count.sh "${s%%:*}" "${s#*:}"
 done
+step integration-api make --no-print-directory integration-api
 step molecule bash hack/molecule.sh
 step ee-test bash hack/ee-test.sh
 if [ "${SKIP_NEWEST:-0}" != 1 ]; then

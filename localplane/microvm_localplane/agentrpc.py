@@ -232,9 +232,9 @@ async def download(guest, request, start_response):
         if first.WhichOneof("output") == "header" and first.header.size_bytes > contract.MAX_DOWNLOAD_BYTES:
             call.cancel()
             raise ApiFailure(413, "%s is %d bytes; the REST download streams at most %d bytes "
-                                  "(contract.MAX_DOWNLOAD_BYTES): fetch it over the guest agent (microvm.sandbox.agent "
-                                  "connection) or split it" % (json.dumps(path), first.header.size_bytes,
-                                                               contract.MAX_DOWNLOAD_BYTES))
+                                  "(contract.MAX_DOWNLOAD_BYTES): use a staged transfer (POST .../workspace/transfers) "
+                                  "or the guest agent" % (json.dumps(path), first.header.size_bytes,
+                                                          contract.MAX_DOWNLOAD_BYTES))
         response = await start_response()
         sent = 0
         try:

@@ -167,10 +167,10 @@ EXEC_DEFAULT_TIMEOUT = 60
 EXEC_MAX_TIMEOUT = 240
 MAX_UPLOAD_BYTES = 500 * 1024 * 1024
 # Decision: the REST download streams at most this much payload. The platform's streaming path "supports" about
-# 50 MiB; larger payloads go through staged, object-storage-backed transfers (pydo create_session_workspace_transfer),
-# which the local plane does not offer. A file over it is a 413 before anything is sent; an archive (whose size is
-# known only as it is made: a sparse 3 GiB file is 3 GiB of tar) is cut there, without the footer, which clients
-# treat as a failed transfer.
+# 50 MiB; larger payloads go through staged, object-storage-backed transfers (pydo create_session_workspace_transfer;
+# transfers.py). A file over it is a 413 before anything is sent; an archive (whose size is known only as it is
+# made: a sparse 3 GiB file is 3 GiB of tar) is cut there, without the footer, which clients treat as a failed
+# transfer.
 MAX_DOWNLOAD_BYTES = 50 * 1024 * 1024
 TRANSFER_ROOT = "/workspace"
 DEFAULT_WORKDIR = "/workspace"

@@ -39,6 +39,7 @@ STDIN_KEYS = frozenset(["data", "offset", "eof"])
 STDIN_WRITE_MAX = 1024 * 1024          # "Each write is at most 1 MiB" (harness-post-session-sandbox-exec-stdin)
 STDIN_BODY_MAX = 2 * 1024 * 1024       # 1 MiB as base64, with room for the JSON around it
 KEEPALIVE_SECONDS = 15.0               # edges cut idle connections: a comment line keeps the stream alive
+HANGUP_POLL_SECONDS = 0.2              # how soon a client's hang-up stops its command
 
 
 @dataclass(frozen=True)
@@ -195,10 +196,23 @@ class DataPlane:
             async with lock:
                 await resp.write(data)
 
+        running = {}
+
         async def keepalive():
+            # A client that hangs up stops the command: a quiet command writes nothing that would notice, so the
+            # connection is watched, and a keepalive comment goes out every KEEPALIVE_SECONDS.
+            quiet = 0.0
             while True:
-                await asyncio.sleep(KEEPALIVE_SECONDS)
-                await send(b": keepalive\n\n")
+                await asyncio.sleep(HANGUP_POLL_SECONDS)
+                transport = request.transport
+                if transport is None or transport.is_closing():
+                    if "call" in running:
+                        running["call"].cancel()
+                    return
+                quiet += HANGUP_POLL_SECONDS
+                if quiet >= KEEPALIVE_SECONDS:
+                    quiet = 0.0
+                    await send(b": keepalive\n\n")
 
         self.execs[state.exec_id] = state
         ticker = asyncio.ensure_future(keepalive())
@@ -206,7 +220,7 @@ class DataPlane:
         try:
             await send(sse("started", {"exec_id": state.exec_id}))
             async with agentrpc.agent_stub(guest) as stub:
-                call = stub.Exec(requests(), timeout=timeout + 30)
+                call = running["call"] = stub.Exec(requests(), timeout=timeout + 30)
                 try:
                     async for frame in call:
                         kind = frame.WhichOneof("output")

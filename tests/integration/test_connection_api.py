@@ -1,28 +1,18 @@
-"""The connection over `transport: api` (the documented exec and file API) through the real stack.
+"""The connection over `transport: api` (the documented exec and file API) through the real stack: what only
+this road has (its refusals, the team's interactive stdin, staged transfers, a run with the agent port closed).
 
-The tests imported from the agent road's suites (test_connection.py, test_sync.py) run here again with
-MICROVM_TRANSPORT=api: a representative subset, because every test there boots guests and runs
-ansible-playbook (the whole suites twice would double the slowest part of the run). The rest here is
-what only this road has: its refusals, the team's interactive stdin, and a run with the agent port closed.
+The agent road's whole suites run over this road too: `make integration-api` (MICROVM_TEST_TRANSPORT=api).
 """
 import contextlib
 import glob
 import os
+import re
 
 import pytest
-from test_connection import (  # noqa: F401  (collected again here, with this module's `env`)  # pylint: disable=unused-import
-    BIG,
-    inventory,
-    sha1,
-    test_battery_pipelining_on_and_off,
-    test_become_with_passwords_as_the_unprivileged_user,
-    test_command_timeout_names_the_timeout,
-    test_deleted_during_a_command_is_lost_not_rerun,
-    test_tasks_run_as_the_requested_user,
-)
+from test_connection import BIG, inventory, sha1
 
 from microvm_localplane import dataplane
-from microvm_plane_testing import stop_muxes
+from microvm_plane_testing import stop_muxes, tail, team_defaults
 
 
 @pytest.fixture
@@ -39,7 +29,7 @@ def team(plane, **values):
     try:
         yield
     finally:
-        dataplane.write_settings(plane.state_dir, interactive_stdin=False, closed_ports=[])
+        dataplane.write_settings(plane.state_dir, **team_defaults())
 
 
 @pytest.fixture
@@ -135,26 +125,61 @@ def test_auto_keeps_the_agent_road_when_the_agent_answers(plane, sandbox, env, p
     assert "WARM RUNNER ran the module" in res.stdout and "the api transport has no warm runner" not in res.stdout, res
 
 
-def test_big_files_within_the_streaming_bound_both_ways_and_a_clear_refusal_past_it(plane, sandbox, env, tmp_path,
-                                                                                    playbook_runner):
-    """The documented streaming download stops at about 50 MiB (larger payloads are staged transfers, which the
-    api road does not do yet): 40 MiB go both ways intact; 60 MiB go up, and their fetch fails naming the bound
-    and the road that carries it (transport agent), leaving no partial file behind."""
-    for size, fits in ((40, True), (60, False)):
-        work = tmp_path / ("work%d" % size)
-        work.mkdir()
-        with open(work / "big.bin", "wb") as f:
-            for _dummy in range(size):
-                f.write(os.urandom(1 << 20))
-        want = sha1(work / "big.bin")
-        res = playbook_runner(BIG, inventory({"box": sandbox["session_id"]}), env, workdir=str(work))
-        if fits:
-            assert res.rc == 0, res
-            assert "UP=%s REMOTE=%s DOWN=%s" % (want, want, want) in res.stdout, res
-            assert sha1(work / "big.back") == want
-        else:
-            assert res.rc != 0, res
-            assert "REMOTE=" not in res.stdout
-            assert "52428800 bytes" in res.stdout and "guest agent" in res.stdout, res
-            assert not (work / "big.back").exists()
-        assert not glob.glob(str(work / ".*.part")), "no partial download left behind"
+def distinct_mebibytes(path, count):
+    """count MiB, each one different (a counter in its first bytes): parts put out of order would show."""
+    block = os.urandom(1 << 20)
+    with open(path, "wb") as f:
+        for i in range(count):
+            f.write(i.to_bytes(8, "big") + block[8:])
+
+
+@pytest.mark.parametrize("mib", [60, 520])
+def test_big_files_past_the_streaming_bounds_go_staged_both_ways(plane, sandbox, env, tmp_path, playbook_runner, mib):
+    """Past the streaming download's 50 MiB (60 MiB) and the streaming upload's 500 MiB (520 MiB), the documented
+    staged transfers carry the file, verified, with the agent port closed; nothing partial is left behind, in the
+    plane's object store either."""
+    work = tmp_path / "work"
+    work.mkdir()
+    distinct_mebibytes(work / "big.bin", mib)
+    want = sha1(work / "big.bin")
+    res = playbook_runner(BIG, inventory({"box": sandbox["session_id"]}), env, workdir=str(work))
+    assert res.rc == 0, res
+    assert "UP=%s REMOTE=%s DOWN=%s" % (want, want, want) in res.stdout, res
+    assert sha1(work / "big.back") == want
+    assert not glob.glob(str(work / ".*.part")), "no partial download left behind"
+    leftovers = glob.glob(os.path.join(plane.state_dir, "transfers", "*", "part-*"))
+    assert not leftovers, "an imported upload's parts are removed from the object store"
+    log = tail(plane.state_dir, 1 << 20)
+    sid = sandbox["session_id"]
+    assert "staged download" in log and re.search(r"staged download \S+ of session %s: completed, %d bytes"
+                                                  % (sid, mib << 20), log), "the fetch went staged"
+    assert bool(re.search(r"staged upload \S+ of session %s: completed, %d bytes" % (sid, mib << 20), log)) == (mib > 500)
+
+
+def test_a_staged_download_corrupted_in_object_storage_never_lands(plane, sandbox, env, tmp_path, monkeypatch):
+    """The real plane and guest, the object flipped by one byte in the plane's store once the export completed:
+    the api road refuses it on its sha256 and leaves nothing at the destination."""
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_road
+    client = api_road.ApiRoadClient(plane.url, "/v2/harness-runtime", plane.token, sandbox["session_id"], "box")
+    distinct_mebibytes(tmp_path / "src", 3)
+    client.upload(str(tmp_path / "src"), "/workspace/corrupt.bin")
+    monkeypatch.setattr(api_road, "STREAM_DOWNLOAD_MAX", 1 << 20)  # 3 MiB go staged
+    real = api_road.ApiRoadClient._await_transfer
+
+    def corrupt_after(self, tid, remote_path, verb):
+        doc = real(self, tid, remote_path, verb)
+        with open(os.path.join(plane.state_dir, "transfers", tid, "object"), "r+b") as f:
+            f.seek(12345)
+            byte = f.read(1)
+            f.seek(12345)
+            f.write(bytes([byte[0] ^ 1]))
+        return doc
+
+    monkeypatch.setattr(api_road.ApiRoadClient, "_await_transfer", corrupt_after)
+    with pytest.raises(ac.ChecksumMismatch, match="sha256"):
+        client.download("/workspace/corrupt.bin", str(tmp_path / "dest"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+    monkeypatch.setattr(api_road.ApiRoadClient, "_await_transfer", real)
+    assert client.download("/workspace/corrupt.bin", str(tmp_path / "dest")) == 3 << 20
+    assert sha1(tmp_path / "dest") == sha1(tmp_path / "src")

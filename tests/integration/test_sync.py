@@ -396,6 +396,7 @@ def files_only(state):
     return {k: v[3] for k, v in state.items() if v[0] != "d"}
 
 
+@pytest.mark.agent_road("the fault proxy cuts the port-forward WebSocket, which the api road does not use")
 @pytest.mark.parametrize("fraction", [0.3, 0.95], ids=["mid-archive", "end-of-archive"])
 def test_cut_connection_leaves_each_file_old_or_new(plane, box, tmp_path, proxy, fraction):
     sid = box["sid"]

@@ -1,21 +1,14 @@
-"""microvm.sandbox.sync over `transport: api` (the documented exec and file API), agent port closed.
-
-A representative subset of test_sync.py, collected again here with this module's `box` (see
-test_connection_api.py for why a subset). sync streams its manifest and operations over one command's
-stdin and stdout, so on this road it needs the team's interactive stdin; without it, it fails naming it.
+"""microvm.sandbox.sync over `transport: api` (the documented exec and file API), agent port closed: what only
+this road has. test_sync.py runs whole over this road in `make integration-api` (MICROVM_TEST_TRANSPORT=api).
+sync streams its manifest and operations over one command's stdin and stdout, so on this road it needs the
+team's interactive stdin; without it, it fails naming it.
 """
 
 import pytest
-from test_sync import (  # noqa: F401  (collected again here, with this module's `box`)  # pylint: disable=unused-import
-    sync,
-    test_destination_outside_the_workspace_is_staged,
-    test_links_never_followed_out_of_either_tree,
-    test_push_incremental_delete_and_pull,
-    test_remote_user_owns_what_is_pushed_and_pulls_as_itself,
-)
+from test_sync import sync
 
 from microvm_localplane import dataplane
-from microvm_plane_testing import stop_muxes, unique_name
+from microvm_plane_testing import stop_muxes, team_defaults, unique_name
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +27,7 @@ def box(plane, tmp_path_factory):
         yield {"sid": session["session_id"], "inventory": str(inv),
                "env": {"MICROVM_MUX_DIR": mux, "MICROVM_PERSIST": "30", "MICROVM_TRANSPORT": "api"}}
     finally:
-        dataplane.write_settings(plane.state_dir, interactive_stdin=False, closed_ports=[])
+        dataplane.write_settings(plane.state_dir, **team_defaults())
         stop_muxes(mux)
         client.delete_session(session["session_id"])
 

@@ -16,6 +16,7 @@ from test_workspace_restore import (  # noqa: F401  (fixtures and tests collecte
 )
 
 from microvm_localplane import dataplane
+from microvm_plane_testing import team_defaults
 
 
 @pytest.fixture(scope="module")
@@ -28,4 +29,4 @@ def env(plane, s3, tmp_path_factory):  # noqa: F811
                    AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_ENDPOINT_URL_S3=s3["endpoint"], AWS_DEFAULT_REGION="us-east-1",
                    MICROVM_TRANSPORT="api")
     finally:
-        dataplane.write_settings(plane.state_dir, interactive_stdin=False, closed_ports=[])
+        dataplane.write_settings(plane.state_dir, **team_defaults())

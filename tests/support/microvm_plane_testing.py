@@ -6,6 +6,10 @@ Fixtures:
   MICROVM_LIVE=1 and DO_AGENTS_API_URL / DO_AGENTS_API_TOKEN set, it points at
   the real platform instead and starts nothing.
 - `sandbox` (function scope): a READY session with a unique name, deleted after.
+
+The road: with MICROVM_TEST_TRANSPORT=api (`make integration-api`) every playbook a suite runs with
+`plane.env` goes over `transport: api`, for a team with interactive stdin and the agent port closed
+(`team_defaults()`); a test marked `@pytest.mark.agent_road("why")` is skipped there, naming why.
 """
 import contextlib
 import os
@@ -23,6 +27,34 @@ import microvm_localplane
 from microvm_localplane import contract
 
 START_TIMEOUT = 60
+TRANSPORTS = ("agent", "api")
+
+
+def run_transport():
+    """The road the suites run on: MICROVM_TEST_TRANSPORT, agent unless it says api."""
+    road = os.environ.get("MICROVM_TEST_TRANSPORT", "") or "agent"
+    if road not in TRANSPORTS:
+        raise pytest.UsageError("MICROVM_TEST_TRANSPORT must be agent or api, got %r" % road)
+    return road
+
+
+def team_defaults():
+    """The local plane's team switches for the run: on the api road, interactive stdin on and the agent port closed
+    (what proves that road needs no agent port); on the agent road, the plane's defaults."""
+    if run_transport() == "api":
+        return {"interactive_stdin": True, "closed_ports": [contract.AGENT_PORT]}
+    return {"interactive_stdin": False, "closed_ports": []}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "agent_road(reason): needs the agent road (skipped on the api road, naming "
+                                       "the reason)")
+
+
+def pytest_runtest_setup(item):
+    mark = item.get_closest_marker("agent_road")
+    if mark is not None and run_transport() == "api":
+        pytest.skip("agent road only: %s" % (mark.args[0] if mark.args else "it needs the gRPC agent"))
 
 
 class PlaneHandle:
@@ -119,6 +151,10 @@ def plane():
         return
     state_dir = tempfile.mkdtemp(prefix="mvlp-test-")
     handle = start_local_plane(state_dir)
+    if run_transport() == "api":
+        from microvm_localplane import dataplane
+        dataplane.write_settings(state_dir, **team_defaults())
+        handle.env["MICROVM_TRANSPORT"] = "api"
     try:
         yield handle
     finally:

@@ -13,6 +13,7 @@ import pytest
 from contract_support import PREFIX, Api, error_message, local_only
 
 from microvm_localplane import dataplane
+from microvm_plane_testing import team_defaults
 
 EVENTS = {"Accept": "text/event-stream"}
 
@@ -57,7 +58,7 @@ def team(plane, **values):
     try:
         yield
     finally:
-        dataplane.write_settings(plane.state_dir, interactive_stdin=False, closed_ports=[])
+        dataplane.write_settings(plane.state_dir, **team_defaults())
 
 
 @pytest.mark.parametrize("prefix", [PREFIX, "/v2/harness-runtime"])
@@ -89,6 +90,27 @@ def test_timeout_stops_the_command_and_says_so(plane, api, make_session):
     resp = start(api, sid, {"argv": ["sleep", "30"], "timeout_seconds": 1})
     _out, _err, rest = collect(list(read_events(resp))[1:])
     assert rest[-1][0] == "exit" and rest[-1][1]["timed_out"] is True
+
+
+def test_a_client_that_hangs_up_on_a_quiet_command_stops_it(plane, api, make_session):
+    """A command that writes nothing still stops soon after its client goes (not at the next keepalive)."""
+    import time
+    sid = make_session()["session_id"]
+    import http.client
+    import socket
+    import urllib.parse
+    url = urllib.parse.urlsplit(api.url("/sessions/%s/sandbox/exec" % sid))
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+    body = json.dumps({"argv": ["sh", "-c", "sleep 3; touch /workspace/hung-up-marker"], "timeout_seconds": 60})
+    headers = dict(EVENTS, Authorization="Bearer " + plane.token, **{"Content-Type": "application/json"})
+    conn.request("POST", url.path, body=body, headers=headers)
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.readline().startswith(b"event: started")
+    conn.sock.shutdown(socket.SHUT_RDWR)  # the client goes away; the command has said nothing yet
+    conn.close()
+    time.sleep(5)
+    check = api.call("POST", "/sessions/%s/sandbox/exec" % sid, json={"argv": ["test", "-e", "/workspace/hung-up-marker"]})
+    assert check.json()["exit_code"] == 1, "the command ran on after its client hung up"
 
 
 @local_only

@@ -33,7 +33,7 @@ class Fake(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    do_GET = do_POST = _answer
+    do_GET = do_POST = do_PUT = _answer
 
 
 @pytest.fixture
@@ -168,3 +168,134 @@ def test_the_transport_setting_on_the_wire_and_in_the_link_key():
     assert len({agent.key, api.key, SessionConfig(session="box", token="t", transport="auto").key}) == 3
     with pytest.raises(ValueError, match="agent, api, auto"):
         SessionConfig(session="box", token="t", transport="ssh")
+
+
+# -- staged transfers -------------------------------------------------------------------------
+def stat_says(server, size):
+    """The guest's `stat` answer, which picks the road (streaming or staged)."""
+    server.answers[("POST", route("/sandbox/exec"))] = (200, {"Content-Type": "text/event-stream"}, events(
+        ("started", {"exec_id": "e1"}), ("stdout", {"data": b64(b"%d\n" % size)}),
+        ("exit", {"exit_code": 0, "timed_out": False, "duration_ms": 1})))
+
+
+def staged_download(server, payload, sha=None, size=None, status="completed"):
+    base = "http://127.0.0.1:%d" % server.server_address[1]
+    server.answers[("POST", route("/workspace/transfers"))] = (202, {}, b'{"transfer_id": "tr_1"}')
+    server.answers[("GET", route("/workspace/transfers/tr_1"))] = (200, {}, json.dumps({
+        "transfer_id": "tr_1", "direction": "download", "status": status, "error_message": "",
+        "bytes_written": len(payload) if size is None else size,
+        "sha256": hashlib.sha256(payload).hexdigest() if sha is None else sha,
+        "download_url": base + "/_obj/tr_1?signature=s", "expires_at": "2026-12-01T00:00:00Z"}).encode())
+    server.answers[("POST", route("/workspace/transfers/tr_1/cancel"))] = (200, {}, b'{"aborted": false}')
+
+
+PAYLOAD = b"0123456789" * 200
+
+
+@pytest.mark.parametrize("body,declared,sha,error", [
+    (PAYLOAD, None, None, None),
+    (PAYLOAD[:-1] + b"X", len(PAYLOAD), hashlib.sha256(PAYLOAD).hexdigest(), ac.ChecksumMismatch),  # a changed byte
+    (PAYLOAD + b"more", len(PAYLOAD), hashlib.sha256(PAYLOAD).hexdigest(), ac.AgentError),      # longer than reported
+    (PAYLOAD, None, "not-a-sha", ac.ChecksumMismatch),                                             # no usable sha256
+    (PAYLOAD, api_road.STAGED_MAX + 1, None, ac.AgentError),                                       # past 50 GiB
+])
+def test_a_staged_download_is_bounded_and_verified_before_it_lands(fake, tmp_path, monkeypatch, body, declared, sha,
+                                                                   error):
+    server, client = fake
+    monkeypatch.setattr(api_road, "STREAM_DOWNLOAD_MAX", 1000)
+    stat_says(server, len(PAYLOAD))
+    staged_download(server, PAYLOAD, sha=sha, size=declared)
+    server.answers[("GET", "/_obj/tr_1")] = (200, {}, body)
+    dest = tmp_path / "out"
+    if error is None:
+        assert client.download("/workspace/f", str(dest)) == len(PAYLOAD)
+        assert dest.read_bytes() == PAYLOAD
+    else:
+        with pytest.raises(error):
+            client.download("/workspace/f", str(dest))
+        assert not dest.exists()
+    assert [p.name for p in tmp_path.iterdir()] == (["out"] if error is None else [])
+    create = [s for s in server.seen if s[1].split("?")[0] == route("/workspace/transfers")][0]
+    assert json.loads(create[3]) == {"direction": "download", "path": "f"}  # workspace-relative
+    gets = [s for s in server.seen if s[1].startswith("/_obj/")]
+    assert len(gets) == (0 if declared == api_road.STAGED_MAX + 1 or sha == "not-a-sha" else 1)
+    assert all("Authorization" not in s[2] for s in gets), "the API token never goes to object storage"
+
+
+def test_a_failed_staged_download_names_the_platforms_reason(fake, tmp_path, monkeypatch):
+    server, client = fake
+    monkeypatch.setattr(api_road, "STREAM_DOWNLOAD_MAX", 1000)
+    stat_says(server, 5000)
+    staged_download(server, PAYLOAD, status="failed")
+    server.answers[("GET", route("/workspace/transfers/tr_1"))] = (200, {}, json.dumps({
+        "status": "failed", "error_message": "the export was cut"}).encode())
+    with pytest.raises(ac.AgentError, match="the export was cut"):
+        client.download("/workspace/f", str(tmp_path / "out"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_direct_download_past_the_streaming_bound_is_refused_before_asking(fake, tmp_path):
+    server, client = fake
+    with pytest.raises(ac.AgentError, match="streaming download carries at most 52428800 bytes"):
+        client._direct_download("/workspace/f", str(tmp_path / "out"), known_size=api_road.STREAM_DOWNLOAD_MAX + 1)
+    assert server.seen == []
+
+
+def test_a_direct_download_stops_at_the_streaming_bound_when_the_guest_misreports(fake, tmp_path, monkeypatch):
+    server, client = fake
+    monkeypatch.setattr(api_road, "STREAM_DOWNLOAD_MAX", 1000)
+    stat_says(server, 10)  # the guest says small; it sends more
+    server.answers[("GET", route("/workspace/download"))] = (200, {}, PAYLOAD + footer(PAYLOAD))
+    with pytest.raises(ac.AgentError, match="passed the streaming bound"):
+        client.download("/workspace/f", str(tmp_path / "out"))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("final,error", [("completed", None), ("failed", ac.ChecksumMismatch)])
+def test_a_staged_upload_puts_its_parts_presigned_and_commits_its_sha256(fake, tmp_path, monkeypatch, final, error):
+    server, client = fake
+    monkeypatch.setattr(api_road, "MAX_UPLOAD", 10)
+    monkeypatch.setattr(api_road, "PART_URL_BATCH", 2)
+    src = tmp_path / "src"
+    src.write_bytes(b"abcdefghij" * 2 + b"klmno")
+    sha = hashlib.sha256(src.read_bytes()).hexdigest()
+    base = "http://127.0.0.1:%d" % server.server_address[1]
+    server.answers[("POST", route("/workspace/transfers"))] = (201, {}, b'{"transfer_id": "tr_2", "part_size": 10}')
+    server.answers[("POST", route("/workspace/transfers/tr_2/part-upload-urls"))] = (200, {}, json.dumps({
+        "transfer_id": "tr_2", "expires_at": "2026-12-01T00:00:00Z",
+        "part_urls": [{"part_number": n, "upload_url": base + "/_obj/tr_2/%d?signature=s" % n} for n in (1, 2, 3)],
+    }).encode())
+    for n in (1, 2, 3):
+        server.answers[("PUT", "/_obj/tr_2/%d" % n)] = (200, {}, b"")
+    server.answers[("POST", route("/workspace/transfers/tr_2/commit"))] = (202, {}, b'{"status": "pending"}')
+    server.answers[("GET", route("/workspace/transfers/tr_2"))] = (200, {}, json.dumps({
+        "status": final, "bytes_written": 25 if final == "completed" else 0,
+        "error_message": "" if final == "completed" else "sha256 mismatch: nothing was written"}).encode())
+    server.answers[("POST", route("/workspace/transfers/tr_2/cancel"))] = (200, {}, b'{"aborted": false}')
+    if error is None:
+        assert client.upload(str(src), "/workspace/dir/big") == 25
+    else:
+        with pytest.raises(error):
+            client.upload(str(src), "/workspace/dir/big")
+    seen = {(m, p.split("?")[0]): (h, b) for m, p, h, b in server.seen}
+    created = json.loads(seen[("POST", route("/workspace/transfers"))][1])
+    assert created == {"direction": "upload", "path": "dir/big", "size_bytes": 25, "sha256": sha}
+    puts = [(p, h, b) for m, p, h, b in server.seen if m == "PUT"]
+    assert [b for _p, _h, b in puts] == [b"abcdefghij", b"abcdefghij", b"klmno"]
+    assert all("Authorization" not in h for _p, h, _b in puts), "the API token never goes to object storage"
+    assert json.loads(seen[("POST", route("/workspace/transfers/tr_2/commit"))][1]) == {"sha256": sha}
+    assert (("POST", route("/workspace/transfers/tr_2/cancel")) in seen) == (error is not None)
+
+
+def test_a_platform_without_staged_transfers_gets_no_direct_download_past_the_bound(fake, tmp_path, monkeypatch):
+    """A big file on a platform that answers the transfers route 404: refused naming both roads, and the
+    streaming download past its bound is never asked for."""
+    server, client = fake
+    monkeypatch.setattr(api_road, "STREAM_DOWNLOAD_MAX", 1000)
+    stat_says(server, 5000)
+    server.answers[("POST", route("/workspace/transfers"))] = (404, {}, b'{"id": "not_found", "message": "no such route"}')
+    with pytest.raises(ac.AgentError, match="no staged transfers") as err:
+        client.download("/workspace/f", str(tmp_path / "out"))
+    assert "5000 bytes" in str(err.value) and "transport agent" in str(err.value)
+    assert not [s for s in server.seen if s[1].startswith(route("/workspace/download"))]
+    assert list(tmp_path.iterdir()) == []
