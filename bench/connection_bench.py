@@ -15,34 +15,18 @@ Usage: PYTHONPATH=.local/collections:localplane:tests/support .venv/bin/python b
 """
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import time
 
 import benchlib  # first: it puts the collection and localplane on sys.path
-from benchlib import ROOT, playbook_text, processes, run_playbook, tree, write
+from benchlib import ROOT, children_cpu, cpu_seconds, playbook_text, processes, run_playbook, tree, write
 
 from microvm_plane_testing import mux_pids
 from stage import Stage
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_client import MuxClient
 from ansible_collections.microvm.sandbox.plugins.plugin_utils.mux_config import SessionConfig
-
-HZ = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pids):
-    """CPU seconds used by `pids` and their reaped children (utime + stime + cutime + cstime)."""
-    total = 0
-    for pid in pids:
-        try:
-            with open("/proc/%d/stat" % pid) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += sum(int(x) for x in fields[11:15])
-        except (OSError, ValueError, IndexError):
-            pass
-    return total / HZ
 
 
 def cpu_groups(stage, mux_dir):
@@ -54,11 +38,6 @@ def cpu_groups(stage, mux_dir):
     return {"mux": mux_pids(mux_dir), "plane_port_forward": [plane],
             "guest_agent": [p for p in tree(procs, plane) if p != plane],
             "ssh_controlmaster": masters, "sshd": tree(procs, stage.sshd.proc.pid)}
-
-
-def children_cpu():
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def main():
