@@ -50,6 +50,7 @@ import signal
 import struct
 import sys
 import tempfile
+import warnings
 import zipfile
 import zipimport
 
@@ -126,9 +127,13 @@ class WrapperCache:
         key = hashlib.sha256(head).digest()
         code = self.code.get(key)
         if code is None:
-            try:
-                code = compile(head, "<stdin>", "exec")
-            except (SyntaxError, ValueError):  # the child compiles the whole source and reports the error as before
+            with warnings.catch_warnings(record=True) as warned:
+                warnings.simplefilter("always")
+                try:
+                    code = compile(head, "<stdin>", "exec")
+                except (SyntaxError, ValueError):  # the child compiles the whole source and reports the error as before
+                    return None
+            if warned:  # a compile warning belongs on the task's stderr: the child compiles it whole and prints it
                 return None
             self.code[key] = code
             while len(self.code) > self.KEEP:

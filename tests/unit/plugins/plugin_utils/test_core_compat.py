@@ -185,6 +185,9 @@ def test_a9_wrapper_code_comes_before_the_task_call(recorded):
         assert call_line in {line for _start, _end, line in tail_code.co_lines()}  # tracebacks name the same lines
     assert len(cache.code) == 1, "the wrapper code differs between the tasks of one run: it would be compiled every time"
     assert cache.split(b"print('not a wrapper')\n") is None  # anything else is compiled whole, as before
+    # wrapper code that warns when compiled is compiled whole in the fork, so the warning reaches the task's stderr
+    warns = b"x = '\\d'\n" + warm.CORE.wrapper_call + b"params='{}',\n)\n"
+    assert cache.split(warns) is None
 
 
 def test_a3_runner_runs_real_payloads_warm(recorded, tmp_path):
