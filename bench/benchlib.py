@@ -94,6 +94,30 @@ def memory_kib(pid):
     return pss, rss
 
 
+# -- CPU -------------------------------------------------------------------------------------------
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids):
+    """CPU seconds used by `pids` and their reaped children (utime + stime + cutime + cstime)."""
+    total_cpu = 0
+    for pid in pids:
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total_cpu += sum(int(x) for x in fields[11:15])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total_cpu / HZ
+
+
+def children_cpu():
+    """CPU seconds of this process's reaped children (and what they reaped): a finished ansible-playbook run."""
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def processes():
     """{pid: (ppid, comm, cmdline)} of every process we can read."""
     out = {}

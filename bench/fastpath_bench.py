@@ -103,18 +103,23 @@ def main():
         if args.modes:
             keep = args.modes.split(",")
             inventories = {m: inv for m, inv in inventories.items() if m in keep}
-        result = {"repeat": args.repeat, "cores": cores, "per_task_s": {}, "runs_s": {}, "served": {}}
+        result = {"repeat": args.repeat, "cores": cores, "per_task_s": {}, "runs_s": {}, "served": {},
+                  "cpu_per_task_s": {}, "load_at_start": os.getloadavg()}
         for name, playbook in playbooks.items():
             modes = [m for m in inventories if name != "debug30" or m.startswith("local") or m == "mitogen_local"]
             for mode in modes:  # warm-up: the mux and the warm runner come up here
                 run_playbook(tmp, playbook, inventories[mode], *runners[mode])
             times = {mode: [] for mode in modes}
+            cpus = {mode: [] for mode in modes}
             counts = {mode: {} for mode in modes}
             for i in range(args.repeat):
                 order = modes[i % len(modes):] + modes[:i % len(modes)]  # interleave against drift
                 for mode in order:
                     before = served(stage.mux_dir)
+                    cpu_before = stage.cpu()
                     times[mode].append(run_playbook(tmp, playbook, inventories[mode], *runners[mode]))
+                    cpu_after = stage.cpu()
+                    cpus[mode].append({side: cpu_after[side] - cpu_before[side] for side in cpu_after})
                     after = served(stage.mux_dir)
                     for how in after:
                         if after[how] != before.get(how, 0):
@@ -122,6 +127,14 @@ def main():
             result["runs_s"][name] = {mode: [round(t, 3) for t in ts] for mode, ts in times.items()}
             result["per_task_s"][name] = {mode: round(statistics.median(ts) / 30, 4) for mode, ts in times.items()}
             result["served"][name] = {mode: c for mode, c in counts.items() if c}
+            # CPU per task, each side (see Stage.cpu), median over the runs of their sum: unlike the wall time it
+            # hardly moves with the machine's load; "ours" is what the controller and the guest's runner used
+            result["cpu_per_task_s"][name] = {mode: {
+                "ours": round(statistics.median(c["controller"] + c["runner"] for c in runs) / 30, 4),
+                "controller": round(statistics.median(c["controller"] for c in runs) / 30, 4),
+                "runner": round(statistics.median(c["runner"] for c in runs) / 30, 4),
+                "platform": round(statistics.median(c["platform"] for c in runs) / 30, 4)} for mode, runs in cpus.items()}
+        result["load_at_end"] = os.getloadavg()
         result["ratio"] = {subject: {name: {mode: round(per[subject] / per[mode], 3) for mode in per}
                                      for name, per in result["per_task_s"].items() if subject in per}
                            for subject in SUBJECTS}
@@ -146,6 +159,17 @@ def report(result, modes):
         print("%s / mode (below 1: %s is faster)" % (subject, subject))
         for name, per in result["ratio"][subject].items():
             print("%-10s" % name + "".join(("%18.2fx" % per[m]) if m in per else "%19s" % "-" for m in modes))
+    print("CPU seconds per task, the controller (ansible-playbook, its workers, the mux) and the guest's warm runner; "
+          "in brackets the local plane and its agent, which stand in for the platform")
+    for name, per in result["cpu_per_task_s"].items():
+        print("%-10s" % name + "".join(("%19s" % ("%.4f (%.4f)" % (per[m]["ours"], per[m]["platform"]))) if m in per else "%19s" % "-"
+                                       for m in modes))
+    for subject in SUBJECTS:
+        for name, per in result["cpu_per_task_s"].items():
+            if subject in per and "mitogen_local" in per:
+                print("CPU per task, %s / mitogen_local, %s: %.2fx" % (
+                    subject, name, per[subject]["ours"] / per["mitogen_local"]["ours"]))
+    print("load average at start / end: %.1f / %.1f" % (result["load_at_start"][0], result["load_at_end"][0]))
     for name, by_mode in result["served"].items():
         for mode, counts in by_mode.items():
             print("served by the mux, %s %s (all runs): %s" % (name, mode, ", ".join(

@@ -19,9 +19,9 @@ fi
 
 echo "== local control plane (bench/localplane_bench.py)"
 "$PY" bench/localplane_bench.py
-echo "== connection: 30-task playbook vs local and SSH, 256 MiB copies vs scp with each side's CPU per MiB (bench/connection_bench.py)"
+echo "== connection: 30-task playbook vs local and SSH, 256 MiB copies vs scp with each side's CPU per MiB and the mux's over scp's controller side (bench/connection_bench.py)"
 "$PY" bench/connection_bench.py --repeat "$REPEAT"
-echo "== warm runner on ansible-core 2.19 and the newest (.venv-newest) vs cold, local, SSH and Mitogen, with core's per-task floor (bench/fastpath_bench.py)"
+echo "== warm runner on ansible-core 2.19 and the newest (.venv-newest) vs cold, local, SSH and Mitogen, with core's per-task floor and each mode's CPU per task (bench/fastpath_bench.py)"
 "$PY" bench/fastpath_bench.py --repeat "$REPEAT" --mitogen-venv "$MITOGEN_VENV" --newest-venv .venv-newest
 echo "== directory trees: microvm.sandbox.sync vs rsync over SSH and copy (bench/sync_bench.py)"
 "$PY" bench/sync_bench.py --repeat "$REPEAT"

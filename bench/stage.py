@@ -7,9 +7,9 @@ import subprocess
 import tempfile
 import time
 
-from benchlib import COLLECTIONS, ansible_env, write
+from benchlib import COLLECTIONS, ansible_env, children_cpu, cpu_seconds, processes, tree, write
 
-from microvm_plane_testing import start_local_plane, stop_local_plane, stop_muxes
+from microvm_plane_testing import mux_pids, start_local_plane, stop_local_plane, stop_muxes
 
 PYTHON = "ansible_python_interpreter=/usr/bin/python3"
 
@@ -95,6 +95,23 @@ class Stage:
         except BaseException:
             self.stop()
             raise
+
+    def cpu(self):
+        """CPU seconds used so far by each side of a playbook run: {side: seconds}; subtract two to get one run's.
+
+        controller: the ansible-playbook runs (with their workers, and Mitogen's processes, all reaped by them)
+            and the agent connection's mux;
+        runner: the warm runners in the guest, with the module forks they reaped;
+        platform: the local plane (REST, port-forward) and the rest of its guests (the agent), standing in for
+            the platform: never the controller's.
+        """
+        procs = processes()
+        plane = self.plane.process.pid
+        guests = tree(procs, plane)
+        runners = [p for root in guests if "microvm-warm-runner" in procs[root][2] for p in tree(procs, root)]
+        return {"controller": children_cpu() + cpu_seconds(mux_pids(self.mux_dir)),
+                "runner": cpu_seconds(set(runners)),
+                "platform": cpu_seconds(set(guests) - set(runners))}
 
     def path(self, name):
         return os.path.join(self.tmp, name)

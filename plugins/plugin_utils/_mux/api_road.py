@@ -46,7 +46,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from typing import TYPE_CHECKING, Any, BinaryIO, Iterator, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, NoReturn, Sequence
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import USER_AGENT
@@ -452,7 +452,7 @@ class ApiRoadClient:
         except (OSError, http.client.HTTPException) as e:
             raise ac.AgentUnavailable("cannot download %s from session %s: %s" % (remote_path, self.label, e)) from e
 
-        def fill(f) -> int:
+        def fill(f: BinaryIO) -> int:
             digest, size, tail = hashlib.sha256(), 0, b""
             try:
                 while True:
@@ -530,7 +530,8 @@ class ApiRoadClient:
             time.sleep(pause)
             pause = min(pause * 2, 2.0)
 
-    def _object(self, method: str, url: str, body=None, length: int = 0):
+    def _object(self, method: str, url: str, body: "bytes | BinaryIO | None" = None,
+                length: int = 0) -> "tuple[http.client.HTTPConnection, http.client.HTTPResponse]":
         """(connection, response) of a presigned object-storage URL: never the API token, its own credential."""
         parts = urllib.parse.urlsplit(str(url))
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -651,7 +652,7 @@ class ApiRoadClient:
             raise ac.AgentUnavailable("cannot fetch the staged download of %s from session %s: %s"
                                       % (remote_path, self.label, e)) from e
 
-        def fill(f) -> int:
+        def fill(f: BinaryIO) -> int:
             if resp.status >= 300:
                 raise ac.AgentError("object storage refused the staged download of %s: HTTP %d: %s"
                                     % (remote_path, resp.status, _error_text(resp.read(64 * 1024))))
@@ -692,7 +693,7 @@ class ApiRoadClient:
 class _Slice:
     """`length` bytes of an open file from its current position, as a body http.client reads in blocks."""
 
-    def __init__(self, f, length: int):
+    def __init__(self, f: BinaryIO, length: int) -> None:
         self.f, self.left = f, length
 
     def read(self, n: int = -1) -> bytes:
@@ -702,7 +703,7 @@ class _Slice:
         return data
 
 
-def _land(local_path: str, fill) -> int:
+def _land(local_path: str, fill: Callable[[BinaryIO], int]) -> int:
     """Write a download into a temporary file beside local_path with fill(f), renamed into place only if fill returns."""
     local_dir = os.path.dirname(os.path.abspath(local_path))
     fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(local_path)[:40], suffix=".part", dir=local_dir)

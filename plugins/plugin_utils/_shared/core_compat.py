@@ -35,6 +35,10 @@ A8 Core's collection loader compiles every collection module from source, in eve
    (_AnsibleCollectionPkgLoaderBase.get_code, caching in `_compiled_code`); the connection has the
    compiled code of this collection's own modules kept for the run (cache_collection_code).
                                                              -> test_a8_collection_code_compiled_once_per_run
+A9 A Python module's payload is core's wrapper code, the same for every task of a core, followed by one
+   `if __name__ == "__main__":` / `_ansiballz_main(<the task's arguments>)` block (WRAPPER_CALL): the warm runner
+   compiles the code before it once and only the call in each run.
+                                                             -> test_a9_wrapper_code_comes_before_the_task_call
 
 Only the standard library and ansible-core (imported lazily) are used: this runs in every task's worker.
 """
@@ -120,6 +124,8 @@ def module_command(argv: list[str], in_data: bytes) -> tuple[tuple[str, dict[str
 # -- A2: the AnsiballZ payload ---------------------------------------------------------------------
 ANSIBALLZ_MARKER = b"_ANSIBALLZ_WRAPPER = True"
 ZIP_DATA = r"^zip_data='([A-Za-z0-9+/=]*)',$"   # bytes regex, multiline: the one line holding the zip
+# A9: where the task's own part of a payload begins (module_common's wrapper template, 2.19-2.21)
+WRAPPER_CALL = '\nif __name__ == "__main__":\n    _ansiballz_main(\n'
 PRELOAD = ("ansible.module_utils.basic", "ansible.module_utils._internal._ansiballz._loader")
 # Names whose modules a clean run may have the runner preload: module_utils only, never a module.
 MODULE_UTILS = r"^(ansible\.module_utils|ansible_collections\.[^.]+\.[^.]+\.plugins\.module_utils)\."
@@ -136,7 +142,7 @@ def core_version() -> str:
 def runner_config() -> dict[str, Any]:
     """What the warm runner (which runs in the guest and imports nothing of ours) must know about core."""
     return {"marker": ANSIBALLZ_MARKER.decode("ascii"), "zip_data": ZIP_DATA, "preload": list(PRELOAD),
-            "module_utils": MODULE_UTILS, "task_tmp": TASK_TMP.pattern}
+            "module_utils": MODULE_UTILS, "task_tmp": TASK_TMP.pattern, "wrapper_call": WRAPPER_CALL}
 
 
 # -- A4: plugin option definitions -----------------------------------------------------------------

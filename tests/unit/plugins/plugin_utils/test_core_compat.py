@@ -167,6 +167,29 @@ def test_a2_ansiballz_payload_splits_and_preloads(recorded):
             assert module.replace(".", "/") + ".py" in names, module
 
 
+def test_a9_wrapper_code_comes_before_the_task_call(recorded):
+    """Every payload of a run is the same wrapper code and then the task's call: the runner compiles that code
+    once (one cache entry for the whole run), each run compiles only the call, on the lines it has in the payload."""
+    cache = wr.WrapperCache(warm.CORE.wrapper_call)
+    runs = module_runs(recorded)
+    assert len(runs) >= 3
+    for e in runs:
+        source = wr.split_payload(e["stdin"], warm.CORE)[0]
+        split = cache.split(source)
+        assert split is not None, "this core's payload has no `_ansiballz_main(` call block where core_compat expects it"
+        head, tail, flags = split
+        assert b"_ansiballz_main(" in tail and b"__microvm_zip_data__" in tail and b"def _ansiballz_main" not in tail
+        assert flags & __import__("__future__").annotations.compiler_flag  # the wrapper's own future import
+        call_line = source[:source.rindex(b"_ansiballz_main(")].count(b"\n") + 1
+        tail_code = compile(tail, "<stdin>", "exec", flags)
+        assert call_line in {line for _start, _end, line in tail_code.co_lines()}  # tracebacks name the same lines
+    assert len(cache.code) == 1, "the wrapper code differs between the tasks of one run: it would be compiled every time"
+    assert cache.split(b"print('not a wrapper')\n") is None  # anything else is compiled whole, as before
+    # wrapper code that warns when compiled is compiled whole in the fork, so the warning reaches the task's stderr
+    warns = b"x = '\\d'\n" + warm.CORE.wrapper_call + b"params='{}',\n)\n"
+    assert cache.split(warns) is None
+
+
 def test_a3_runner_runs_real_payloads_warm(recorded, tmp_path):
     """This core's real payloads run in the warm runner (preloaded, then each module from its own zip)."""
     runs = module_runs(recorded)
