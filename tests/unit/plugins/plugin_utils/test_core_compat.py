@@ -170,11 +170,11 @@ def test_a2_ansiballz_payload_splits_and_preloads(recorded):
 def test_a9_wrapper_code_comes_before_the_task_call(recorded):
     """Every payload of a run is the same wrapper code and then the task's call: the runner compiles that code
     once (one cache entry for the whole run), each run compiles only the call, on the lines it has in the payload."""
-    cache = wr.WrapperCache(warm.CORE.wrapper_call)
+    cache = wr.WrapperCache(module_runners.CORE.wrapper_call)
     runs = module_runs(recorded)
     assert len(runs) >= 3
     for e in runs:
-        source = wr.split_payload(e["stdin"], warm.CORE)[0]
+        source = wr.split_payload(e["stdin"], module_runners.CORE)[0]
         split = cache.split(source)
         assert split is not None, "this core's payload has no `_ansiballz_main(` call block where core_compat expects it"
         head, tail, flags = split
@@ -186,7 +186,7 @@ def test_a9_wrapper_code_comes_before_the_task_call(recorded):
     assert len(cache.code) == 1, "the wrapper code differs between the tasks of one run: it would be compiled every time"
     assert cache.split(b"print('not a wrapper')\n") is None  # anything else is compiled whole, as before
     # wrapper code that warns when compiled is compiled whole in the fork, so the warning reaches the task's stderr
-    warns = b"x = '\\d'\n" + warm.CORE.wrapper_call + b"params='{}',\n)\n"
+    warns = b"x = '\\d'\n" + module_runners.CORE.wrapper_call + b"params='{}',\n)\n"
     assert cache.split(warns) is None
 
 
