@@ -29,15 +29,17 @@ import tempfile
 import time
 import uuid
 
-from ansible.errors import AnsibleConnectionFailure, AnsibleError
+from ansible.errors import AnsibleError
 from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.archive_check import ArchiveRefused, check_archive, link_problem
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import source_of
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import sync_tree as st
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import outcomes
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.sync_plan import ManifestReader, Planner
 
 ARGUMENT_SPEC = dict(
@@ -147,12 +149,10 @@ class ActionModule(ActionBase):
             return dict(result, failed=True, msg="sync: %s" % e)
         except (st.SyncError, ArchiveRefused) as e:
             return dict(result, failed=True, msg="sync: %s" % e)
-        except mp.MuxError as e:
-            if e.kind in mp.UNREACHABLE_KINDS:
-                raise AnsibleConnectionFailure("microvm.sandbox.sync: %s" % e) from e
-            return dict(result, failed=True, msg="sync: %s" % e)
         except (OSError, mp.ProtocolError) as e:
             return dict(result, failed=True, msg="sync: %s" % e)
+        except errors.SandboxError as e:  # from the guest side's stream: UNREACHABLE goes up, the rest fails the task
+            return dict(result, failed=True, msg="sync: %s" % outcomes.task_failure(e, "sync"))
         result.update(outcome)
         return result
 
@@ -265,7 +265,8 @@ class ActionModule(ActionBase):
                 try:
                     self._connection.put_archive(tar_path, stage)
                 except AnsibleError as e:
-                    raise SyncFailed("the sandbox refused or failed to extract the changes into %s: %s" % (stage, e)) from e
+                    raise SyncFailed("the sandbox refused or failed to extract the changes into %s: %s"
+                                     % (stage, outcomes.task_failure(e, "sync"))) from e
                 stream.write(b"+\0")
                 self._timing("archive of %d members uploaded" % writer.members)
             else:
@@ -335,7 +336,7 @@ class ActionModule(ActionBase):
             try:
                 self._connection.fetch_file(stage, local_tar)  # the path this run chose, never one the guest names
             except AnsibleError as e:
-                raise SyncFailed("could not download the changes of %s: %s" % (src, e)) from e
+                raise SyncFailed("could not download the changes of %s: %s" % (src, outcomes.task_failure(e, "sync"))) from e
             stream.close_stdin()
             reader.finish()
             self._timing("archive of %s members downloaded" % made.get("members"))

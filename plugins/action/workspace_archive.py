@@ -23,6 +23,7 @@ from ansible.plugins.action import ActionBase
 
 from ansible_collections.microvm.sandbox.plugins.module_utils.archive_check import (
     ArchiveRefused, check_archive, sha256_file)
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import outcomes
 
 WORKSPACE = "/workspace"
 
@@ -124,10 +125,10 @@ class ActionModule(ActionBase):
             result["cleaned"] = True
         try:
             sent = conn.put_archive(src, dest)
-        except AnsibleError as e:
+        except AnsibleError as e:  # the connection's mapping: an UNREACHABLE host goes up as such
             return dict(result, failed=True, changed=result["cleaned"],
                         msg="workspace_archive: the sandbox refused or failed to extract %s into %s: %s"
-                            % (src, dest, to_text(e)))
+                            % (src, dest, to_text(outcomes.task_failure(e, "workspace_archive"))))
         if isinstance(sent, dict) and "bytes" in sent:
             result["bytes"] = sent["bytes"]
         return result

@@ -359,9 +359,11 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import cor
 core_compat.cache_collection_code()  # first: the modules below are then compiled once per run, not per task
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import command_stream  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import option_defs  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import outcomes  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import (  # noqa: E402
     InteractTimeout, MuxClient, host_tag, run_identity)
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.core_compat import command_argv  # noqa: E402
@@ -370,6 +372,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config imp
 display = Display()
 option_defs.register("connection", __name__, DOCUMENTATION)  # saves core's slow parse in every worker
 
+PLUGIN = "microvm.sandbox.agent"  # how the connection names itself in its messages
 DEFAULT_REMOTE_TMP = "~/.ansible/tmp"
 BECOME_TIMEOUT_DEFAULT = 10  # seconds, core's default for ssh's timeout and local's become_success_timeout
 # Tasks whose module runs without the run's TMPDIR: what they make must outlive the run (see _keeps_tmp).
@@ -406,16 +409,6 @@ def become_error_message(reason: str, stdout: bytes, stderr: bytes, prompted: li
         if text:
             message += "\n>>> %s\n%s" % (title, text[-2000:])
     return message
-
-
-def mux_error(e):
-    """A mux error as the Ansible exception that gives the right task outcome (the one place that decides)."""
-    message = "microvm.sandbox.agent: %s" % e
-    if e.kind in mp.UNREACHABLE_KINDS:
-        return AnsibleConnectionFailure(message)
-    if e.kind == mp.ERR_NOT_FOUND:
-        return AnsibleFileNotFound(message)
-    return AnsibleError(message)
 
 
 class Connection(ConnectionBase):
@@ -545,13 +538,13 @@ class Connection(ConnectionBase):
         self._mux = self._new_mux_client()
         try:
             self._mux.connect()
-        except mp.MuxError as e:
-            self._mux = None
-            raise mux_error(e) from e
         except OSError as e:
             self._mux = None
             raise AnsibleConnectionFailure("microvm.sandbox.agent: cannot reach the multiplexer of session %s: %s"
                                            % (session, e)) from e
+        except errors.SandboxError as e:
+            self._mux = None
+            raise outcomes.ansible_error(e, PLUGIN) from e
         self._connected = True
         self._user = self._lookup_user()
         return self
@@ -638,14 +631,14 @@ class Connection(ConnectionBase):
         """Run a mux call, turning its failures into the right Ansible exceptions."""
         try:
             return fn(*args, **kwargs)
-        except mp.MuxError as e:
-            if e.kind == mp.ERR_WARM:  # not an error: the module was not started, the caller runs it cold
-                raise
-            raise mux_error(e) from e
-        except (OSError, mp.ProtocolError) as e:
+        except (OSError, mp.ProtocolError) as e:  # the worker's own connection to the mux broke
             self.close()
             raise AnsibleConnectionFailure("microvm.sandbox.agent: lost the multiplexer of session %s during %s: %s"
                                            % (self._session(), what, e)) from e
+        except errors.WarmRefused:  # not an error: the module was not started, the caller runs it cold
+            raise
+        except errors.SandboxError as e:
+            raise outcomes.ansible_error(e, PLUGIN) from e
 
     # -- commands ----------------------------------------------------------------------------
     def exec_command(self, cmd, in_data=None, sudoable=True):
@@ -716,7 +709,7 @@ class Connection(ConnectionBase):
         try:
             rc, stdout, stderr, _info = self._call("a module run", self._mux.warm, interpreter, env, stdin, run=run,
                                                    core=core_compat.core_version())
-        except mp.MuxError as e:  # ERR_WARM only (see _call)
+        except errors.WarmRefused as e:  # see _call
             display.vvv("WARM RUNNER refused, running cold: %s" % e, host=session)
             return None
         display.vvv("WARM RUNNER ran the module with %s (rc %s)" % (interpreter, rc), host=session)
@@ -729,7 +722,7 @@ class Connection(ConnectionBase):
             return None  # not one of them, or a mux started by an older collection that lacks the op
         try:
             rc, stdout, stderr, _info = self._call("a tmp dir command", self._mux.tmp, op, run=run)
-        except mp.MuxError as e:  # ERR_WARM only (see _call): nothing was done
+        except errors.WarmRefused as e:  # see _call: nothing was done
             display.vvv("WARM RUNNER did not do %s, running it in a shell: %s" % (op["op"], e), host=self._session())
             return None
         display.vvv("WARM RUNNER did %s (rc %s)" % (op["op"], rc), host=self._session())

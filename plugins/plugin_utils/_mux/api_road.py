@@ -45,6 +45,7 @@ import uuid
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import USER_AGENT
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 
 log = logging.getLogger("microvm.mux")
 
@@ -61,12 +62,7 @@ COPY_CHUNK = 1024 * 1024
 TEAM_SETTING = "interactive stdin (keep_stdin_open), which the platform enables per team"
 
 
-class HttpFailure(ac.AgentError):
-    """The data plane answered a call with an error status."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
+HttpFailure = errors.HttpRefused  # the old name, for code written against it
 
 
 def _error_text(body: bytes) -> str:
@@ -88,7 +84,7 @@ def env_argv(argv: list, env: dict | None) -> list:
         return list(argv)
     for name in env:
         if not name or "=" in name or "\0" in name:
-            raise ac.AgentError("environment variable name %r cannot be passed to a command" % name)
+            raise errors.SandboxError("environment variable name %r cannot be passed to a command" % name)
     return ["/usr/bin/env", "--"] + ["%s=%s" % (k, v) for k, v in sorted(env.items())] + list(argv)
 
 
@@ -125,7 +121,7 @@ class ApiRoadClient:
                  scratch_dir: str = profile.SCRATCH_DIR, validate_certs: bool = True, connect_timeout: float = 60.0):
         parts = urllib.parse.urlsplit(api_url.rstrip("/"))
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ac.AgentError("api_url %r is not an http(s) URL" % api_url)
+            raise errors.SandboxError("api_url %r is not an http(s) URL" % api_url)
         self.scheme, self.host, self.port = parts.scheme, parts.hostname, parts.port
         self.base = parts.path + prefix + "/sessions/" + urllib.parse.quote(session_id, safe="")
         self._token = token
@@ -150,7 +146,7 @@ class ApiRoadClient:
     # -- HTTP -------------------------------------------------------------------------------
     def _connection(self) -> http.client.HTTPConnection:
         if self._closed:
-            raise ac.AgentUnavailable("the link to session %s was closed" % self.label)
+            raise errors.GuestUnavailable("the link to session %s was closed" % self.label)
         if self.scheme == "https":
             return http.client.HTTPSConnection(self.host, self.port, timeout=self.connect_timeout, context=self.context,
                                                blocksize=COPY_CHUNK)
@@ -162,7 +158,7 @@ class ApiRoadClient:
         return headers
 
     def _send(self, method: str, path: str, body=None, headers: dict | None = None, query: dict | None = None):
-        """(connection, response) of one call; an error status raises HttpFailure (the connection is closed)."""
+        """(connection, response) of one call; an error status raises HttpRefused (the connection is closed)."""
         url = self.base + path + ("?" + urllib.parse.urlencode(query) if query else "")
         conn = self._connection()
         try:
@@ -174,7 +170,7 @@ class ApiRoadClient:
         if resp.status >= 300:
             text = _error_text(resp.read(64 * 1024))
             conn.close()
-            raise HttpFailure(resp.status, "HTTP %d: %s" % (resp.status, text))
+            raise errors.HttpRefused(resp.status, "HTTP %d: %s" % (resp.status, text))
         return conn, resp
 
     def _json_call(self, method: str, path: str, doc: dict) -> dict:
@@ -198,7 +194,7 @@ class ApiRoadClient:
                 feed.put(bytes(stdin))
             feed.put(None)
         if hold_stdin and self.interactive is False:
-            raise ac.AgentError(self._needs_interactive())
+            raise errors.SandboxError(self._needs_interactive())
         return call, feed
 
     def _needs_interactive(self) -> str:
@@ -219,7 +215,7 @@ class ApiRoadClient:
             else:
                 stdin = self._collect(feed)
                 if call.cancelled.is_set():  # the worker went away before its stdin was complete: never start it
-                    raise ac.CommandLost("the command on session %s was cancelled before it started" % self.label)
+                    raise errors.CommandLost("the command on session %s was cancelled before it started" % self.label)
                 if len(stdin) > ONE_SHOT_MAX:
                     staged, call.argv = self._stage_stdin(stdin, call.argv)
                     stdin = b""
@@ -235,7 +231,7 @@ class ApiRoadClient:
             if staged:
                 try:
                     self.exec(["rm", "-f", "--", staged], deadline=60)
-                except ac.AgentError as e:
+                except errors.SandboxError as e:
                     log.warning("session %s: could not remove staged stdin %s: %s", self.label, staged, e)
 
     def _collect(self, feed: queue.Queue) -> bytes:
@@ -270,19 +266,19 @@ class ApiRoadClient:
         try:
             conn, resp = self._send("POST", "/sandbox/exec", json.dumps(body).encode(),
                                     {"Content-Type": "application/json", "Accept": "text/event-stream"})
-        except HttpFailure as e:
+        except errors.HttpRefused as e:
             if keep_open and e.status == 403:
                 self.interactive = False
-                raise ac.AgentError(self._needs_interactive()) from e
+                raise errors.SandboxError(self._needs_interactive()) from e
             if e.status in (404, 410):
-                raise ac.CommandLost("session %s cannot run the command: %s" % (self.label, e)) from e
+                raise errors.CommandLost("session %s cannot run the command: %s" % (self.label, e)) from e
             if e.status >= 500 or e.status == 409:
-                raise ac.AgentUnavailable("session %s did not take the command: %s; nothing was run" % (self.label, e)) from e
-            raise ac.AgentError("the data plane refused the command on session %s: %s" % (self.label, e)) from e
+                raise errors.GuestUnavailable("session %s did not take the command: %s; nothing was run" % (self.label, e)) from e
+            raise errors.SandboxError("the data plane refused the command on session %s: %s" % (self.label, e)) from e
         except ConnectionRefusedError as e:
-            raise ac.AgentUnavailable("cannot reach the API for session %s: %s; nothing was run" % (self.label, e)) from e
+            raise errors.GuestUnavailable("cannot reach the API for session %s: %s; nothing was run" % (self.label, e)) from e
         except (OSError, http.client.HTTPException) as e:
-            raise ac.CommandLost("lost the command on session %s before its answer: %s; it may have partly run "
+            raise errors.CommandLost("lost the command on session %s before its answer: %s; it may have partly run "
                                  "and is not re-run" % (self.label, e)) from e
         if keep_open:
             self.interactive = True
@@ -312,7 +308,7 @@ class ApiRoadClient:
                     break
         except (OSError, http.client.HTTPException, ValueError) as e:
             lost = "%s: %s" % ("cancelled" if call.cancelled.is_set() else "the event stream was cut", e)
-        raise ac.CommandLost("lost the command on session %s: %s; it may have partly run and is not re-run"
+        raise errors.CommandLost("lost the command on session %s: %s; it may have partly run and is not re-run"
                              % (self.label, lost))
 
     def _write_stdin(self, call: ApiExec, feed: queue.Queue) -> None:
@@ -339,7 +335,7 @@ class ApiRoadClient:
                         offset = int(self._json_call("POST", "/sandbox/exec/%s/stdin" % call.exec_id, doc)
                                      .get("offset", offset + len(piece)))
                         break
-                    except HttpFailure as e:
+                    except errors.HttpRefused as e:
                         log.info("session %s: stdin write refused (%s): the command has ended", self.label, e)
                         return
                     except (OSError, http.client.HTTPException) as e:
@@ -356,25 +352,26 @@ class ApiRoadClient:
         return ac.collect_exec(self.iter_exec(call, feed))
 
     # -- files ------------------------------------------------------------------------------
-    def _transfer_error(self, e: HttpFailure, path: str, verb: str) -> ac.AgentError:
+    def _transfer_error(self, e: errors.HttpRefused, path: str, verb: str) -> errors.SandboxError:
         where = "%s on session %s" % (path, self.label)
         if e.status == 403:
-            return ac.TransferDenied("the data plane refused to %s %s: %s" % (verb, where, e))
+            return errors.Denied("the data plane refused to %s %s: %s" % (verb, where, e))
         if e.status == 404:
-            return ac.RemoteNotFound("cannot %s %s: no such file (%s)" % (verb, where, e))
+            return errors.NotFound("cannot %s %s: no such file (%s)" % (verb, where, e))
         if e.status == 400 and "sha" in str(e).lower():
-            return ac.ChecksumMismatch("the %s of %s failed its checksum: %s; nothing was written" % (verb, where, e))
+            return errors.ChecksumMismatch("the %s of %s failed its checksum: %s; nothing was written" % (verb, where, e))
         if e.status >= 500:
-            return ac.AgentUnavailable("cannot %s %s: %s" % (verb, where, e))
-        return ac.AgentError("cannot %s %s: %s" % (verb, where, e))
+            return errors.GuestUnavailable("cannot %s %s: %s" % (verb, where, e))
+        return errors.SandboxError("cannot %s %s: %s" % (verb, where, e))
 
     def upload(self, local_path, remote_path, mode=0, chunk_size=COPY_CHUNK, is_archive=False):
         """Stream a local file to a guest path under the transfer root (X-Content-Sha256); returns bytes written."""
         what = "archive destination" if is_archive else "upload destination"
-        remote_path = profile.check_transfer_path(remote_path, self.scratch_dir, what=what)
+        with errors.path_rules():
+            remote_path = profile.check_transfer_path(remote_path, self.scratch_dir, what=what)
         size = os.path.getsize(local_path)
         if size > MAX_UPLOAD:
-            raise ac.AgentError("%s is %d bytes: the api transport uploads at most %d bytes in one request, and "
+            raise errors.SandboxError("%s is %d bytes: the api transport uploads at most %d bytes in one request, and "
                                 "staged (object storage) transfers are not supported yet; use transport agent"
                                 % (local_path, size, MAX_UPLOAD))
         digest = hashlib.sha256()
@@ -388,28 +385,29 @@ class ApiRoadClient:
                 conn, resp = self._send("POST", "/workspace/upload", f, {
                     "Content-Type": "application/octet-stream", "Content-Length": str(size),
                     "X-Content-Sha256": digest.hexdigest()}, query=query)
-            except HttpFailure as e:
+            except errors.HttpRefused as e:
                 raise self._transfer_error(e, remote_path, verb) from e
             except (OSError, http.client.HTTPException) as e:
-                raise ac.AgentUnavailable("lost the connection to session %s while trying to %s %s: %s"
+                raise errors.GuestUnavailable("lost the connection to session %s while trying to %s %s: %s"
                                           % (self.label, verb, remote_path, e)) from e
         try:
             doc = json.loads(resp.read().decode("utf-8") or "{}")
         except (OSError, http.client.HTTPException, ValueError) as e:
-            raise ac.AgentUnavailable("the upload of %s to session %s got no answer: %s" % (remote_path, self.label, e)) from e
+            raise errors.GuestUnavailable("the upload of %s to session %s got no answer: %s" % (remote_path, self.label, e)) from e
         finally:
             conn.close()
         return int(doc.get("bytes_written", size))
 
     def download(self, remote_path, local_path, chunk_size=COPY_CHUNK):
         """Stream a guest file to local_path; verified against the DOWSSHA1 footer, then renamed into place."""
-        remote_path = profile.check_transfer_path(remote_path, self.scratch_dir, what="download source")
+        with errors.path_rules():
+            remote_path = profile.check_transfer_path(remote_path, self.scratch_dir, what="download source")
         try:
             conn, resp = self._send("GET", "/workspace/download", query={"path": remote_path, "as_archive": "false"})
-        except HttpFailure as e:
+        except errors.HttpRefused as e:
             raise self._transfer_error(e, remote_path, "download") from e
         except (OSError, http.client.HTTPException) as e:
-            raise ac.AgentUnavailable("cannot download %s from session %s: %s" % (remote_path, self.label, e)) from e
+            raise errors.GuestUnavailable("cannot download %s from session %s: %s" % (remote_path, self.label, e)) from e
         local_dir = os.path.dirname(os.path.abspath(local_path))
         fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(local_path)[:40], suffix=".part", dir=local_dir)
         try:
@@ -427,15 +425,15 @@ class ApiRoadClient:
                             digest.update(body)
                             size += len(body)
                 except (OSError, http.client.HTTPException) as e:
-                    raise ac.AgentUnavailable("the download of %s from session %s was cut: %s; nothing was written "
+                    raise errors.GuestUnavailable("the download of %s from session %s was cut: %s; nothing was written "
                                               "to %s" % (remote_path, self.label, e, local_path)) from e
             footer_ok = (len(tail) == FOOTER_BYTES and tail.startswith(FOOTER_MAGIC) and tail.endswith(b"\n")
                          and all(c in b"0123456789abcdef" for c in tail[8:72]))
             if not footer_ok:
-                raise ac.AgentUnavailable("the download of %s from session %s ended without its integrity footer: the "
+                raise errors.GuestUnavailable("the download of %s from session %s ended without its integrity footer: the "
                                           "transfer was cut; nothing was written to %s" % (remote_path, self.label, local_path))
             if tail[8:72].decode() != digest.hexdigest():
-                raise ac.ChecksumMismatch("the download of %s from session %s failed its sha256 check; nothing was "
+                raise errors.ChecksumMismatch("the download of %s from session %s failed its sha256 check; nothing was "
                                           "written to %s" % (remote_path, self.label, local_path))
             os.chmod(tmp, 0o666 & ~ac._current_umask())  # like any new file, not mkstemp's 0600
             os.replace(tmp, local_path)
@@ -474,8 +472,7 @@ class NoWarm:
     """The api road has no warm module runner (it needs a long-lived stdin): the worker runs modules cold."""
 
     def get(self, interpreter, core=""):
-        from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
-        raise module_runners.Refused("the api transport has no warm runner")
+        raise errors.WarmRefused("the api transport has no warm runner")
 
     def any_alive(self):
         """No runner to do a task's tmp dir commands either: the worker runs them in a shell."""

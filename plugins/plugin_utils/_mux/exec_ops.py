@@ -13,10 +13,8 @@ from __future__ import annotations
 import socket
 import threading
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import errors
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
 
 DEADLINE_GRACE = 30.0          # client deadline beyond the agent's own command timeout
 
@@ -29,10 +27,10 @@ def op_exec(link, conn, req: dict) -> None:
         call, feed = link.agent.exec_stream(req["argv"], env=req.get("env"), workdir=req.get("workdir") or "",
                                             timeout=timeout, deadline=(timeout + DEADLINE_GRACE) if timeout else None,
                                             hold_stdin=bool(req.get("hold_stdin")))
-    except errors.EXPECTED as e:
+    except errors.SandboxError as e:
         # answer first (the worker may hold stdin back), then drain its stdin up to STDIN_EOF
         # so that the next request on this connection is read as a request
-        mp.send_frame(conn, mp.ERROR, link.explain(e))
+        mp.send_frame(conn, mp.ERROR, link.report(e))
         drain_stdin(conn)
         return
     done = threading.Event()
@@ -40,7 +38,8 @@ def op_exec(link, conn, req: dict) -> None:
     reader.start()
     # the worker may hold stdin back (a become password prompt), so the final frame goes out
     # before waiting for its STDIN_EOF
-    final = (mp.ERROR, {"kind": mp.ERR_LOST, "message": "the command on session %s ended without a status" % link.label})
+    final = (mp.ERROR, link.report(errors.CommandLost("the command on session %s ended without a status: it is not re-run"
+                                                      % link.label)))
     try:
         for kind, data in link.agent.iter_exec(call, feed):
             if kind == "stdout":
@@ -53,8 +52,8 @@ def op_exec(link, conn, req: dict) -> None:
     except OSError:
         call.cancel()  # the worker went away (task timeout, ^C): stop the command
         raise
-    except ac.AgentError as e:
-        final = (mp.ERROR, link.explain(e))
+    except errors.SandboxError as e:
+        final = (mp.ERROR, link.report(e))
     done.set()
     mp.send_frame(conn, *final)
     reader.join()
@@ -82,11 +81,11 @@ def op_warm(link, conn, req: dict) -> str | None:
         link.runs.ensure(req.get("run"))
         runner = link.warm.get(req["interpreter"], req.get("core") or "")
         rid, events = runner.submit(req.get("env") or {}, bytes(payload))
-    except module_runners.Refused as e:
-        mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_WARM, "message": str(e)})
+    except errors.WarmRefused as e:
+        mp.send_frame(conn, mp.ERROR, e.to_frame())
         return "warm_refused"
-    except errors.EXPECTED as e:
-        mp.send_frame(conn, mp.ERROR, link.explain(e))
+    except errors.SandboxError as e:
+        mp.send_frame(conn, mp.ERROR, link.report(e))
         return "warm_failed"
     done = threading.Event()
 
@@ -114,15 +113,15 @@ def op_warm(link, conn, req: dict) -> str | None:
                 return
             elif kind == "refuse" or not started:
                 done.set()
-                mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_WARM, "message": data})
+                mp.send_frame(conn, mp.ERROR, errors.WarmRefused(data).to_frame())
                 return "warm_refused"
             else:
                 done.set()
                 lost = errors.CommandLost("the warm module runner on session %s died during the task (%s): "
                                           "the module was lost (it may have partly run; it is not re-run)"
                                           % (link.label, data))
-                mp.send_frame(conn, mp.ERROR, link.explain(lost))
-                return
+                mp.send_frame(conn, mp.ERROR, link.report(lost))
+                return None
     except OSError:
         runner.kill(rid)
         raise
@@ -176,18 +175,18 @@ def op_tmp(link, conn, req: dict) -> str:
     try:
         link.ensure_ready()
         link.runs.ensure(req.get("run"))
-        done = link.warm.any_alive().tmp(req["tmp"])
-    except module_runners.Refused as e:
-        mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_WARM, "message": str(e)})
+        runner = link.warm.any_alive()
+        try:
+            done = runner.tmp(req["tmp"])
+        except errors.CommandLost as e:
+            raise errors.CommandLost("the warm module runner on session %s died during a task tmp dir command (%s): "
+                                     "it is not re-run" % (link.label, e)) from e
+    except errors.WarmRefused as e:
+        mp.send_frame(conn, mp.ERROR, e.to_frame())
         return "tmp_refused"
-    except module_runners.Lost as e:
-        lost = errors.CommandLost("the warm module runner on session %s died during a task tmp dir command (%s): "
-                                  "it is not re-run" % (link.label, e))
-        mp.send_frame(conn, mp.ERROR, link.explain(lost))
-        return "tmp_lost"
-    except errors.EXPECTED as e:
-        mp.send_frame(conn, mp.ERROR, link.explain(e))
-        return "tmp_failed"
+    except errors.SandboxError as e:
+        mp.send_frame(conn, mp.ERROR, link.report(e))
+        return "tmp_lost" if isinstance(e, errors.CommandLost) else "tmp_failed"
     if done.get("stdout"):
         mp.send_frame(conn, mp.STDOUT, done["stdout"].encode("utf-8", "surrogateescape"))
     if done.get("stderr"):

@@ -20,6 +20,7 @@ import struct
 import threading
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import core_compat
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import module_runner as wr
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import source_of
 
@@ -45,14 +46,6 @@ def runner_argv(interpreter):
 
 def runner_source() -> str:
     return source_of(wr)
-
-
-class Refused(Exception):
-    """The request was not started: run it cold."""
-
-
-class Lost(Exception):
-    """The runner went away with the request under way: it may have partly run."""
 
 
 class WarmRunner:
@@ -82,7 +75,7 @@ class WarmRunner:
         self.pending.pop(0, None)
         if event[0] != "ready":
             self.stop()
-            raise Refused("the warm runner could not start with %s: %s" % (self.interpreter, event[1]))
+            raise errors.WarmRefused("the warm runner could not start with %s: %s" % (self.interpreter, event[1]))
         self.info = event[1]
         self.alive = True
         log.info("session %s: warm runner for %s started in the guest (python %s, pid %s)", self.agent.label, self.interpreter,
@@ -186,7 +179,7 @@ class WarmRunner:
         q = queue.Queue()
         with self.lock:
             if not self.alive:
-                raise Refused("the warm runner is not running")
+                raise errors.WarmRefused("the warm runner is not running")
             rid = self.next_id
             self.next_id += 1
             self.pending[rid] = q
@@ -195,7 +188,7 @@ class WarmRunner:
     def tmp(self, op):
         """Have the runner do a task tmp dir op (core_compat.tmp_op) -> {"rc", "stdout", "stderr"}.
 
-        Refused: nothing to undo, run the command in a shell. Lost: the runner died under it.
+        WarmRefused: nothing to undo, run the command in a shell. CommandLost: the runner died under it.
         """
         rid, q = self._new_request()
         self._send(rid, wr.TMP, json.dumps(op).encode("utf-8"))
@@ -203,12 +196,12 @@ class WarmRunner:
             kind, data = q.get(timeout=TMP_TIMEOUT)
         except queue.Empty as e:
             self.pending.pop(rid, None)
-            raise Lost("the warm runner did not answer within %ds" % TMP_TIMEOUT) from e
+            raise errors.CommandLost("the warm runner did not answer within %ds" % TMP_TIMEOUT) from e
         if kind == "done":
             return data
         if kind == "refuse":
-            raise Refused(data)
-        raise Lost(data)
+            raise errors.WarmRefused(data)
+        raise errors.CommandLost(data)
 
     def kill(self, rid):
         if self.alive:
@@ -238,7 +231,7 @@ class WarmRunners:
     def get(self, interpreter, core=""):
         with self.lock:
             if interpreter in self.broken:
-                raise Refused(self.broken[interpreter])
+                raise errors.WarmRefused(self.broken[interpreter])
             runner = self.runners.get((interpreter, core))
             if runner is not None and runner.alive:
                 return runner
@@ -247,7 +240,7 @@ class WarmRunners:
             runner = WarmRunner(self.agent, interpreter)
             try:
                 runner.start()
-            except Refused as e:
+            except errors.WarmRefused as e:
                 self.broken[interpreter] = str(e)
                 raise
             self.runners[(interpreter, core)] = runner
@@ -259,7 +252,7 @@ class WarmRunners:
             for runner in self.runners.values():
                 if runner.alive:
                     return runner
-        raise Refused("no warm runner is running in this session yet")
+        raise errors.WarmRefused("no warm runner is running in this session yet")
 
     def stop(self):
         with self.lock:

@@ -15,6 +15,7 @@ import posixpath
 import threading
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.core_compat import TASK_TMP
 
@@ -44,7 +45,8 @@ class RunDirs:
             rlock = self.run_locks.setdefault(run_id, threading.Lock())
         with rlock:
             if run_id not in self.runs:
-                run_dir = profile.check_scratch_dir(run["dir"], what="run TMPDIR")
+                with errors.path_rules():
+                    run_dir = profile.check_scratch_dir(run["dir"], what="run TMPDIR")
                 self.link.guest('mkdir -p -- "$1" && chmod 1777 -- "$1"', run_dir)
                 self.runs[run_id] = {"pid": run.get("pid"), "start": run.get("start"), "dir": run_dir}
                 log.info("session %s: run %s: TMPDIR %s created", self.link.label, run_id, run_dir)

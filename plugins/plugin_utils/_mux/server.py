@@ -18,7 +18,7 @@ The jobs live in their own modules, all running in this process:
     _mux/run_dirs.py       runs and their TMPDIRs
     transfer_ops.py  put / fetch / put_archive and staging
     exec_ops.py       exec and warm: command streaming
-    _mux/errors.py     the error vocabulary (ERROR frame kinds)
+    _shared/errors.py  the error vocabulary (one family of exceptions, each with its ERROR frame kind)
 
 Run as: python -m ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.server
 """
@@ -39,8 +39,8 @@ import threading
 import time
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import exec_ops
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import transfer_ops
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import tunnel as tunnel_mod
@@ -174,7 +174,7 @@ class MuxServer:
             return link
 
     def close_link(self, link: SessionLink, why: str, clean: bool = True,
-                   because: errors.MuxFailure | None = None) -> None:
+                   because: errors.SandboxError | None = None) -> None:
         with self.lock:
             if self.links.get(link.key) is link:
                 del self.links[link.key]
@@ -191,7 +191,7 @@ class MuxServer:
                 return link
             except LinkClosed:
                 continue  # closed (idle, reset) between lookup and use: take a fresh one
-            except errors.MuxFailure as e:
+            except errors.SandboxError as e:
                 self.close_link(link, "could not open: %s" % e, clean=False, because=e)
                 raise
 
@@ -263,8 +263,7 @@ class MuxServer:
                     return
                 kind, req = frame
                 if kind != mp.REQUEST:
-                    mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_PROTOCOL,
-                                                   "message": "expected a request, got frame %d" % kind})
+                    mp.send_frame(conn, mp.ERROR, errors.ProtocolMismatch("expected a request, got frame %d" % kind).to_frame())
                     return
                 with self.lock:
                     self.last_activity = time.monotonic()
@@ -292,12 +291,11 @@ class MuxServer:
             try:
                 cfg = SessionConfig.from_wire(req.get("session") or {})
                 link = self.attach(cfg)
-            except mp.ProtocolError as e:
-                mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_PROTOCOL, "message": str(e)})
+            except errors.ProtocolMismatch as e:
+                mp.send_frame(conn, mp.ERROR, e.to_frame())
                 return False
-            except errors.EXPECTED as e:
-                kind, message = errors.classify(e)
-                mp.send_frame(conn, mp.ERROR, {"kind": kind, "message": message})
+            except errors.SandboxError as e:
+                mp.send_frame(conn, mp.ERROR, e.to_frame())
                 return None
             mp.send_frame(conn, mp.RESULT, {"pid": os.getpid(), "session_id": link.session_id, "label": link.label,
                                             "generation": link.generation, "version": mp.PROTOCOL_VERSION})
@@ -318,18 +316,17 @@ class MuxServer:
             threading.Thread(target=self.stop, daemon=True).start()
             return False
         if op not in STREAM_OPS and op not in RESULT_OPS:
-            mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_PROTOCOL, "message": "unknown op %r" % op})
+            mp.send_frame(conn, mp.ERROR, errors.ProtocolMismatch("unknown op %r" % op).to_frame())
             return None
         if link is None:
-            mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_PROTOCOL, "message": "op %r before attach" % op})
+            mp.send_frame(conn, mp.ERROR, errors.ProtocolMismatch("op %r before attach" % op).to_frame())
             return False
         while True:
             if link.closed.is_set():  # reset, idle-closed or gone since the attach: a fresh link, or why not
                 try:
                     link = self.attach(link.cfg)
-                except errors.EXPECTED as e:
-                    kind, message = errors.classify(e)
-                    mp.send_frame(conn, mp.ERROR, {"kind": kind, "message": message})
+                except errors.SandboxError as e:
+                    mp.send_frame(conn, mp.ERROR, e.to_frame())
                     if op in STREAM_OPS:
                         exec_ops.drain_stdin(conn)  # keep the connection in step
                     return None
@@ -346,8 +343,8 @@ class MuxServer:
         else:
             try:
                 result = RESULT_OPS[op](link, req)
-            except errors.EXPECTED as e:
-                mp.send_frame(conn, mp.ERROR, link.explain(e))
+            except errors.SandboxError as e:
+                mp.send_frame(conn, mp.ERROR, link.report(e))
                 outcome = op + "_failed"
             else:
                 mp.send_frame(conn, mp.RESULT, result)
@@ -373,7 +370,7 @@ def main() -> int:
                         format="%(asctime)s mux[%(process)d] %(levelname)s %(message)s")
     problem = missing_requirements()
     if problem:
-        sys.stdout.write(json.dumps({"ok": False, "kind": mp.ERR_UNREACHABLE, "message": problem}) + "\n")
+        sys.stdout.write(json.dumps(dict(errors.Unreachable(problem).to_frame(), ok=False)) + "\n")
         return 1
     server = MuxServer(cfg)
     signal.signal(signal.SIGTERM, lambda *_signal_args: threading.Thread(target=server.stop, daemon=True).start())
@@ -381,8 +378,8 @@ def main() -> int:
     try:
         server.listen()
     except OSError as e:
-        reply = {"ok": False, "kind": mp.ERR_UNREACHABLE, "message": "the connection multiplexer cannot listen on %s: %s"
-                 % (server.socket_path, e)}
+        reply = dict(errors.Unreachable("the connection multiplexer cannot listen on %s: %s"
+                                        % (server.socket_path, e)).to_frame(), ok=False)
     else:
         reply = {"ok": True, "pid": os.getpid()}
     sys.stdout.write(json.dumps(reply) + "\n")

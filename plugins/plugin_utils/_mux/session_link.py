@@ -22,10 +22,9 @@ from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, WaitTimeout
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_road
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import errors
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.http_stdlib import stdlib_open
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import SessionConfig
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.run_dirs import RunDirs
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.tunnel import Tunnel
@@ -34,6 +33,12 @@ grpc = ac.grpc
 log = logging.getLogger("microvm.mux")
 
 SESSION_CHECK_INTERVAL = 10.0  # REST check that the session still exists
+
+# Exit codes of the mux's own helper scripts in the guest (guest()) that say what went wrong, so a kind is
+# never picked from the words a guest's tools print (another language, another coreutils, a hostile guest).
+RC_NOT_FOUND = 3
+RC_DENIED = 4
+HELPER_EXIT_CODES: dict[int, type[errors.SandboxError]] = {RC_NOT_FOUND: errors.NotFound, RC_DENIED: errors.Denied}
 
 
 class LinkClosed(Exception):
@@ -61,7 +66,7 @@ class SessionLink:
         self.opened = False
         self.closed = threading.Event()   # set: no new request is taken
         self.torn_down = False
-        self.closed_because: errors.MuxFailure | None = None  # why a closed link refuses requests
+        self.closed_because: errors.SandboxError | None = None  # why a closed link refuses requests
         self.open_lock = threading.Lock()
         self.ready_lock = threading.Lock()
         self.lock = threading.Lock()
@@ -96,7 +101,10 @@ class SessionLink:
         auto = self.cfg.transport == "auto"
         if auto:
             self.wake_if_paused()  # a paused session is woken first, so its quiet agent is not mistaken for none
-        os.makedirs(self.socket_dir, mode=0o700, exist_ok=True)
+        try:
+            os.makedirs(self.socket_dir, mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise errors.Unreachable("cannot make the tunnel directory %s: %s" % (self.socket_dir, e)) from e
         self.tunnel = Tunnel(self.cfg.api_url, self.cfg.prefix, self.session_id, self.cfg.token,
                              port=self.cfg.agent_port, label=self.label, connect_timeout=self.cfg.connect_timeout,
                              validate_certs=self.cfg.validate_certs, socket_dir=self.socket_dir)
@@ -106,7 +114,7 @@ class SessionLink:
         self.warm = module_runners.WarmRunners(self.agent)
         try:
             self.ensure_ready(limit=api_road.AUTO_PROBE_SECONDS if auto else None)
-        except errors.MuxFailure as e:
+        except errors.SandboxError as e:
             self._teardown()
             if not auto or isinstance(e, errors.SessionGone):
                 raise
@@ -115,7 +123,7 @@ class SessionLink:
             return False
         return True
 
-    def close(self, why: str, clean: bool = True, because: errors.MuxFailure | None = None) -> None:
+    def close(self, why: str, clean: bool = True, because: errors.SandboxError | None = None) -> None:
         """Close this link only: its warm runners, channel and tunnel. With clean, reap ended runs first."""
         with self.lock:
             if self.torn_down:
@@ -272,43 +280,46 @@ class SessionLink:
                                              "(option connect_timeout)%s" % (self.label, int(self.cfg.connect_timeout),
                                                                              last))
 
-    def explain(self, e: BaseException) -> dict:
-        """The ERROR payload of a failure on this session; a lost stream is explained by the session's state.
+    def report(self, e: errors.SandboxError) -> dict[str, str]:
+        """The ERROR payload of a failure on this session.
 
-        A gone session also closes this link (only this one).
+        A lost stream keeps its kind (it is never re-run, whatever the cause) and gets what the session's
+        state and the tunnel know appended (`session box (id) is DESTROYED`). A gone session also closes
+        this link (only this one).
         """
-        kind, message = errors.classify(e)
-        if kind == mp.ERR_LOST:
+        gone = e if isinstance(e, errors.SessionGone) else None
+        if isinstance(e, errors.CommandLost):
             try:
                 self.check_session()
+            except errors.SessionGone as why:
+                gone, e = why, e.with_context(str(why))
             except errors.Unreachable as why:
-                kind, message = why.kind, "%s; %s" % (message, why)
+                e = e.with_context(str(why))
             else:
                 recent = self.tunnel.errors_since(time.monotonic() - 60) if self.tunnel else []
                 if recent:
-                    message += "; tunnel: %s" % recent[-1]
-        if kind == mp.ERR_GONE:
+                    e = e.with_context("tunnel: %s" % recent[-1])
+        if gone is not None:
             threading.Thread(target=self.close, args=("the session is gone",),
-                             kwargs={"clean": False, "because": errors.SessionGone(message)}, daemon=True).start()
-        return {"kind": kind, "message": message}
+                             kwargs={"clean": False, "because": gone}, daemon=True).start()
+        return e.to_frame()
 
     # -- helpers in the guest ------------------------------------------------------------------
     def guest(self, script: str, *args: str) -> ac.ExecResult:
-        """Run a small sh script in the guest (the mux's own helpers); raise on failure."""
+        """Run a small sh script in the guest (the mux's own helpers); raise on failure.
+
+        The script says what failed by its exit code: RC_NOT_FOUND, RC_DENIED (HELPER_EXIT_CODES); any
+        other code is a plain failure with the script's stderr as its message.
+        """
         self.ensure_ready()
         result = self.agent.exec(["/bin/sh", "-c", script, "sh"] + list(args), deadline=self.cfg.connect_timeout + 60)
         if result.exit_code != 0:
             err = result.stderr.decode("utf-8", "replace").strip()
-            kind = mp.ERR_FAILED
-            if "No such file" in err:
-                kind = mp.ERR_NOT_FOUND
-            elif "Permission denied" in err:
-                kind = mp.ERR_DENIED
-            raise errors.GuestCommandFailed(err or "exit code %d" % result.exit_code, kind)
+            raise HELPER_EXIT_CODES.get(result.exit_code, errors.SandboxError)(err or "exit code %d" % result.exit_code)
         return result
 
     # -- housekeeping (the mux's watch thread calls this every second or so) ---------------------
-    def maintain(self, now: float) -> tuple[str, bool, errors.MuxFailure | None] | None:
+    def maintain(self, now: float) -> tuple[str, bool, errors.SandboxError | None] | None:
         """Reap ended runs, check the session now and then.
 
         Returns None, or why to close the link: (reason, clean, the error later requests get).

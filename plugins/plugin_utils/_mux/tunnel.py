@@ -11,7 +11,7 @@ WebSocket. Pings every 30 s keep edges from cutting an idle tunnel.
 
 The bytes of a failed dial never reach the local peer (gRPC just sees a
 closed connection), so the tunnel keeps the last failure as a clear
-TunnelError naming the session; the caller reads it with `errors_since()`.
+TunnelFailure (_shared/errors.py) naming the session; the caller reads it with `errors_since()`.
 """
 
 import asyncio
@@ -20,10 +20,10 @@ import shutil
 import ssl
 import tempfile
 import threading
-import time
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import advice, profile
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.frames import socket_path as short_socket_path
 
 try:
@@ -40,15 +40,7 @@ READ_SIZE = 1024 * 1024
 USER_AGENT = "microvm.sandbox-tunnel/0.1"
 
 
-class TunnelError(Exception):
-    """A port-forward dial or connection failed. `fatal` means retrying cannot help."""
-
-    def __init__(self, message, status=None, close_code=None, fatal=False):
-        super().__init__(message)
-        self.status = status
-        self.close_code = close_code
-        self.fatal = fatal
-        self.at = time.monotonic()
+TunnelError = errors.TunnelFailure  # the old name, for code written against it
 
 
 def ws_url(api_url, prefix, session_id, port):
@@ -62,7 +54,7 @@ def ws_url(api_url, prefix, session_id, port):
     return urlunsplit((scheme, parts.netloc, path, "", ""))
 
 
-def status_error(status: int, label: str, port: int) -> "TunnelError":
+def status_error(status: int, label: str, port: int) -> errors.TunnelFailure:
     """The pre-upgrade HTTP status of a port-forward dial, as a clear error.
 
     What happened and what to do come from the one table (module_utils/advice.py), so the same
@@ -74,24 +66,24 @@ def status_error(status: int, label: str, port: int) -> "TunnelError":
     text = "%s (HTTP %d, opening the port-forward to session %s). %s" % (advice.capitalize(happened), status, label, todo)
     # 404, 401, 403 and other client errors do not go away by trying again; 502 (guest not listening yet), 5xx,
     # 408 and 429 may.
-    return TunnelError(text, status=status, fatal=400 <= status < 500 and status not in (408, 429))
+    return errors.TunnelFailure(text, status=status, fatal=400 <= status < 500 and status not in (408, 429))
 
 
 def close_error(code, reason, label, port):
     """A WebSocket close code of the port-forward, as a clear error (None for a normal close)."""
     why = (": " + reason) if reason else ""
     if code == 4001:
-        return TunnelError("session %s became unavailable (port-forward close code 4001%s): "
+        return errors.TunnelFailure("session %s became unavailable (port-forward close code 4001%s): "
                            "it was paused, deleted or rolled back" % (label, why), close_code=code)
     if code == 4002:
-        return TunnelError("the platform could not dial guest port %d of session %s (close code 4002%s)"
+        return errors.TunnelFailure("the platform could not dial guest port %d of session %s (close code 4002%s)"
                            % (port, label, why), close_code=code)
     if code == 4011:
-        return TunnelError("the port-forward to session %s failed upstream (close code 4011%s)" % (label, why),
+        return errors.TunnelFailure("the port-forward to session %s failed upstream (close code 4011%s)" % (label, why),
                            close_code=code)
     if code in (1000, 1001):
         return None  # the guest hung up: an ordinary end of the connection
-    return TunnelError("the port-forward to session %s closed with code %s%s" % (label, code, why), close_code=code)
+    return errors.TunnelFailure("the port-forward to session %s closed with code %s%s" % (label, code, why), close_code=code)
 
 
 class Tunnel:
@@ -151,7 +143,8 @@ class Tunnel:
         self._thread.start()
         ready.wait()
         if failure:
-            raise failure[0]
+            raise errors.Unreachable("cannot serve the tunnel socket of session %s at %s: %s"
+                                     % (self.label, self.socket_path, failure[0])) from failure[0]
         return self.socket_path
 
     def stop(self):
@@ -198,7 +191,7 @@ class Tunnel:
         except InvalidStatus as e:
             raise status_error(e.response.status_code, self.label, self.port) from e
         except (InvalidHandshake, OSError, asyncio.TimeoutError, WebSocketException) as e:
-            raise TunnelError("cannot open the port-forward to session %s at %s: %s" % (
+            raise errors.TunnelFailure("cannot open the port-forward to session %s at %s: %s" % (
                 self.label, self.url, str(e) or type(e).__name__)) from e
 
     async def _serve(self, reader, writer):
@@ -212,7 +205,7 @@ class Tunnel:
     async def _serve_one(self, reader, writer):
         try:
             ws = await self._dial()
-        except TunnelError as e:
+        except errors.TunnelFailure as e:
             self._record(e)
             writer.close()
             return
@@ -258,4 +251,4 @@ class Tunnel:
         for task in (up, down):
             exc = task.exception() if task.done() and not task.cancelled() else None
             if exc is not None and not isinstance(exc, (ConnectionClosed, ConnectionError)):
-                self._record(TunnelError("the port-forward to session %s broke: %s" % (self.label, exc)))
+                self._record(errors.TunnelFailure("the port-forward to session %s broke: %s" % (self.label, exc)))

@@ -12,6 +12,7 @@ import dataclasses
 import os
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 
 DEFAULT_POOL_SIZE = min(os.cpu_count() or 1, 4)
@@ -69,9 +70,9 @@ class SessionConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise mp.ProtocolError("unknown session settings %s (worker and mux versions differ?)" % ", ".join(unknown))
+            raise errors.ProtocolMismatch("unknown session settings %s (worker and mux versions differ?)" % ", ".join(unknown))
         if not data.get("session") or not data.get("token"):
-            raise mp.ProtocolError("an attach request needs a session and a token")
+            raise errors.ProtocolMismatch("an attach request needs a session and a token")
         return cls(**data)
 
 

@@ -9,6 +9,7 @@ to the mux (stdlib only, like everything on the worker side), so an action plugi
 Exec, an Upload and a Download of the same session side by side.
 """
 
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 
 STDIN_FRAME = 1024 * 1024
@@ -29,14 +30,14 @@ class ExecStream:
                                               "timeout": 0, "run": run, "hold_stdin": True})
         frame = mp.recv_frame(self.sock)
         if frame is None or frame[0] != mp.ACK:
-            raise mp.MuxError(mp.ERR_UNREACHABLE, "the connection multiplexer did not take the command")
+            raise errors.Unreachable("the connection multiplexer did not take the command")
 
     def stdout(self):
-        """Chunks of stdout until the command exits; MuxError when it fails or is lost."""
+        """Chunks of stdout until the command exits; a SandboxError when it fails or is lost."""
         while True:
             frame = mp.recv_frame(self.sock)
             if frame is None:
-                raise mp.MuxError(mp.ERR_LOST, "the connection multiplexer hung up during the command")
+                raise errors.CommandLost("the connection multiplexer hung up during the command")
             kind, payload = frame
             if kind == mp.STDOUT:
                 yield payload
@@ -46,9 +47,9 @@ class ExecStream:
                 self.exit = payload
                 return
             elif kind == mp.ERROR:
-                raise mp.MuxError(payload.get("kind"), payload.get("message"))
+                raise errors.from_frame(payload)
             else:
-                raise mp.MuxError(mp.ERR_PROTOCOL, "unexpected frame %d from the mux" % kind)
+                raise errors.ProtocolMismatch("unexpected frame %d from the mux" % kind)
 
     def write(self, data):
         view = memoryview(data)

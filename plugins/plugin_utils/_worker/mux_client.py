@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import DEFAULT_MAX_OUTPUT, DEFAULT_POOL_SIZE, ProcessConfig
 
@@ -106,7 +107,7 @@ class MuxClient:
             except mp.NotAccepted:
                 self.close()
                 # from None: NotAccepted is a retry signal this message states; ansible-core would append its cause
-                raise mp.MuxError(mp.ERR_UNREACHABLE, "the connection multiplexer closed the connection twice "
+                raise errors.Unreachable("the connection multiplexer closed the connection twice "
                                   "before taking a request; see %s" % os.path.join(self.dir, mp.LOG_NAME)) from None
         return self
 
@@ -121,8 +122,8 @@ class MuxClient:
                 return payload
             self.close()
             if kind == mp.ERROR:
-                raise mp.MuxError(payload.get("kind"), payload.get("message"))
-            raise mp.MuxError(mp.ERR_PROTOCOL, "unexpected frame %d from the mux" % kind)
+                raise errors.from_frame(payload)
+            raise errors.ProtocolMismatch("unexpected frame %d from the mux" % kind)
 
     def _open_socket(self):
         mp.private_dir(self.base_dir)
@@ -202,7 +203,8 @@ class MuxClient:
             pass
         reply = self._read_reply(proc, log_path)
         if not reply.get("ok"):
-            raise mp.MuxError(reply.get("kind") or mp.ERR_UNREACHABLE, reply.get("message") or "the mux failed to start")
+            raise errors.from_frame({"kind": reply.get("kind") or errors.ERR_UNREACHABLE,
+                                     "message": reply.get("message") or "the mux failed to start"})
         self._log("mux pid %s serves %s" % (reply.get("pid"), self.dir))
         # the mux outlives this worker; it is reparented to init when we exit
         proc.returncode = 0
@@ -214,7 +216,7 @@ class MuxClient:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 proc.kill()
-                raise mp.MuxError(mp.ERR_UNREACHABLE, "the connection multiplexer did not start within %ds (see %s)"
+                raise errors.Unreachable("the connection multiplexer did not start within %ds (see %s)"
                                   % (int(self.connect_timeout + PYTHON_START_GRACE), log_path))
             readable = select.select([proc.stdout], [], [], remaining)[0]
             if not readable:
@@ -230,7 +232,7 @@ class MuxClient:
             proc.wait(5)
             # from None: the JSON parser's words on the mux's first line are noise (its log says why it stopped),
             # and ansible-core would append them to the task's message
-            raise mp.MuxError(mp.ERR_UNREACHABLE, "the connection multiplexer exited (code %s) without starting; see %s"
+            raise errors.Unreachable("the connection multiplexer exited (code %s) without starting; see %s"
                               % (proc.returncode, log_path)) from None
 
     def close(self):
@@ -251,11 +253,11 @@ class MuxClient:
         if frame is None:
             raise mp.NotAccepted()
         if frame[0] != mp.ACK:
-            raise mp.MuxError(mp.ERR_PROTOCOL, "expected an acknowledgement from the mux, got frame %d" % frame[0])
+            raise errors.ProtocolMismatch("expected an acknowledgement from the mux, got frame %d" % frame[0])
         while True:
             frame = mp.recv_frame(sock)
             if frame is None:
-                raise mp.MuxError(mp.ERR_LOST, "the connection multiplexer of session %s hung up during the request: "
+                raise errors.CommandLost("the connection multiplexer of session %s hung up during the request: "
                                   "it may have partly run and is not re-run; see %s"
                                   % (self.session.session, os.path.join(self.dir, mp.LOG_NAME)))
             yield frame
@@ -272,7 +274,7 @@ class MuxClient:
             return attempt()
         except mp.NotAccepted:
             # from None: NotAccepted is a retry signal this message states; ansible-core would append its cause
-            raise mp.MuxError(mp.ERR_UNREACHABLE, "the connection multiplexer closed the connection twice "
+            raise errors.Unreachable("the connection multiplexer closed the connection twice "
                               "before taking a request; see %s" % os.path.join(self.dir, mp.LOG_NAME)) from None
 
     def request(self, op, **fields):
@@ -286,10 +288,10 @@ class MuxClient:
                 raise mp.NotAccepted() from e
             for kind, payload in self._frames(self.sock):
                 if kind == mp.ERROR:
-                    raise mp.MuxError(payload.get("kind"), payload.get("message"))
+                    raise errors.from_frame(payload)
                 if kind == mp.RESULT:
                     return payload
-                raise mp.MuxError(mp.ERR_PROTOCOL, "unexpected frame %d from the mux" % kind)
+                raise errors.ProtocolMismatch("unexpected frame %d from the mux" % kind)
         return self._retrying(attempt)
 
     def exec(self, argv, env=None, workdir="", timeout=0, stdin=b"", run=None, interact=None, interact_timeout=0.0):
@@ -358,9 +360,9 @@ class MuxClient:
                 elif kind == mp.EXIT:
                     return payload.get("rc"), bytes(out), bytes(err), payload
                 elif kind == mp.ERROR:
-                    raise mp.MuxError(payload.get("kind"), payload.get("message"))
+                    raise errors.from_frame(payload)
                 else:
-                    raise mp.MuxError(mp.ERR_PROTOCOL, "unexpected frame %d from the mux" % kind)
+                    raise errors.ProtocolMismatch("unexpected frame %d from the mux" % kind)
                 if not state["released"]:
                     try:
                         answer = interact(bytes(out), bytes(err))
@@ -384,7 +386,7 @@ class MuxClient:
         """A command printed more than this task may hold in memory: hang up (the mux stops the command in the
         guest, as for a task timeout) and fail naming the limit and how to change it."""
         self.close()
-        raise mp.MuxError(mp.ERR_FAILED, "the command on session %s printed more than %d bytes (%d held), the most "
+        raise errors.SandboxError("the command on session %s printed more than %d bytes (%d held), the most "
                           "one task keeps in memory (option max_output_bytes of the microvm.sandbox.agent connection: "
                           "MICROVM_MAX_OUTPUT_BYTES or ansible_microvm_max_output_bytes, 0 for no limit); it was "
                           "stopped. Send big output to a file in the sandbox and fetch it instead"
@@ -393,7 +395,7 @@ class MuxClient:
     def warm(self, interpreter, env, payload, run=None, core=""):
         """Run a pipelined module payload in the session's warm runner for (interpreter, core); like exec().
 
-        A MuxError of kind ERR_WARM means the payload was not started: run it cold.
+        WarmRefused means the payload was not started: run it cold.
         """
         request = {"op": "warm", "interpreter": interpreter, "env": env, "run": run, "core": core}
         return self._retrying(lambda: self._exec_once(request, payload, None))
@@ -401,7 +403,7 @@ class MuxClient:
     def tmp(self, op, run=None):
         """A task tmp dir command (core_compat.tmp_op) done by the session's warm runner; like exec().
 
-        A MuxError of kind ERR_WARM means nothing was done: run the command in a shell.
+        WarmRefused means nothing was done: run the command in a shell.
         """
         request = {"op": "tmp", "tmp": op, "run": run}
         return self._retrying(lambda: self._exec_once(request, b"", None))

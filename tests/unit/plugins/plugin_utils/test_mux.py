@@ -12,6 +12,7 @@ from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import server as mux_mod
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import mux_client as mc
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import ProcessConfig, SessionConfig
@@ -105,7 +106,7 @@ def test_interactive_exec_holds_stdin_until_released(served):
 def test_lost_command_is_reported_lost(served):
     agent, client = served[:2]
     agent.mode = "no-exit"
-    with pytest.raises(mp.MuxError) as e:
+    with pytest.raises(errors.CommandLost) as e:
         client.exec(["true"])
     assert e.value.kind == mp.ERR_LOST and "not re-run" in str(e.value)
     agent.mode = None
@@ -124,7 +125,7 @@ def test_put_and_fetch_inside_the_workspace(served, tmp_path):
 
 def test_fetch_of_a_missing_file_is_not_found(served, tmp_path):
     client = served[1]
-    with pytest.raises(mp.MuxError) as e:
+    with pytest.raises(errors.NotFound) as e:
         client.fetch("/workspace/nope", str(tmp_path / "x"))
     assert e.value.kind == mp.ERR_NOT_FOUND
 
@@ -218,7 +219,6 @@ def test_a_mux_dir_too_long_for_a_unix_socket_gets_a_short_private_path(tmp_path
 
 def test_a_failed_session_is_reported_with_its_warnings_not_an_error_text(tmp_path):
     """The session object has no error text (get_session); a FAILED session's documented words are its warnings."""
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import errors
     from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link import SessionLink
 
     class Api:
