@@ -265,3 +265,45 @@ def test_glibc_malloc_trim_is_found_here():
         pytest.skip("not a glibc machine")
     assert mux_mod.MALLOC_TRIM is not None
     assert mux_mod.MALLOC_TRIM(0) in (0, 1)
+
+
+def _every_member():
+    """One instance of every class of the error family, as the mux's code raises them."""
+    family = [errors.SandboxError("plain"), errors.Unreachable("no way in"),
+              errors.TunnelFailure("close code 4001", close_code=4001), errors.SessionGone("box is DESTROYED"),
+              errors.CommandLost("lost"), errors.GuestUnavailable("cut"), errors.NotFound("no such file"),
+              errors.Denied("refused"), errors.PathRefused("outside /workspace"), errors.ChecksumMismatch("sha256"),
+              errors.HttpRefused(500, "HTTP 500"), errors.ProtocolMismatch("unknown op"), errors.WarmRefused("cold")]
+    return family
+
+
+# kind -> the Ansible exception a task gets (the outcomes every path must give: see _worker/outcomes.py)
+ANSIBLE_OF_KIND = {"unreachable": "AnsibleConnectionFailure", "gone": "AnsibleConnectionFailure",
+                   "lost": "AnsibleConnectionFailure", "protocol": "AnsibleConnectionFailure",
+                   "not_found": "AnsibleFileNotFound", "denied": "AnsibleError", "path": "AnsibleError",
+                   "failed": "AnsibleError"}
+
+
+@pytest.mark.parametrize("raised", _every_member(), ids=lambda e: type(e).__name__)
+def test_each_error_reaches_the_task_as_its_kind_through_a_real_mux(served, monkeypatch, raised):
+    """A member raised by an op in the mux crosses the ERROR frame, is rebuilt as its kind's class in the worker,
+    and becomes the Ansible exception of its kind's outcome: one vocabulary end to end."""
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import outcomes
+
+    client, server = served[1:]
+    link = server.links[CFG.key]
+    link.check_session = lambda: {"status": "SESSION_STATUS_READY"}
+
+    def failing_put(link, req):
+        raise raised
+    monkeypatch.setitem(mux_mod.RESULT_OPS, "put", failing_put)
+    with pytest.raises(errors.SandboxError) as e:
+        client.put(__file__, "/workspace/x", run=None)
+    rebuilt = e.value
+    assert type(rebuilt) is errors.CLASS_OF_KIND[raised.kind] and rebuilt.kind == raised.kind
+    assert str(rebuilt) == str(raised)
+    if raised.kind == errors.ERR_WARM:
+        return  # never a task outcome: the connection runs the module cold
+    mapped = outcomes.ansible_error(rebuilt, "microvm.sandbox.agent")
+    assert type(mapped).__name__ == ANSIBLE_OF_KIND[raised.kind]
+    assert str(mapped).startswith("microvm.sandbox.agent: " + str(raised))
