@@ -367,7 +367,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import out
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import (  # noqa: E402
     InteractTimeout, MuxClient, host_tag, run_identity)
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.core_compat import command_argv  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import DEFAULT_POOL_SIZE, SessionConfig  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import DEFAULT_POOL_SIZE, LinkConfig  # noqa: E402
 
 display = Display()
 option_defs.register("connection", __name__, DOCUMENTATION)  # saves core's slow parse in every worker
@@ -558,7 +558,7 @@ class Connection(ConnectionBase):
         problem = profile.token_destination_problem(self.get_option("api_url") or profile.DEFAULT_API_URL, token)
         if problem:
             raise AnsibleConnectionFailure("microvm.sandbox.agent: session %s: %s" % (session, problem))
-        return SessionConfig(session=session, token=token, api_url=self.get_option("api_url"),
+        return LinkConfig(session=session, token=token, api_url=self.get_option("api_url"),
                              prefix=self.get_option("route_prefix"), agent_port=self.get_option("agent_port"),
                              connect_timeout=self.get_option("connect_timeout"), persist=self.get_option("persist"),
                              scratch_dir=self._scratch_dir(), validate_certs=self.get_option("validate_certs"),

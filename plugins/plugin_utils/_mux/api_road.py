@@ -486,8 +486,8 @@ def attach(link) -> None:
     """Give a SessionLink (_mux/session_link.py) the api road: its client and no warm runner."""
     cfg = link.cfg
     link.road = "api"
-    link.agent = ApiRoadClient(cfg.api_url, cfg.prefix, cfg.token, link.session_id, link.label,
+    link.client = ApiRoadClient(cfg.api_url, cfg.prefix, cfg.token, link.session_id, link.label,
                                scratch_dir=cfg.scratch_dir, validate_certs=cfg.validate_certs,
                                connect_timeout=min(cfg.connect_timeout, 30.0))
-    link.warm = NoWarm()
+    link.runners = NoWarm()
     log.info("session %s: using the documented exec and file API (transport %s)", link.label, cfg.transport)

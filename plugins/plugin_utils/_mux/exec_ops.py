@@ -24,7 +24,7 @@ def op_exec(link, conn, req: dict) -> None:
     try:
         link.ensure_ready()
         link.runs.ensure(req.get("run"))
-        call, feed = link.agent.exec_stream(req["argv"], env=req.get("env"), workdir=req.get("workdir") or "",
+        call, feed = link.client.exec_stream(req["argv"], env=req.get("env"), workdir=req.get("workdir") or "",
                                             timeout=timeout, deadline=(timeout + DEADLINE_GRACE) if timeout else None,
                                             hold_stdin=bool(req.get("hold_stdin")))
     except errors.SandboxError as e:
@@ -41,7 +41,7 @@ def op_exec(link, conn, req: dict) -> None:
     final = (mp.ERROR, link.report(errors.CommandLost("the command on session %s ended without a status: it is not re-run"
                                                       % link.label)))
     try:
-        for kind, data in link.agent.iter_exec(call, feed):
+        for kind, data in link.client.iter_exec(call, feed):
             if kind == "stdout":
                 mp.send_frame(conn, mp.STDOUT, data)
             elif kind == "stderr":
@@ -79,7 +79,7 @@ def op_warm(link, conn, req: dict) -> str | None:
     try:
         link.ensure_ready()
         link.runs.ensure(req.get("run"))
-        runner = link.warm.get(req["interpreter"], req.get("core") or "")
+        runner = link.runners.get(req["interpreter"], req.get("core") or "")
         rid, events = runner.submit(req.get("env") or {}, bytes(payload))
     except errors.WarmRefused as e:
         mp.send_frame(conn, mp.ERROR, e.to_frame())
@@ -175,7 +175,7 @@ def op_tmp(link, conn, req: dict) -> str:
     try:
         link.ensure_ready()
         link.runs.ensure(req.get("run"))
-        runner = link.warm.any_alive()
+        runner = link.runners.any_alive()
         try:
             done = runner.tmp(req["tmp"])
         except errors.CommandLost as e:

@@ -6,7 +6,7 @@
 Not to be confused with the guest agent (the gRPC service every command goes through) or the
 session's `agent` field (an AI agent spec).
 
-One WarmRunner per (session, interpreter), held by the session's link over one long-lived
+One ModuleRunner per (session, interpreter), held by the session's link over one long-lived
 Exec stream. Requests carry ids, so several tasks can run at once (each in its
 own fork in the guest). A runner that dies is replaced by the next request; a
 request the runner never started is refused (the worker then runs it cold), one
@@ -48,9 +48,9 @@ def runner_source() -> str:
     return source_of(wr)
 
 
-class WarmRunner:
-    def __init__(self, agent, interpreter):
-        self.agent = agent
+class ModuleRunner:
+    def __init__(self, client, interpreter):
+        self.client = client
         self.interpreter = interpreter
         self.lock = threading.Lock()
         self.pending = {}      # request id -> queue of events
@@ -63,7 +63,7 @@ class WarmRunner:
         self.whole = {}        # request id -> (zip key, the whole RUN body) until the runner answers
 
     def start(self):
-        self.call, self.feed = self.agent.exec_stream(runner_argv(self.interpreter), env={}, workdir="", timeout=0,
+        self.call, self.feed = self.client.exec_stream(runner_argv(self.interpreter), env={}, workdir="", timeout=0,
                                                       deadline=None)
         ready = queue.Queue()
         self.pending[0] = ready
@@ -78,7 +78,7 @@ class WarmRunner:
             raise errors.WarmRefused("the warm runner could not start with %s: %s" % (self.interpreter, event[1]))
         self.info = event[1]
         self.alive = True
-        log.info("session %s: warm runner for %s started in the guest (python %s, pid %s)", self.agent.label, self.interpreter,
+        log.info("session %s: warm runner for %s started in the guest (python %s, pid %s)", self.client.label, self.interpreter,
                  self.info.get("python"), self.info.get("pid"))
 
     def _read(self):
@@ -86,7 +86,7 @@ class WarmRunner:
         stderr = b""
         why = "its stream ended"
         try:
-            for kind, data in self.agent.iter_exec(self.call, self.feed):
+            for kind, data in self.client.iter_exec(self.call, self.feed):
                 if kind == "stderr":
                     stderr = (stderr + data)[-2000:]
                     continue
@@ -111,11 +111,11 @@ class WarmRunner:
             self.pending.clear()
             self.whole.clear()
         if waiting:
-            log.warning("session %s: warm runner for %s ended: %s", self.agent.label, self.interpreter, why)
+            log.warning("session %s: warm runner for %s ended: %s", self.client.label, self.interpreter, why)
         else:
             # Nothing was running in it (the session was deleted, paused or rolled back between tasks): nothing was
             # lost, and the next task starts a new runner. The stream's own error would say a command was lost.
-            log.info("session %s: warm runner for %s ended while no module ran in it", self.agent.label,
+            log.info("session %s: warm runner for %s ended while no module ran in it", self.client.label,
                      self.interpreter)
         for q in waiting:
             q.put(("dead", why))
@@ -217,13 +217,13 @@ class WarmRunner:
             timer.start()
 
 
-class WarmRunners:
+class ModuleRunners:
     """A session's runners, one per (interpreter, controller core version): the payloads of two cores
     differ in their module_utils, so each core's runs preload their own. Interpreters that cannot run
     a runner are remembered."""
 
-    def __init__(self, agent):
-        self.agent = agent
+    def __init__(self, client):
+        self.client = client
         self.lock = threading.Lock()
         self.runners = {}
         self.broken = {}
@@ -237,7 +237,7 @@ class WarmRunners:
                 return runner
             if runner is not None:
                 log.info("warm runner for %s (core %s) died: starting a new one", interpreter, core or "?")
-            runner = WarmRunner(self.agent, interpreter)
+            runner = ModuleRunner(self.client, interpreter)
             try:
                 runner.start()
             except errors.WarmRefused as e:

@@ -44,7 +44,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import err
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import transfer_ops
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import tunnel as tunnel_mod
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import ProcessConfig, SessionConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import ProcessConfig, LinkConfig
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link import LinkClosed, SessionLink
 
 log = logging.getLogger("microvm.mux")
@@ -159,7 +159,7 @@ class MuxServer:
             threading.Thread(target=self.handle, args=(conn,), name="worker", daemon=True).start()
 
     # -- links ----------------------------------------------------------------------------
-    def link_for(self, cfg: SessionConfig) -> SessionLink:
+    def link_for(self, cfg: LinkConfig) -> SessionLink:
         """The open link of this session key, or a new one (opened by its first request)."""
         key = cfg.key
         with self.lock:
@@ -181,7 +181,7 @@ class MuxServer:
             self.last_activity = time.monotonic()
         link.close(why, clean=clean, because=because)
 
-    def attach(self, cfg: SessionConfig) -> SessionLink:
+    def attach(self, cfg: LinkConfig) -> SessionLink:
         """The session's link, opened (resolved, tunnel up, agent answering); a clear MuxFailure otherwise."""
         while True:
             link = self.link_for(cfg)
@@ -289,7 +289,7 @@ class MuxServer:
         op = req.get("op")
         if op == "attach":
             try:
-                cfg = SessionConfig.from_wire(req.get("session") or {})
+                cfg = LinkConfig.from_wire(req.get("session") or {})
                 link = self.attach(cfg)
             except errors.ProtocolMismatch as e:
                 mp.send_frame(conn, mp.ERROR, e.to_frame())

@@ -25,7 +25,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_ro
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.http_stdlib import stdlib_open
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import SessionConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import LinkConfig
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.run_dirs import RunDirs
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.tunnel import Tunnel
 
@@ -48,7 +48,7 @@ class LinkClosed(Exception):
 class SessionLink:
     """The channel to one session's guest agent, shared by every worker attached to it."""
 
-    def __init__(self, cfg: SessionConfig, socket_dir: str, generation: int = 1):
+    def __init__(self, cfg: LinkConfig, socket_dir: str, generation: int = 1):
         self.cfg = cfg
         self.key = cfg.key
         self.generation = generation  # how many links this mux process opened for this key so far
@@ -58,9 +58,10 @@ class SessionLink:
         self.session_id: str | None = None
         self.label = cfg.session
         self.tunnel: Tunnel | None = None
-        self.agent: ac.AgentClient | api_road.ApiRoadClient | None = None
+        # The road's client: the guest agent's gRPC client, or the documented API's (same methods).
+        self.client: ac.AgentClient | api_road.ApiRoadClient | None = None
         self.road = "agent"  # or "api": the documented exec and file API (api_road.attach)
-        self.warm: module_runners.WarmRunners | None = None
+        self.runners: module_runners.ModuleRunners | api_road.NoWarm | None = None  # the warm module runners
         self.runs = RunDirs(self)
         self.state = None
         self.opened = False
@@ -110,8 +111,8 @@ class SessionLink:
                              validate_certs=self.cfg.validate_certs, socket_dir=self.socket_dir)
         self.tunnel.start()
         # A lost stream drops its connection: the agent client then dials through a fresh channel (_dial).
-        self.agent = ac.AgentClient(self._dial(), self.label, self.cfg.scratch_dir, redial=self._dial)
-        self.warm = module_runners.WarmRunners(self.agent)
+        self.client = ac.AgentClient(self._dial(), self.label, self.cfg.scratch_dir, redial=self._dial)
+        self.runners = module_runners.ModuleRunners(self.client)
         try:
             self.ensure_ready(limit=api_road.AUTO_PROBE_SECONDS if auto else None)
         except errors.SandboxError as e:
@@ -119,7 +120,7 @@ class SessionLink:
             if not auto or isinstance(e, errors.SessionGone):
                 raise
             log.info("session %s: the agent port does not answer (%s): falling back to the api road", self.label, e)
-            self.tunnel = self.agent = self.warm = None
+            self.tunnel = self.client = self.runners = None
             return False
         return True
 
@@ -138,11 +139,11 @@ class SessionLink:
         log.info("session %s: link %d closed (%s)", self.label, self.generation, why)
 
     def _teardown(self) -> None:
-        if self.warm is not None:
-            self.warm.stop()
-        if self.agent is not None:
+        if self.runners is not None:
+            self.runners.stop()
+        if self.client is not None:
             with contextlib.suppress(Exception):
-                self.agent.close()
+                self.client.close()
         if self.tunnel is not None:
             self.tunnel.stop()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
@@ -226,7 +227,7 @@ class SessionLink:
 
     @property
     def channel(self):
-        return self.agent.channel if self.agent is not None else None
+        return self.client.channel if self.client is not None else None
 
     def _dial(self):
         """A gRPC channel through the tunnel; its connectivity feeds self.state while it is the agent's."""
@@ -234,7 +235,7 @@ class SessionLink:
         self.state = None
 
         def on_state(state):
-            if self.agent is None or self.agent.channel is channel:
+            if self.client is None or self.client.channel is channel:
                 self.state = state
         channel.subscribe(on_state, try_to_connect=False)
         return channel
@@ -312,7 +313,7 @@ class SessionLink:
         other code is a plain failure with the script's stderr as its message.
         """
         self.ensure_ready()
-        result = self.agent.exec(["/bin/sh", "-c", script, "sh"] + list(args), deadline=self.cfg.connect_timeout + 60)
+        result = self.client.exec(["/bin/sh", "-c", script, "sh"] + list(args), deadline=self.cfg.connect_timeout + 60)
         if result.exit_code != 0:
             err = result.stderr.decode("utf-8", "replace").strip()
             raise HELPER_EXIT_CODES.get(result.exit_code, errors.SandboxError)(err or "exit code %d" % result.exit_code)

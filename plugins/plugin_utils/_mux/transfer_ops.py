@@ -66,12 +66,12 @@ def op_put(link: SessionLink, req: dict[str, Any]) -> dict[str, Any]:
     if profile.is_within(remote):
         try:
             with _controller_file(local):
-                return {"bytes": link.agent.upload(local, remote), "staged": False}
+                return {"bytes": link.client.upload(local, remote), "staged": False}
         except errors.Denied:
             pass  # a symlink inside the workspace pointing outside it: stage instead
     stage = _stage_name(_stage_dir(link, req, remote), remote)
     with _controller_file(local):
-        written = link.agent.upload(local, stage)
+        written = link.client.upload(local, stage)
     try:
         link.guest(PUT_STAGED, stage, remote)
     except errors.NotFound as e:
@@ -89,7 +89,7 @@ def op_put_archive(link: SessionLink, req: dict[str, Any]) -> dict[str, Any]:
         raise errors.NotFound("local archive %s to upload does not exist" % local)
     link.ensure_ready()
     with _controller_file(local):
-        return {"bytes": link.agent.upload(local, remote, is_archive=True), "staged": False}
+        return {"bytes": link.client.upload(local, remote, is_archive=True), "staged": False}
 
 
 def op_fetch(link: SessionLink, req: dict[str, Any]) -> dict[str, Any]:
@@ -98,7 +98,7 @@ def op_fetch(link: SessionLink, req: dict[str, Any]) -> dict[str, Any]:
     if profile.is_within(remote):
         try:
             with _controller_file(local):
-                return {"bytes": link.agent.download(remote, local), "staged": False}
+                return {"bytes": link.client.download(remote, local), "staged": False}
         except errors.Denied:
             pass
     run_dir = _stage_dir(link, req, remote)
@@ -113,7 +113,7 @@ def op_fetch(link: SessionLink, req: dict[str, Any]) -> dict[str, Any]:
         raise e.rebuild("cannot stage %s from session %s through %s: %s" % (remote, link.label, run_dir, e), e.kind) from e
     try:
         with _controller_file(local):
-            return {"bytes": link.agent.download(stage, local), "staged": True}
+            return {"bytes": link.client.download(stage, local), "staged": True}
     finally:
         try:
             link.guest('rm -f -- "$1"', stage)

@@ -72,24 +72,24 @@ class InteractTimeout(Exception):
 
 
 class MuxClient:
-    """One connection to the mux serving `session`, started on demand and attached to that session."""
+    """One connection to the mux serving the session of `cfg`, started on demand and attached to that session."""
 
-    def __init__(self, base_dir, session, pool_size=DEFAULT_POOL_SIZE, log=None, max_output=DEFAULT_MAX_OUTPUT):
-        self.session = session  # a SessionConfig
+    def __init__(self, base_dir, cfg, pool_size=DEFAULT_POOL_SIZE, log=None, max_output=DEFAULT_MAX_OUTPUT):
+        self.cfg = cfg  # a LinkConfig: cfg.session is the platform session's id or name
         self.max_output = max_output  # bytes of one command's stdout + stderr held in memory; 0 = no limit
-        self.key = session.key
+        self.key = cfg.key
         self.base_dir = base_dir
         self.slot = mp.pool_slot(self.key, pool_size)
         self.dir = mp.process_dir(base_dir, self.slot)
         self.socket_path = mp.socket_path(self.dir)
-        self.connect_timeout = float(session.connect_timeout)
+        self.connect_timeout = float(cfg.connect_timeout)
         self._log = log or (lambda msg: None)
         self.sock = None
         self.attached = None  # the mux's answer to attach: pid, session_id, label, generation
         self.started = False  # True when this client started the mux
 
     def __repr__(self):
-        return "MuxClient(%r, %r)" % (self.socket_path, self.session)
+        return "MuxClient(%r, %r)" % (self.socket_path, self.cfg)
 
     # -- connecting --------------------------------------------------------------
     def connect(self):
@@ -113,7 +113,7 @@ class MuxClient:
 
     def _attach(self):
         try:
-            mp.send_frame(self.sock, mp.REQUEST, {"op": "attach", "session": self.session.to_wire()})
+            mp.send_frame(self.sock, mp.REQUEST, {"op": "attach", "session": self.cfg.to_wire()})
         except (BrokenPipeError, ConnectionResetError) as e:
             raise mp.NotAccepted() from e
         for kind, payload in self._frames(self.sock):
@@ -259,7 +259,7 @@ class MuxClient:
             if frame is None:
                 raise errors.CommandLost("the connection multiplexer of session %s hung up during the request: "
                                   "it may have partly run and is not re-run; see %s"
-                                  % (self.session.session, os.path.join(self.dir, mp.LOG_NAME)))
+                                  % (self.cfg.session, os.path.join(self.dir, mp.LOG_NAME)))
             yield frame
 
     def _retrying(self, attempt):
@@ -390,7 +390,7 @@ class MuxClient:
                           "one task keeps in memory (option max_output_bytes of the microvm.sandbox.agent connection: "
                           "MICROVM_MAX_OUTPUT_BYTES or ansible_microvm_max_output_bytes, 0 for no limit); it was "
                           "stopped. Send big output to a file in the sandbox and fetch it instead"
-                          % (self.session.session, self.max_output, held))
+                          % (self.cfg.session, self.max_output, held))
 
     def warm(self, interpreter, env, payload, run=None, core=""):
         """Run a pipelined module payload in the session's warm runner for (interpreter, core); like exec().

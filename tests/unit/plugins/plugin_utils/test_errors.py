@@ -11,7 +11,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import sessio
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_client import ExecResult
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import SessionConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import LinkConfig
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import outcomes
 
 PLUGINS = pathlib.Path(errors.__file__).resolve().parent.parent.parent
@@ -87,9 +87,9 @@ class OneAnswerAgent:
 
 
 def helper_link(tmp_path, exit_code, stderr):
-    link = session_link.SessionLink(SessionConfig(session="box", token="t"), str(tmp_path))
+    link = session_link.SessionLink(LinkConfig(session="box", token="t"), str(tmp_path))
     link.road = "api"  # ready without a channel
-    link.agent = OneAnswerAgent(exit_code, stderr)
+    link.client = OneAnswerAgent(exit_code, stderr)
     return link
 
 

@@ -15,7 +15,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import mux
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import ProcessConfig, SessionConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import ProcessConfig, LinkConfig
 
 
 class NoTunnel:
@@ -26,7 +26,7 @@ class NoTunnel:
         pass
 
 
-CFG = SessionConfig(session="box", token="s3cr3t", api_url="http://127.0.0.1:9", persist=60)
+CFG = LinkConfig(session="box", token="s3cr3t", api_url="http://127.0.0.1:9", persist=60)
 
 
 def fake_link(server, channel, cfg=CFG):
@@ -34,8 +34,8 @@ def fake_link(server, channel, cfg=CFG):
     link = server.link_for(cfg)
     link.session_id, link.label = "sid-" + cfg.session, "%s (sid-%s)" % (cfg.session, cfg.session)
     link.tunnel = NoTunnel()
-    link.agent = ac.AgentClient(channel, link.label)
-    link.warm = module_runners.WarmRunners(link.agent)
+    link.client = ac.AgentClient(channel, link.label)
+    link.runners = module_runners.ModuleRunners(link.client)
     link.state = grpc.ChannelConnectivity.READY
     link.check_session = lambda: {"status": "SESSION_STATUS_READY"}
     link.opened = True
