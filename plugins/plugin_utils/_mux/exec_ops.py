@@ -10,16 +10,21 @@ whose stream is lost is reported as lost and never re-run; a worker that hangs u
 
 from __future__ import annotations
 
+import queue
 import socket
 import threading
+from typing import TYPE_CHECKING, Any
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 
+if TYPE_CHECKING:  # imported for its name only: session_link imports nothing from here, but keep it one-way
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link import SessionLink
+
 DEADLINE_GRACE = 30.0          # client deadline beyond the agent's own command timeout
 
 
-def op_exec(link, conn, req: dict) -> None:
+def op_exec(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> None:
     timeout = int(req.get("timeout") or 0)
     try:
         link.ensure_ready()
@@ -59,7 +64,7 @@ def op_exec(link, conn, req: dict) -> None:
     reader.join()
 
 
-def op_warm(link, conn, req: dict) -> str | None:
+def op_warm(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> str | None:
     """Run a pipelined module payload in the session's warm module runner (see module_runners.py).
 
     Before any output, a request the runner cannot take is answered with an ERR_WARM error, and
@@ -70,7 +75,7 @@ def op_warm(link, conn, req: dict) -> str | None:
     while True:
         frame = mp.recv_frame(conn)
         if frame is None:
-            return
+            return None
         if frame[0] == mp.STDIN_EOF:
             break
         if frame[0] != mp.STDIN:
@@ -89,7 +94,7 @@ def op_warm(link, conn, req: dict) -> str | None:
         return "warm_failed"
     done = threading.Event()
 
-    def watch_hangup():
+    def watch_hangup() -> None:
         # the worker sends nothing until it has the EXIT: readable before that means it went away
         try:
             if not conn.recv(1, socket.MSG_PEEK) and not done.is_set():
@@ -110,7 +115,7 @@ def op_warm(link, conn, req: dict) -> str | None:
             elif kind == "exit":
                 done.set()
                 mp.send_frame(conn, mp.EXIT, {"rc": data, "timed_out": False, "warm": True})
-                return
+                return None
             elif kind == "refuse" or not started:
                 done.set()
                 mp.send_frame(conn, mp.ERROR, errors.WarmRefused(data).to_frame())
@@ -127,7 +132,7 @@ def op_warm(link, conn, req: dict) -> str | None:
         raise
 
 
-def drain_stdin(conn) -> None:
+def drain_stdin(conn: socket.socket) -> None:
     while True:
         frame = mp.recv_frame(conn)
         if frame is None or frame[0] == mp.STDIN_EOF:
@@ -136,7 +141,7 @@ def drain_stdin(conn) -> None:
             raise mp.ProtocolError("expected stdin, got frame %d" % frame[0])
 
 
-def _pump_stdin(conn, call, feed, done) -> None:
+def _pump_stdin(conn: socket.socket, call: Any, feed: queue.Queue[bytes | None], done: threading.Event) -> None:
     """Forward stdin frames until STDIN_EOF, then watch for the worker hanging up mid-command."""
     try:
         while True:
@@ -164,7 +169,7 @@ def _pump_stdin(conn, call, feed, done) -> None:
         feed.put(None)
 
 
-def op_tmp(link, conn, req: dict) -> str:
+def op_tmp(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> str:
     """A task tmp dir command (core_compat.tmp_op: mkdtemp, chmod, rm) done by a running warm runner.
 
     Answers EXIT with the command's output, or ERR_WARM (nothing to undo: the worker runs the command

@@ -13,11 +13,14 @@ request the runner never started is refused (the worker then runs it cold), one
 it started and then lost is reported as failed and never re-run.
 """
 
+from __future__ import annotations
+
 import json
 import logging
 import queue
 import struct
 import threading
+from typing import Any
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import core_compat
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
@@ -31,14 +34,16 @@ TMP_TIMEOUT = 60.0     # a task tmp dir op is a few syscalls; no answer by then 
 HELD_MAX = 256
 CORE_CONFIG = core_compat.runner_config()
 CORE = wr.CoreConfig(CORE_CONFIG)
+# What a request's queue carries: (kind, data), kind one of ready, started, stdout, stderr, exit, refuse, done, dead.
+Event = tuple[str, Any]
 
 
-def runner_python_argv(interpreter):
+def runner_python_argv(interpreter: str) -> list[str]:
     """`<interpreter> -c <the runner's source> microvm-warm-runner <core config JSON>`."""
     return [interpreter, "-c", runner_source(), wr.MARKER, json.dumps(CORE_CONFIG)]
 
 
-def runner_argv(interpreter):
+def runner_argv(interpreter: str) -> list[str]:
     """The Exec argv that starts a warm runner: through sh, so a missing interpreter is an exit code, not an error."""
     python = runner_python_argv(interpreter)
     return ["/bin/sh", "-c", 'exec "$0" -c "$1" "$2" "$3"', python[0]] + python[2:]
@@ -49,23 +54,23 @@ def runner_source() -> str:
 
 
 class ModuleRunner:
-    def __init__(self, client, interpreter):
-        self.client = client
+    def __init__(self, client: Any, interpreter: str) -> None:
+        self.client = client   # the link's road client (exec_stream, iter_exec)
         self.interpreter = interpreter
         self.lock = threading.Lock()
-        self.pending = {}      # request id -> queue of events
+        self.pending: dict[int, queue.Queue[Event]] = {}  # request id -> queue of events
         self.next_id = 1
-        self.call = None
-        self.feed = None
+        self.call: Any = None
+        self.feed: queue.Queue[bytes | None] | None = None
         self.alive = False
-        self.info = None
-        self.held = set()      # zip keys the runner has taken: later payloads send only a reference
-        self.whole = {}        # request id -> (zip key, the whole RUN body) until the runner answers
+        self.info: dict[str, Any] | None = None
+        self.held: set[str] = set()  # zip keys the runner has taken: later payloads send only a reference
+        self.whole: dict[int, tuple[str | None, bytes]] = {}  # request id -> (zip key, the whole RUN body) until answered
 
-    def start(self):
+    def start(self) -> None:
         self.call, self.feed = self.client.exec_stream(runner_argv(self.interpreter), env={}, workdir="", timeout=0,
                                                       deadline=None)
-        ready = queue.Queue()
+        ready: queue.Queue[Event] = queue.Queue()
         self.pending[0] = ready
         threading.Thread(target=self._read, name="warm-runner", daemon=True).start()
         try:
@@ -81,7 +86,7 @@ class ModuleRunner:
         log.info("session %s: warm runner for %s started in the guest (python %s, pid %s)", self.client.label, self.interpreter,
                  self.info.get("python"), self.info.get("pid"))
 
-    def _read(self):
+    def _read(self) -> None:
         buf = b""
         stderr = b""
         why = "its stream ended"
@@ -120,7 +125,7 @@ class ModuleRunner:
         for q in waiting:
             q.put(("dead", why))
 
-    def _dispatch(self, rid, kind, body):
+    def _dispatch(self, rid: int, kind: int, body: bytes) -> None:
         q = self.pending.get(rid)
         if q is None:
             return
@@ -152,10 +157,12 @@ class ModuleRunner:
             self.pending.pop(rid, None)
             q.put(("done", json.loads(body.decode("utf-8"))))
 
-    def _send(self, rid, kind, body=b""):
+    def _send(self, rid: int, kind: int, body: bytes = b"") -> None:
+        if self.feed is None:
+            raise errors.WarmRefused("the warm runner is not running")
         self.feed.put(wr.HEADER.pack(len(body), rid, kind) + body)
 
-    def submit(self, env, payload):
+    def submit(self, env: dict[str, str], payload: bytes) -> tuple[int, queue.Queue[Event]]:
         """Queue a module run: (request id, event queue).
 
         A payload whose zip the runner already holds goes without it (about 170 KiB less per task);
@@ -175,8 +182,8 @@ class ModuleRunner:
             self._send(rid, wr.RUN, whole)
         return rid, q
 
-    def _new_request(self):
-        q = queue.Queue()
+    def _new_request(self) -> tuple[int, queue.Queue[Event]]:
+        q: queue.Queue[Event] = queue.Queue()
         with self.lock:
             if not self.alive:
                 raise errors.WarmRefused("the warm runner is not running")
@@ -185,7 +192,7 @@ class ModuleRunner:
             self.pending[rid] = q
         return rid, q
 
-    def tmp(self, op):
+    def tmp(self, op: dict[str, Any]) -> dict[str, Any]:
         """Have the runner do a task tmp dir op (core_compat.tmp_op) -> {"rc", "stdout", "stderr"}.
 
         WarmRefused: nothing to undo, run the command in a shell. CommandLost: the runner died under it.
@@ -203,11 +210,11 @@ class ModuleRunner:
             raise errors.WarmRefused(data)
         raise errors.CommandLost(data)
 
-    def kill(self, rid):
+    def kill(self, rid: int) -> None:
         if self.alive:
             self._send(rid, wr.KILL)
 
-    def stop(self):
+    def stop(self) -> None:
         self.alive = False
         if self.feed is not None:
             self.feed.put(None)  # stdin EOF: the runner waits for its children and exits
@@ -222,13 +229,13 @@ class ModuleRunners:
     differ in their module_utils, so each core's runs preload their own. Interpreters that cannot run
     a runner are remembered."""
 
-    def __init__(self, client):
+    def __init__(self, client: Any) -> None:
         self.client = client
         self.lock = threading.Lock()
-        self.runners = {}
-        self.broken = {}
+        self.runners: dict[tuple[str, str], ModuleRunner] = {}
+        self.broken: dict[str, str] = {}  # interpreter -> why it cannot run a runner
 
-    def get(self, interpreter, core=""):
+    def get(self, interpreter: str, core: str = "") -> ModuleRunner:
         with self.lock:
             if interpreter in self.broken:
                 raise errors.WarmRefused(self.broken[interpreter])
@@ -246,7 +253,7 @@ class ModuleRunners:
             self.runners[(interpreter, core)] = runner
             return runner
 
-    def any_alive(self):
+    def any_alive(self) -> ModuleRunner:
         """A running runner of this session (the oldest), for work that needs no particular interpreter."""
         with self.lock:
             for runner in self.runners.values():
@@ -254,7 +261,7 @@ class ModuleRunners:
                     return runner
         raise errors.WarmRefused("no warm runner is running in this session yet")
 
-    def stop(self):
+    def stop(self) -> None:
         with self.lock:
             for runner in self.runners.values():
                 runner.stop()

@@ -13,11 +13,15 @@ from __future__ import annotations
 import logging
 import posixpath
 import threading
+from typing import TYPE_CHECKING
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.core_compat import TASK_TMP
+
+if TYPE_CHECKING:  # session_link imports this module: the name only
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link import SessionLink
 
 log = logging.getLogger("microvm.mux")
 
@@ -27,7 +31,7 @@ STALE_RUN_MINUTES = 24 * 60    # run dirs of other controllers are swept after a
 class RunDirs:
     """The runs one session has seen: run id -> {"pid", "start", "dir"}."""
 
-    def __init__(self, link):
+    def __init__(self, link: SessionLink) -> None:
         self.link = link
         self.runs: dict[str, dict] = {}
         self.lock = threading.Lock()

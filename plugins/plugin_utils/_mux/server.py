@@ -37,6 +37,8 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import exec_ops
@@ -44,7 +46,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import err
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import transfer_ops
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import tunnel as tunnel_mod
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import ProcessConfig, LinkConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import LinkConfig, ProcessConfig
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link import LinkClosed, SessionLink
 
 log = logging.getLogger("microvm.mux")
@@ -54,7 +56,7 @@ EMPTY_LINGER = 3.0            # seconds without links or workers before the proc
 MAINTENANCE_THREADS = 8       # links maintained at once (REST checks, run reaping): one slow session never stalls all
 
 
-def _malloc_trim():
+def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's malloc_trim, or None (another libc).
 
     gRPC's C core and the per-chunk buffers of transfers free memory that glibc keeps in its arenas
@@ -102,7 +104,7 @@ def missing_requirements() -> str | None:
 class MuxServer:
     """The socket server: workers in, one SessionLink per session key, ops dispatched to its link."""
 
-    def __init__(self, cfg: ProcessConfig):
+    def __init__(self, cfg: ProcessConfig) -> None:
         self.cfg = cfg
         self.dir = cfg.dir
         self.socket_path = mp.socket_path(self.dir)
@@ -117,7 +119,7 @@ class MuxServer:
         self.served: collections.Counter = collections.Counter()
         self.served_by_session: dict[str, collections.Counter] = {}
         self.last_activity = time.monotonic()
-        self.listener = None
+        self.listener: socket.socket | None = None
         self.stopped = threading.Event()
         self.maintenance = concurrent.futures.ThreadPoolExecutor(MAINTENANCE_THREADS, thread_name_prefix="maintain")
 
@@ -125,15 +127,15 @@ class MuxServer:
     def listen(self) -> None:
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener = listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)  # the socket is born 0600
         try:
-            self.listener.bind(self.socket_path)
+            listener.bind(self.socket_path)
         finally:
             os.umask(old)
         os.chmod(self.socket_path, 0o600)
-        self.listener.listen(256)
-        self.listener.settimeout(WATCH_INTERVAL)
+        listener.listen(256)
+        listener.settimeout(WATCH_INTERVAL)
         with open(os.path.join(self.dir, mp.PID_NAME), "w") as f:
             f.write(str(os.getpid()))
 
@@ -141,7 +143,9 @@ class MuxServer:
         threading.Thread(target=self.watch, name="watch", daemon=True).start()
         while not self.stopping.is_set():
             try:
-                conn = self.listener.accept()[0]
+                conn = self.listener.accept()[0] if self.listener is not None else None
+                if conn is None:
+                    raise OSError("the mux's socket is not listening")
             except socket.timeout:
                 continue
             except OSError:
@@ -240,10 +244,11 @@ class MuxServer:
             os.unlink(self.socket_path)
         except OSError:
             pass
-        try:
-            self.listener.close()
-        except (OSError, AttributeError):
-            pass
+        if self.listener is not None:
+            try:
+                self.listener.close()
+            except OSError:
+                pass
         threads = [threading.Thread(target=link.close, args=("the mux is stopping",), kwargs={"clean": clean}, daemon=True)
                    for link in links]
         for t in threads:
@@ -254,7 +259,7 @@ class MuxServer:
         self.stopped.set()
 
     # -- one worker connection -----------------------------------------------------------------
-    def handle(self, conn) -> None:
+    def handle(self, conn: socket.socket) -> None:
         link = None
         try:
             while not self.stopping.is_set():
@@ -284,7 +289,7 @@ class MuxServer:
                 self.connections -= 1
                 self.last_activity = time.monotonic()
 
-    def dispatch(self, conn, req: dict, link: SessionLink | None):
+    def dispatch(self, conn: socket.socket, req: dict[str, Any], link: SessionLink | None) -> SessionLink | bool | None:
         """Serve one request: a SessionLink after an attach, False to end the connection, else None."""
         op = req.get("op")
         if op == "attach":
@@ -309,7 +314,8 @@ class MuxServer:
                                             "served_by_session": by_session})
             return None
         if op == "reset":
-            return self.op_reset(conn, req)
+            self.op_reset(conn, req)
+            return None
         if op == "shutdown":
             mp.send_frame(conn, mp.RESULT, {"pid": os.getpid()})
             log.info("shutdown requested")
@@ -337,7 +343,7 @@ class MuxServer:
             except LinkClosed:
                 continue  # nothing was sent for this request yet
 
-    def run_op(self, op: str, link: SessionLink, conn, req: dict) -> None:
+    def run_op(self, op: str, link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> None:
         if op in STREAM_OPS:
             outcome = STREAM_OPS[op](link, conn, req) or op  # a stream op may say how it was served
         else:
@@ -353,7 +359,7 @@ class MuxServer:
             self.served[outcome] += 1
             self.served_by_session.setdefault(link.session_id or link.label, collections.Counter())[outcome] += 1
 
-    def op_reset(self, conn, req: dict) -> None:
+    def op_reset(self, conn: socket.socket, req: dict[str, Any]) -> None:
         """meta: reset_connection: close this session's link only; its next task opens a fresh one."""
         with self.lock:
             link = self.links.get(req.get("key") or "")

@@ -17,6 +17,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, WaitTimeout
@@ -33,6 +34,8 @@ grpc = ac.grpc
 log = logging.getLogger("microvm.mux")
 
 SESSION_CHECK_INTERVAL = 10.0  # REST check that the session still exists
+RoadClient = ac.AgentClient | api_road.ApiRoadClient    # one road's client: the same methods on both
+Runners = module_runners.ModuleRunners | api_road.NoWarm
 
 # Exit codes of the mux's own helper scripts in the guest (guest()) that say what went wrong, so a kind is
 # never picked from the words a guest's tools print (another language, another coreutils, a hostile guest).
@@ -48,7 +51,7 @@ class LinkClosed(Exception):
 class SessionLink:
     """The channel to one session's guest agent, shared by every worker attached to it."""
 
-    def __init__(self, cfg: LinkConfig, socket_dir: str, generation: int = 1):
+    def __init__(self, cfg: LinkConfig, socket_dir: str, generation: int = 1) -> None:
         self.cfg = cfg
         self.key = cfg.key
         self.generation = generation  # how many links this mux process opened for this key so far
@@ -58,12 +61,11 @@ class SessionLink:
         self.session_id: str | None = None
         self.label = cfg.session
         self.tunnel: Tunnel | None = None
-        # The road's client: the guest agent's gRPC client, or the documented API's (same methods).
-        self.client: ac.AgentClient | api_road.ApiRoadClient | None = None
+        self._client: RoadClient | None = None     # see the client property
         self.road = "agent"  # or "api": the documented exec and file API (api_road.attach)
-        self.runners: module_runners.ModuleRunners | api_road.NoWarm | None = None  # the warm module runners
+        self._runners: Runners | None = None
         self.runs = RunDirs(self)
-        self.state = None
+        self.state: grpc.ChannelConnectivity | None = None
         self.opened = False
         self.closed = threading.Event()   # set: no new request is taken
         self.torn_down = False
@@ -78,6 +80,28 @@ class SessionLink:
 
     def __repr__(self) -> str:
         return "SessionLink(%r, generation=%d)" % (self.label, self.generation)
+
+    @property
+    def client(self) -> RoadClient:
+        """The road's client: the guest agent's gRPC client, or the documented API's (same methods)."""
+        if self._client is None:
+            raise errors.Unreachable("the link to session %s is not open" % self.label)
+        return self._client
+
+    @client.setter
+    def client(self, value: RoadClient | None) -> None:
+        self._client = value
+
+    @property
+    def runners(self) -> Runners:
+        """The session's warm module runners (none on the api road)."""
+        if self._runners is None:
+            raise errors.WarmRefused("the link to session %s has no module runner" % self.label)
+        return self._runners
+
+    @runners.setter
+    def runners(self, value: Runners | None) -> None:
+        self._runners = value
 
     # -- opening and closing ------------------------------------------------------------
     def open(self) -> None:
@@ -106,13 +130,13 @@ class SessionLink:
             os.makedirs(self.socket_dir, mode=0o700, exist_ok=True)
         except OSError as e:
             raise errors.Unreachable("cannot make the tunnel directory %s: %s" % (self.socket_dir, e)) from e
-        self.tunnel = Tunnel(self.cfg.api_url, self.cfg.prefix, self.session_id, self.cfg.token,
+        self.tunnel = Tunnel(self.cfg.api_url, self.cfg.prefix, self.session_id or self.cfg.session, self.cfg.token,
                              port=self.cfg.agent_port, label=self.label, connect_timeout=self.cfg.connect_timeout,
                              validate_certs=self.cfg.validate_certs, socket_dir=self.socket_dir)
         self.tunnel.start()
         # A lost stream drops its connection: the agent client then dials through a fresh channel (_dial).
-        self.client = ac.AgentClient(self._dial(), self.label, self.cfg.scratch_dir, redial=self._dial)
-        self.runners = module_runners.ModuleRunners(self.client)
+        client = ac.AgentClient(self._dial(), self.label, self.cfg.scratch_dir, redial=self._dial)
+        self.client, self.runners = client, module_runners.ModuleRunners(client)
         try:
             self.ensure_ready(limit=api_road.AUTO_PROBE_SECONDS if auto else None)
         except errors.SandboxError as e:
@@ -120,7 +144,7 @@ class SessionLink:
             if not auto or isinstance(e, errors.SessionGone):
                 raise
             log.info("session %s: the agent port does not answer (%s): falling back to the api road", self.label, e)
-            self.tunnel = self.client = self.runners = None
+            self.tunnel = self._client = self._runners = None
             return False
         return True
 
@@ -139,11 +163,11 @@ class SessionLink:
         log.info("session %s: link %d closed (%s)", self.label, self.generation, why)
 
     def _teardown(self) -> None:
-        if self.runners is not None:
-            self.runners.stop()
-        if self.client is not None:
+        if self._runners is not None:
+            self._runners.stop()
+        if self._client is not None:
             with contextlib.suppress(Exception):
-                self.client.close()
+                self._client.close()
         if self.tunnel is not None:
             self.tunnel.stop()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
@@ -157,7 +181,7 @@ class SessionLink:
             return True
 
     @contextlib.contextmanager
-    def in_use(self):
+    def in_use(self) -> Iterator[SessionLink]:
         """Count a request in progress, so the link is not closed as idle under it (LinkClosed if it was)."""
         with self.lock:
             if self.closed.is_set():
@@ -226,16 +250,18 @@ class SessionLink:
             raise errors.Unreachable("session %s is %s and could not be made ready: %s" % (self.label, status, e)) from e
 
     @property
-    def channel(self):
-        return self.client.channel if self.client is not None else None
+    def channel(self) -> grpc.Channel | None:
+        return self._client.channel if self._client is not None else None
 
-    def _dial(self):
+    def _dial(self) -> grpc.Channel:
         """A gRPC channel through the tunnel; its connectivity feeds self.state while it is the agent's."""
+        if self.tunnel is None:
+            raise errors.Unreachable("the tunnel to session %s is closed" % self.label)
         channel = ac.open_channel("unix:" + self.tunnel.socket_path)
         self.state = None
 
-        def on_state(state):
-            if self.client is None or self.client.channel is channel:
+        def on_state(state: grpc.ChannelConnectivity) -> None:
+            if self._client is None or self._client.channel is channel:
                 self.state = state
         channel.subscribe(on_state, try_to_connect=False)
         return channel
@@ -256,18 +282,24 @@ class SessionLink:
         """
         if self.road == "api" or self.state == grpc.ChannelConnectivity.READY:
             return
+        tunnel = self.tunnel
+        if tunnel is None:
+            raise errors.Unreachable("the link to session %s is closed" % self.label)
         with self.ready_lock:
             since = time.monotonic()
             deadline = since + (limit or self.cfg.connect_timeout)
             checked = 0.0
             while True:
-                future = grpc.channel_ready_future(self.channel)
+                channel = self.channel  # read each time: a lost stream may have redialled it
+                if channel is None:
+                    raise errors.Unreachable("the link to session %s is closed" % self.label)
+                future = grpc.channel_ready_future(channel)
                 try:
                     future.result(timeout=0.5)
                     return
                 except grpc.FutureTimeoutError:
                     future.cancel()
-                errors_seen = self.tunnel.errors_since(since)
+                errors_seen = tunnel.errors_since(since)
                 now = time.monotonic()
                 if errors_seen and errors_seen[-1].fatal:
                     self.check_session()  # a deleted session is reported as such
