@@ -324,7 +324,7 @@ class AgentClient:
         if line is not None:
             self.drop_connection(line)
         raise errors.CommandLost("the command's output stream on session %s ended without an exit status: "
-                          "the command was lost (it may have partly run; it is not re-run)" % self.label)
+                                 "the command was lost (it may have partly run; it is not re-run)" % self.label)
 
     def _exec_error(self, e):
         code = e.code()
@@ -332,7 +332,7 @@ class AgentClient:
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.CANCELLED,
                     grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.ABORTED):
             return errors.CommandLost("lost the command on session %s: %s (%s); it may have partly run and is not re-run"
-                               % (self.label, details, code.name))
+                                      % (self.label, details, code.name))
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return errors.CommandLost("the command on session %s ran past the client deadline: %s" % (self.label, details))
         return errors.SandboxError("the guest agent refused the command on session %s: %s (%s)" % (self.label, details, code.name))
@@ -411,13 +411,13 @@ class AgentClient:
                     self.drop_connection(line)
             if expected_sha is None:
                 raise errors.GuestUnavailable("the download of %s from session %s ended before its checksum: "
-                                       "the stream was cut; nothing was written to %s" % (remote_path, self.label, local_path))
+                                              "the stream was cut; nothing was written to %s" % (remote_path, self.label, local_path))
             if expected_size >= 0 and size != expected_size:
                 raise errors.ChecksumMismatch("the download of %s from session %s has %d bytes, the agent announced %d; "
-                                       "nothing was written to %s" % (remote_path, self.label, size, expected_size, local_path))
+                                              "nothing was written to %s" % (remote_path, self.label, size, expected_size, local_path))
             if expected_sha and expected_sha.lower() != digest.hexdigest():
                 raise errors.ChecksumMismatch("the download of %s from session %s failed its sha256 check; "
-                                       "nothing was written to %s" % (remote_path, self.label, local_path))
+                                              "nothing was written to %s" % (remote_path, self.label, local_path))
             os.chmod(tmp, 0o666 & ~_current_umask())  # like any new file, not mkstemp's 0600
             os.replace(tmp, local_path)
             tmp = None

@@ -279,7 +279,7 @@ class ApiRoadClient:
             raise errors.GuestUnavailable("cannot reach the API for session %s: %s; nothing was run" % (self.label, e)) from e
         except (OSError, http.client.HTTPException) as e:
             raise errors.CommandLost("lost the command on session %s before its answer: %s; it may have partly run "
-                                 "and is not re-run" % (self.label, e)) from e
+                                     "and is not re-run" % (self.label, e)) from e
         if keep_open:
             self.interactive = True
         call.conn = conn
@@ -309,7 +309,7 @@ class ApiRoadClient:
         except (OSError, http.client.HTTPException, ValueError) as e:
             lost = "%s: %s" % ("cancelled" if call.cancelled.is_set() else "the event stream was cut", e)
         raise errors.CommandLost("lost the command on session %s: %s; it may have partly run and is not re-run"
-                             % (self.label, lost))
+                                 % (self.label, lost))
 
     def _write_stdin(self, call: ApiExec, feed: queue.Queue) -> None:
         """Forward the queue's stdin as offset-keyed writes; a failed write is retried once at its offset."""
@@ -372,8 +372,8 @@ class ApiRoadClient:
         size = os.path.getsize(local_path)
         if size > MAX_UPLOAD:
             raise errors.SandboxError("%s is %d bytes: the api transport uploads at most %d bytes in one request, and "
-                                "staged (object storage) transfers are not supported yet; use transport agent"
-                                % (local_path, size, MAX_UPLOAD))
+                                      "staged (object storage) transfers are not supported yet; use transport agent"
+                                      % (local_path, size, MAX_UPLOAD))
         digest = hashlib.sha256()
         with open(local_path, "rb") as f:
             for chunk in iter(lambda: f.read(COPY_CHUNK), b""):
@@ -389,7 +389,7 @@ class ApiRoadClient:
                 raise self._transfer_error(e, remote_path, verb) from e
             except (OSError, http.client.HTTPException) as e:
                 raise errors.GuestUnavailable("lost the connection to session %s while trying to %s %s: %s"
-                                          % (self.label, verb, remote_path, e)) from e
+                                              % (self.label, verb, remote_path, e)) from e
         try:
             doc = json.loads(resp.read().decode("utf-8") or "{}")
         except (OSError, http.client.HTTPException, ValueError) as e:
@@ -426,15 +426,15 @@ class ApiRoadClient:
                             size += len(body)
                 except (OSError, http.client.HTTPException) as e:
                     raise errors.GuestUnavailable("the download of %s from session %s was cut: %s; nothing was written "
-                                              "to %s" % (remote_path, self.label, e, local_path)) from e
+                                                  "to %s" % (remote_path, self.label, e, local_path)) from e
             footer_ok = (len(tail) == FOOTER_BYTES and tail.startswith(FOOTER_MAGIC) and tail.endswith(b"\n")
                          and all(c in b"0123456789abcdef" for c in tail[8:72]))
             if not footer_ok:
                 raise errors.GuestUnavailable("the download of %s from session %s ended without its integrity footer: the "
-                                          "transfer was cut; nothing was written to %s" % (remote_path, self.label, local_path))
+                                              "transfer was cut; nothing was written to %s" % (remote_path, self.label, local_path))
             if tail[8:72].decode() != digest.hexdigest():
                 raise errors.ChecksumMismatch("the download of %s from session %s failed its sha256 check; nothing was "
-                                          "written to %s" % (remote_path, self.label, local_path))
+                                              "written to %s" % (remote_path, self.label, local_path))
             os.chmod(tmp, 0o666 & ~ac._current_umask())  # like any new file, not mkstemp's 0600
             os.replace(tmp, local_path)
             tmp = None
@@ -487,7 +487,7 @@ def attach(link) -> None:
     cfg = link.cfg
     link.road = "api"
     link.client = ApiRoadClient(cfg.api_url, cfg.prefix, cfg.token, link.session_id, link.label,
-                               scratch_dir=cfg.scratch_dir, validate_certs=cfg.validate_certs,
-                               connect_timeout=min(cfg.connect_timeout, 30.0))
+                                scratch_dir=cfg.scratch_dir, validate_certs=cfg.validate_certs,
+                                connect_timeout=min(cfg.connect_timeout, 30.0))
     link.runners = NoWarm()
     log.info("session %s: using the documented exec and file API (transport %s)", link.label, cfg.transport)

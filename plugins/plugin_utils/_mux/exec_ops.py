@@ -30,8 +30,8 @@ def op_exec(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> None
         link.ensure_ready()
         link.runs.ensure(req.get("run"))
         call, feed = link.client.exec_stream(req["argv"], env=req.get("env"), workdir=req.get("workdir") or "",
-                                            timeout=timeout, deadline=(timeout + DEADLINE_GRACE) if timeout else None,
-                                            hold_stdin=bool(req.get("hold_stdin")))
+                                             timeout=timeout, deadline=(timeout + DEADLINE_GRACE) if timeout else None,
+                                             hold_stdin=bool(req.get("hold_stdin")))
     except errors.SandboxError as e:
         # answer first (the worker may hold stdin back), then drain its stdin up to STDIN_EOF
         # so that the next request on this connection is read as a request

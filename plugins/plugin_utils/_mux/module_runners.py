@@ -69,7 +69,7 @@ class ModuleRunner:
 
     def start(self) -> None:
         self.call, self.feed = self.client.exec_stream(runner_argv(self.interpreter), env={}, workdir="", timeout=0,
-                                                      deadline=None)
+                                                       deadline=None)
         ready: queue.Queue[Event] = queue.Queue()
         self.pending[0] = ready
         threading.Thread(target=self._read, name="warm-runner", daemon=True).start()

@@ -74,13 +74,13 @@ def close_error(code, reason, label, port):
     why = (": " + reason) if reason else ""
     if code == 4001:
         return errors.TunnelFailure("session %s became unavailable (port-forward close code 4001%s): "
-                           "it was paused, deleted or rolled back" % (label, why), close_code=code)
+                                    "it was paused, deleted or rolled back" % (label, why), close_code=code)
     if code == 4002:
         return errors.TunnelFailure("the platform could not dial guest port %d of session %s (close code 4002%s)"
-                           % (port, label, why), close_code=code)
+                                    % (port, label, why), close_code=code)
     if code == 4011:
         return errors.TunnelFailure("the port-forward to session %s failed upstream (close code 4011%s)" % (label, why),
-                           close_code=code)
+                                    close_code=code)
     if code in (1000, 1001):
         return None  # the guest hung up: an ordinary end of the connection
     return errors.TunnelFailure("the port-forward to session %s closed with code %s%s" % (label, code, why), close_code=code)

@@ -120,7 +120,7 @@ class MuxClient:
                 self.close()
                 # from None: NotAccepted is a retry signal this message states; ansible-core would append its cause
                 raise errors.Unreachable("the connection multiplexer closed the connection twice "
-                                  "before taking a request; see %s" % os.path.join(self.dir, mp.LOG_NAME)) from None
+                                         "before taking a request; see %s" % os.path.join(self.dir, mp.LOG_NAME)) from None
         return self
 
     def _socket(self) -> socket.socket:
@@ -241,7 +241,7 @@ class MuxClient:
             if remaining <= 0:
                 proc.kill()
                 raise errors.Unreachable("the connection multiplexer did not start within %ds (see %s)"
-                                  % (int(self.connect_timeout + PYTHON_START_GRACE), log_path))
+                                         % (int(self.connect_timeout + PYTHON_START_GRACE), log_path))
             readable = select.select([stdout], [], [], remaining)[0]
             if not readable:
                 continue
@@ -257,7 +257,7 @@ class MuxClient:
             # from None: the JSON parser's words on the mux's first line are noise (its log says why it stopped),
             # and ansible-core would append them to the task's message
             raise errors.Unreachable("the connection multiplexer exited (code %s) without starting; see %s"
-                              % (proc.returncode, log_path)) from None
+                                     % (proc.returncode, log_path)) from None
 
     def close(self) -> None:
         if self.sock is not None:
@@ -282,8 +282,8 @@ class MuxClient:
             frame = mp.recv_frame(sock)
             if frame is None:
                 raise errors.CommandLost("the connection multiplexer of session %s hung up during the request: "
-                                  "it may have partly run and is not re-run; see %s"
-                                  % (self.cfg.session, os.path.join(self.dir, mp.LOG_NAME)))
+                                         "it may have partly run and is not re-run; see %s"
+                                         % (self.cfg.session, os.path.join(self.dir, mp.LOG_NAME)))
             yield frame
 
     def _retrying(self, attempt: Callable[[], T]) -> T:
@@ -299,7 +299,7 @@ class MuxClient:
         except mp.NotAccepted:
             # from None: NotAccepted is a retry signal this message states; ansible-core would append its cause
             raise errors.Unreachable("the connection multiplexer closed the connection twice "
-                              "before taking a request; see %s" % os.path.join(self.dir, mp.LOG_NAME)) from None
+                                     "before taking a request; see %s" % os.path.join(self.dir, mp.LOG_NAME)) from None
 
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
         fields["op"] = op
@@ -414,10 +414,10 @@ class MuxClient:
         guest, as for a task timeout) and fail naming the limit and how to change it."""
         self.close()
         raise errors.SandboxError("the command on session %s printed more than %d bytes (%d held), the most "
-                          "one task keeps in memory (option max_output_bytes of the microvm.sandbox.agent connection: "
-                          "MICROVM_MAX_OUTPUT_BYTES or ansible_microvm_max_output_bytes, 0 for no limit); it was "
-                          "stopped. Send big output to a file in the sandbox and fetch it instead"
-                          % (self.cfg.session, self.max_output, held))
+                                  "one task keeps in memory (option max_output_bytes of the microvm.sandbox.agent connection: "
+                                  "MICROVM_MAX_OUTPUT_BYTES or ansible_microvm_max_output_bytes, 0 for no limit); it was "
+                                  "stopped. Send big output to a file in the sandbox and fetch it instead"
+                                  % (self.cfg.session, self.max_output, held))
 
     def warm(self, interpreter: str, env: dict[str, str], payload: bytes, run: dict[str, Any] | None = None,
              core: str = "") -> ExecReply:
