@@ -425,7 +425,7 @@ class Connection(ConnectionBase):
     def __init__(self, play_context: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(play_context, *args, **kwargs)
         self._playbook_pid = kwargs.get("ansible_playbook_pid")
-        self._mux: MuxClient | None = None
+        self._mux_client: MuxClient | None = None
         self._run: dict[str, Any] | None = None
         self._user: dict[str, str] | None = None  # the guest user commands run as, once looked up: None = the agent's own user
         self._task_action = ""  # the task's action, from the shell's task keys (see _keeps_tmp)
@@ -538,16 +538,16 @@ class Connection(ConnectionBase):
         cfg = self._session_config(session)
         display.vvv("ESTABLISH MICROVM AGENT CONNECTION to session %s via %s%s" % (session, cfg.api_url, cfg.prefix),
                     host=session)
-        self._new_mux_client = lambda: self._mux_client(cfg)  # microvm.sandbox.sync opens more connections
-        self._mux = self._new_mux_client()
+        self._new_mux_client = lambda: self._make_mux_client(cfg)  # microvm.sandbox.sync opens more connections
+        self._mux_client = self._new_mux_client()
         try:
-            self._mux.connect()
+            self._mux_client.connect()
         except OSError as e:
-            self._mux = None
+            self._mux_client = None
             raise AnsibleConnectionFailure("microvm.sandbox.agent: cannot reach the multiplexer of session %s: %s"
                                            % (session, e)) from e
         except errors.SandboxError as e:
-            self._mux = None
+            self._mux_client = None
             raise outcomes.ansible_error(e, PLUGIN) from e
         self._connected = True
         self._user = self._lookup_user()
@@ -555,9 +555,9 @@ class Connection(ConnectionBase):
 
     def _attached(self) -> MuxClient:
         """The mux client _connect() attached (ansible-core connects before every call that needs it)."""
-        if self._mux is None:
+        if self._mux_client is None:
             raise AnsibleConnectionFailure("%s: the connection to session %s is not open" % (PLUGIN, self._session()))
-        return self._mux
+        return self._mux_client
 
     def _session_config(self, session: str) -> LinkConfig:
         """The session's settings for the mux, from this connection's options (one object, read once)."""
@@ -574,7 +574,7 @@ class Connection(ConnectionBase):
                           scratch_dir=self._scratch_dir(), validate_certs=self.get_option("validate_certs"),
                           host_tag=host_tag(), transport=self.get_option("transport"))
 
-    def _mux_client(self, cfg: LinkConfig) -> MuxClient:
+    def _make_mux_client(self, cfg: LinkConfig) -> MuxClient:
         session = cfg.session
         max_output = int(self.get_option("max_output_bytes") or 0)
         if max_output < 0:
@@ -832,16 +832,16 @@ class Connection(ConnectionBase):
 
     # -- life cycle -------------------------------------------------------------------------------
     def close(self) -> None:
-        if self._mux is not None:
-            self._mux.close()
-        self._mux = None
+        if self._mux_client is not None:
+            self._mux_client.close()
+        self._mux_client = None
         self._connected = False
 
     def reset(self) -> None:
         """meta: reset_connection: close this session's channel in the mux; the next task opens a fresh one."""
         session = self._session()
         try:
-            client = self._mux_client(self._session_config(session))
+            client = self._make_mux_client(self._session_config(session))
         except (KeyError, AnsibleError, profile.TransferPathError):
             return  # options not set, or no token: nothing was ever opened with them
         self.close()

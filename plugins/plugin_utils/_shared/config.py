@@ -60,7 +60,7 @@ class LinkConfig:
     def key(self) -> str:
         # each road its own link: a play on `api` never rides on a link another opened on the agent
         port = self.agent_port if self.transport == "agent" else "%s/%s" % (self.agent_port, self.transport)
-        return mp.session_key(self.api_url, self.prefix, self.session, port, self.token)
+        return mp.link_key(self.api_url, self.prefix, self.session, port, self.token)
 
     def to_wire(self) -> dict:
         data = dataclasses.asdict(self)

@@ -154,8 +154,8 @@ def recv_frame(sock: socket.socket) -> tuple[int, Any] | None:
 
 # -- where a mux lives ---------------------------------------------------------
 
-def session_key(api_url: str, prefix: str, session: str, agent_port: int | str, token: str | None) -> str:
-    """One channel per (api_url, prefix, session, agent port, token) inside the user's mux.
+def link_key(api_url: str, prefix: str, session: str, agent_port: int | str, token: str | None) -> str:
+    """The key of a session's link in the user's muxes: one per (api_url, prefix, session, agent port, token).
 
     The token's digest is part of the key, so a run with another token never rides on a channel
     opened with this one (and the token itself is never shown: the key is a digest).
@@ -163,6 +163,9 @@ def session_key(api_url: str, prefix: str, session: str, agent_port: int | str, 
     token_digest = hashlib.sha256((token or "").encode("utf-8")).hexdigest()
     text = "\0".join([api_url.rstrip("/"), prefix, session, str(agent_port), token_digest])
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
+
+
+session_key = link_key  # the old name, for code written against it
 
 
 def pool_slot(key: str, pool_size: int | str) -> int:

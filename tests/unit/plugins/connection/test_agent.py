@@ -130,7 +130,7 @@ class FakeMux:
 
 
 def connected(conn, mux):
-    conn._mux = mux
+    conn._mux_client = mux
     conn._connected = True
     return conn
 
