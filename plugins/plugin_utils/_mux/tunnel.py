@@ -48,7 +48,7 @@ def ws_url(api_url, prefix, session_id, port):
     parts = urlsplit(api_url.rstrip("/"))
     scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme.lower())
     if not scheme:
-        raise ValueError("API URL %r must start with http:// or https://" % api_url)
+        raise errors.SandboxError("API URL %r must start with http:// or https://" % api_url)
     path = parts.path.rstrip("/") + "/" + prefix.strip("/") + "/sessions/%s/port-forward/%d" % (
         quote(session_id, safe=""), int(port))
     return urlunsplit((scheme, parts.netloc, path, "", ""))
