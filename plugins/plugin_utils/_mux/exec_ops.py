@@ -43,8 +43,7 @@ def op_exec(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> None
     reader.start()
     # the worker may hold stdin back (a become password prompt), so the final frame goes out
     # before waiting for its STDIN_EOF
-    final = (mp.ERROR, link.report(errors.CommandLost("the command on session %s ended without a status: it is not re-run"
-                                                      % link.label)))
+    final: tuple[int, dict[str, Any]] | None = None
     try:
         for kind, data in link.client.iter_exec(call, feed):
             if kind == "stdout":
@@ -59,6 +58,9 @@ def op_exec(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> None
         raise
     except errors.SandboxError as e:
         final = (mp.ERROR, link.report(e))
+    if final is None:  # never from either road (an exec ends with its exit or raises), reported all the same
+        final = (mp.ERROR, link.report(errors.CommandLost("the command on session %s ended without a status: "
+                                                          "it is not re-run" % link.label)))
     done.set()
     mp.send_frame(conn, *final)
     reader.join()

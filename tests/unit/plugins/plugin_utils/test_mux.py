@@ -307,3 +307,17 @@ def test_each_error_reaches_the_task_as_its_kind_through_a_real_mux(served, monk
     mapped = outcomes.ansible_error(rebuilt, "microvm.sandbox.agent")
     assert type(mapped).__name__ == ANSIBLE_OF_KIND[raised.kind]
     assert str(mapped).startswith("microvm.sandbox.agent: " + str(raised))
+
+
+def test_only_a_lost_command_asks_the_platform_about_its_session(served):
+    """A lost stream is explained by the session's state (a REST call); a command that exits costs none."""
+    agent, client, server = served
+    link = server.links[CFG.key]
+    checks = []
+    link.check_session = lambda: checks.append(1) or {"status": "SESSION_STATUS_READY"}
+    assert client.exec(["true"])[0] == 0
+    assert checks == []
+    agent.mode = "no-exit"
+    with pytest.raises(errors.CommandLost):
+        client.exec(["true"])
+    assert checks == [1]
