@@ -364,6 +364,8 @@ class ActionModule(ActionBase):
         """Extract the checked tar into a stage dir beside dest, judge its links against dest as it is on disk,
         rename it into place, then the operations. Every path below dest is opened from root_fd, no link followed."""
         if tar_path is not None:
+            if wanted_path is None:
+                raise SyncFailed("internal error: the pulled archive %s comes without the list of its paths" % tar_path)
             parent = os.path.dirname(os.path.abspath(dest.rstrip("/")))
             try:
                 stage = tempfile.mkdtemp(prefix=".microvm-sync.", dir=parent)
