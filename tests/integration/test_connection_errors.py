@@ -41,7 +41,7 @@ def test_staged_fetch_of_a_missing_file_is_not_found_by_exit_code(client, tmp_pa
         client.fetch("/etc", str(tmp_path / "x"), run=run)
     assert e.value.kind == errors.ERR_FAILED and "cannot stage /etc" in str(e.value)
     mapped = outcomes.ansible_error(e.value, "microvm.sandbox.agent")
-    assert type(mapped) is AnsibleError
+    assert mapped.__class__ is AnsibleError  # exactly: no subclass such as AnsibleConnectionFailure
 
 
 def test_staged_put_into_a_missing_directory_says_so(client, tmp_path):
@@ -68,4 +68,4 @@ def test_a_session_deleted_under_the_link_is_gone_and_unreachable(plane, client)
         for _attempt in range(3):  # the link may take a command before it sees the session go
             client.exec(["true"])
     assert outcomes.outcome(e.value.kind) == outcomes.UNREACHABLE, e.value
-    assert type(outcomes.ansible_error(e.value, "microvm.sandbox.agent")) is AnsibleConnectionFailure
+    assert outcomes.ansible_error(e.value, "microvm.sandbox.agent").__class__ is AnsibleConnectionFailure

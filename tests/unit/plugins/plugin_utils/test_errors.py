@@ -59,7 +59,7 @@ def test_a_frame_round_trip_gives_the_kinds_ansible_exception(kind, expected):
     rebuilt = errors.from_frame(payload)
     assert rebuilt.kind == kind and str(rebuilt) == "it broke"
     mapped = outcomes.ansible_error(rebuilt, "microvm.sandbox.agent")
-    assert type(mapped) is expected and str(mapped).startswith("microvm.sandbox.agent: it broke")
+    assert mapped.__class__ is expected and str(mapped).startswith("microvm.sandbox.agent: it broke")
 
 
 def test_a_frame_without_a_kind_is_a_protocol_mismatch():
@@ -101,7 +101,7 @@ def helper_link(tmp_path, exit_code, stderr):
 def test_the_mux_helpers_say_what_failed_by_exit_code_not_words(tmp_path, exit_code, stderr, expected):
     with pytest.raises(errors.SandboxError) as e:
         helper_link(tmp_path, exit_code, stderr.encode()).guest("true")
-    assert type(e.value) is expected and str(e.value) == stderr
+    assert e.value.__class__ is expected and str(e.value) == stderr
 
 
 def test_a_lost_command_stays_lost_and_says_the_session_is_gone(tmp_path):

@@ -300,7 +300,7 @@ def test_each_error_reaches_the_task_as_its_kind_through_a_real_mux(served, monk
     with pytest.raises(errors.SandboxError) as e:
         client.put(__file__, "/workspace/x", run=None)
     rebuilt = e.value
-    assert type(rebuilt) is errors.CLASS_OF_KIND[raised.kind] and rebuilt.kind == raised.kind
+    assert rebuilt.__class__ is errors.CLASS_OF_KIND[raised.kind] and rebuilt.kind == raised.kind
     assert str(rebuilt) == str(raised)
     if raised.kind == errors.ERR_WARM:
         return  # never a task outcome: the connection runs the module cold
