@@ -18,7 +18,7 @@ pull: the guest streams the source's manifest, judged again here (sync_tree.sour
       as it is on disk (judge_links), and renamed into place from dest's fd, no link followed.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
@@ -28,16 +28,20 @@ import stat
 import tempfile
 import time
 import uuid
+from typing import Any
 
-from ansible.errors import AnsibleConnectionFailure, AnsibleError
+from ansible.errors import AnsibleError
 from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.archive_check import ArchiveRefused, check_archive, link_problem
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import source_of
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import sync_tree as st
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import outcomes
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.command_stream import ExecStream
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.sync_plan import ManifestReader, Planner
 
 ARGUMENT_SPEC = dict(
@@ -58,17 +62,23 @@ class SyncFailed(Exception):
     """A failure reported as the task's msg."""
 
 
-def guest_program():
+def guest_program() -> str:
     """The guest side: _guest/sync_tree.py's own source, run with `python3 -c`."""
     return source_of(st)
 
 
-
-def protected(root, scratch_dir):
+def protected(root: str, scratch_dir: str) -> list[str]:
     """An anchored exclude for the scratch dir when it lies inside the guest tree: never synced, never deleted."""
     if profile.is_within(scratch_dir, root) and posixpath.normpath(scratch_dir) != posixpath.normpath(root):
         return ["/%s/" % posixpath.relpath(scratch_dir, root)]
     return []
+
+
+def _dest_fd(root_fd: int | None, dest: str) -> int:
+    """The pull's destination dir fd, which only a check-mode run may lack (it creates nothing)."""
+    if root_fd is None:
+        raise SyncFailed("the destination %s does not exist on the controller" % dest)
+    return root_fd
 
 
 class TarWriter:
@@ -121,7 +131,7 @@ class ActionModule(ActionBase):
     _supports_check_mode = True
     _requires_connection = True
 
-    def run(self, tmp=None, task_vars=None):
+    def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super(ActionModule, self).run(tmp, task_vars)
         del tmp
         validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
@@ -147,17 +157,15 @@ class ActionModule(ActionBase):
             return dict(result, failed=True, msg="sync: %s" % e)
         except (st.SyncError, ArchiveRefused) as e:
             return dict(result, failed=True, msg="sync: %s" % e)
-        except mp.MuxError as e:
-            if e.kind in mp.UNREACHABLE_KINDS:
-                raise AnsibleConnectionFailure("microvm.sandbox.sync: %s" % e) from e
-            return dict(result, failed=True, msg="sync: %s" % e)
         except (OSError, mp.ProtocolError) as e:
             return dict(result, failed=True, msg="sync: %s" % e)
+        except errors.SandboxError as e:  # from the guest side's stream: UNREACHABLE goes up, the rest fails the task
+            return dict(result, failed=True, msg="sync: %s" % outcomes.task_failure(e, "sync"))
         result.update(outcome)
         return result
 
     # -- shared ---------------------------------------------------------------------------------------
-    def _local_path(self, path, needle=None):
+    def _local_path(self, path: str, needle: str | None = None) -> str:
         path = os.path.expanduser(path)
         if os.path.isabs(path):
             return path
@@ -168,13 +176,14 @@ class ActionModule(ActionBase):
                 pass
         return self._loader.path_dwim(path)
 
-    def _python(self):
+    def _python(self) -> str:
         value = self._vars.get("ansible_python_interpreter")
         if isinstance(value, str) and value.startswith("/") and "{" not in value:
             return value
         return "python3"
 
-    def _start(self, mode, root, checksum, excludes):
+    def _start(self, mode: str, root: str, checksum: bool,
+               excludes: list[str]) -> tuple[ExecStream, ManifestReader, list[str], str]:
         """Start the guest side; -> (stream, manifest reader, guest excludes, stage path in the run's scratch)."""
         conn = self._connection
         scratch = conn.get_option("scratch_dir") or profile.SCRATCH_DIR
@@ -192,16 +201,16 @@ class ActionModule(ActionBase):
         self._timing("guest side started")
         return stream, ManifestReader(stream.stdout()), guest_excludes, posixpath.join(run_dir, stage_name)
 
-    def _timing(self, what):
+    def _timing(self, what: str) -> None:
         self._display.vvv("SYNC %s after %.3fs" % (what, time.monotonic() - self._started))
 
-    def _guest_failed(self, stream, reader, what):
+    def _guest_failed(self, stream: ExecStream, reader: ManifestReader, what: str) -> SyncFailed:
         reader.finish()
         rc = (stream.exit or {}).get("rc")
         err = to_text(stream.stderr, errors="surrogate_or_replace").strip()
         return SyncFailed("%s (the guest side ended with rc %s): %s" % (what, rc, err[-2000:] or "no message"))
 
-    def _outcome(self, planner, args, src, dest):
+    def _outcome(self, planner: Planner, args: dict[str, Any], src: str, dest: str) -> dict[str, Any]:
         out = dict(changed=planner.changed, src=src, dest=dest, mode=args["mode"],
                    added=planner.added.paths, updated=planner.updated.paths, deleted=planner.deleted.paths,
                    left_out=planner.skipped.paths,
@@ -224,7 +233,7 @@ class ActionModule(ActionBase):
         return out
 
     # -- push -----------------------------------------------------------------------------------------
-    def _push(self, args, excludes):
+    def _push(self, args: dict[str, Any], excludes: list[str]) -> dict[str, Any]:
         src = self._local_path(args["src"], needle="files")
         dest = profile.guest_path(args["dest"])
         if not os.path.isdir(src):
@@ -236,7 +245,8 @@ class ActionModule(ActionBase):
         finally:
             os.close(root_fd)
 
-    def _push_tree(self, args, excludes, src, root_fd, dest, tmp):
+    def _push_tree(self, args: dict[str, Any], excludes: list[str], src: str, root_fd: int, dest: str,
+                   tmp: str) -> dict[str, Any]:
         stream, reader, guest_excludes, stage = self._start("push", dest, args["checksum"], excludes)
         try:
             tar_path, ops_path = os.path.join(tmp, "changes.tar"), os.path.join(tmp, "ops")
@@ -265,7 +275,8 @@ class ActionModule(ActionBase):
                 try:
                     self._connection.put_archive(tar_path, stage)
                 except AnsibleError as e:
-                    raise SyncFailed("the sandbox refused or failed to extract the changes into %s: %s" % (stage, e)) from e
+                    raise SyncFailed("the sandbox refused or failed to extract the changes into %s: %s"
+                                     % (stage, outcomes.task_failure(e, "sync"))) from e
                 stream.write(b"+\0")
                 self._timing("archive of %d members uploaded" % writer.members)
             else:
@@ -285,7 +296,7 @@ class ActionModule(ActionBase):
             stream.close()
 
     # -- pull -----------------------------------------------------------------------------------------
-    def _pull(self, args, excludes):
+    def _pull(self, args: dict[str, Any], excludes: list[str]) -> dict[str, Any]:
         src = profile.guest_path(args["src"])
         dest = self._local_path(args["dest"])
         root_fd = st.open_root(dest, create=not self._task.check_mode)
@@ -296,14 +307,15 @@ class ActionModule(ActionBase):
             if root_fd is not None:
                 os.close(root_fd)
 
-    def _pull_tree(self, args, excludes, src, root_fd, dest, tmp):
+    def _pull_tree(self, args: dict[str, Any], excludes: list[str], src: str, root_fd: int | None, dest: str,
+                   tmp: str) -> dict[str, Any]:
         stream, reader, guest_excludes, stage = self._start("pull", src, args["checksum"], excludes)
         local_excludes = st.Excludes(guest_excludes)
         try:
             wanted_path, ops_path = os.path.join(tmp, "wanted"), os.path.join(tmp, "ops")
             counter = {"wanted": 0}
             with open(wanted_path, "wb") as wanted, open(ops_path, "wb") as ops:
-                def want(entry, ancestor_only=False):
+                def want(entry: Any, ancestor_only: bool = False) -> None:
                     wanted.write(entry.path + b"\0")
                     counter["wanted"] += 1
                 planner = Planner(want, ops.write, delete=args["delete"], checksum=args["checksum"],
@@ -321,11 +333,11 @@ class ActionModule(ActionBase):
                 stream.close_stdin()
                 reader.finish()
                 if not self._task.check_mode and planner.changed:
-                    self._apply_local(root_fd, None, ops_path, local_excludes, dest, args)
+                    self._apply_local(_dest_fd(root_fd, dest), None, ops_path, local_excludes, dest, args)
                 self._timing("done")
                 return outcome
-            with open(wanted_path, "rb") as wanted:
-                for chunk in iter(lambda: wanted.read(COPY_CHUNK), b""):
+            with open(wanted_path, "rb") as wanted_paths:
+                for chunk in iter(lambda: wanted_paths.read(COPY_CHUNK), b""):
                     stream.write(chunk)
             stream.write(b"\0")
             made = reader.line()
@@ -335,12 +347,12 @@ class ActionModule(ActionBase):
             try:
                 self._connection.fetch_file(stage, local_tar)  # the path this run chose, never one the guest names
             except AnsibleError as e:
-                raise SyncFailed("could not download the changes of %s: %s" % (src, e)) from e
+                raise SyncFailed("could not download the changes of %s: %s" % (src, outcomes.task_failure(e, "sync"))) from e
             stream.close_stdin()
             reader.finish()
             self._timing("archive of %s members downloaded" % made.get("members"))
             check_archive(local_tar, dest)
-            self._apply_local(root_fd, local_tar, ops_path, local_excludes, dest, args, wanted_path)
+            self._apply_local(_dest_fd(root_fd, dest), local_tar, ops_path, local_excludes, dest, args, wanted_path)
             self._timing("applied")
             return outcome
         finally:
@@ -352,6 +364,8 @@ class ActionModule(ActionBase):
         """Extract the checked tar into a stage dir beside dest, judge its links against dest as it is on disk,
         rename it into place, then the operations. Every path below dest is opened from root_fd, no link followed."""
         if tar_path is not None:
+            if wanted_path is None:
+                raise SyncFailed("internal error: the pulled archive %s comes without the list of its paths" % tar_path)
             parent = os.path.dirname(os.path.abspath(dest.rstrip("/")))
             try:
                 stage = tempfile.mkdtemp(prefix=".microvm-sync.", dir=parent)

@@ -9,13 +9,14 @@ Then, only with clean, the target is emptied (keeping the entries that hold the 
 streamed through the connection's put_archive (the guest agent's Upload with is_archive).
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
 import os
 import posixpath
 import shlex
+from typing import Any
 
 from ansible.errors import AnsibleError
 from ansible.module_utils.common.text.converters import to_text
@@ -23,6 +24,7 @@ from ansible.plugins.action import ActionBase
 
 from ansible_collections.microvm.sandbox.plugins.module_utils.archive_check import (
     ArchiveRefused, check_archive, sha256_file)
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import outcomes
 
 WORKSPACE = "/workspace"
 
@@ -35,14 +37,14 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def inside_workspace(path):
+def inside_workspace(path: str) -> bool:
     return path == WORKSPACE or path.startswith(WORKSPACE + "/")
 
 
 OUTSIDE_RC = 3  # the clean command's exit code when dest resolves outside /workspace in the guest
 
 
-def clean_command(dest, keep, workspace=WORKSPACE):
+def clean_command(dest: str, keep: list[str], workspace: str = WORKSPACE) -> str:
     """A shell command that empties dest, except the entries that hold kept paths - only once the guest itself
     resolved dest (cd -P: every link followed, the directory then held as the working directory) to a real
     directory inside /workspace. Otherwise it removes nothing and exits OUTSIDE_RC with the real path on stderr.
@@ -68,7 +70,7 @@ class ActionModule(ActionBase):
     _supports_check_mode = True
     _requires_connection = True
 
-    def run(self, tmp=None, task_vars=None):
+    def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super(ActionModule, self).run(tmp, task_vars)
         del tmp
         validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
@@ -124,10 +126,10 @@ class ActionModule(ActionBase):
             result["cleaned"] = True
         try:
             sent = conn.put_archive(src, dest)
-        except AnsibleError as e:
+        except AnsibleError as e:  # the connection's mapping: an UNREACHABLE host goes up as such
             return dict(result, failed=True, changed=result["cleaned"],
                         msg="workspace_archive: the sandbox refused or failed to extract %s into %s: %s"
-                            % (src, dest, to_text(e)))
+                            % (src, dest, to_text(outcomes.task_failure(e, "workspace_archive"))))
         if isinstance(sent, dict) and "bytes" in sent:
             result["bytes"] = sent["bytes"]
         return result

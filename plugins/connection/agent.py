@@ -347,6 +347,8 @@ EXAMPLES = r"""
 
 import os  # noqa: E402
 import posixpath  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any, TypeVar  # noqa: E402
 
 from ansible import constants as C  # noqa: E402
 from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound  # noqa: E402
@@ -359,17 +361,21 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import cor
 core_compat.cache_collection_code()  # first: the modules below are then compiled once per run, not per task
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import command_stream  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import option_defs  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import outcomes  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import (  # noqa: E402
-    InteractTimeout, MuxClient, host_tag, run_identity)
+    Interact, InteractTimeout, MuxClient, host_tag, run_identity)
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.core_compat import command_argv  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import DEFAULT_POOL_SIZE, SessionConfig  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import DEFAULT_POOL_SIZE, LinkConfig  # noqa: E402
 
 display = Display()
+T = TypeVar("T")
 option_defs.register("connection", __name__, DOCUMENTATION)  # saves core's slow parse in every worker
 
+PLUGIN = "microvm.sandbox.agent"  # how the connection names itself in its messages
 DEFAULT_REMOTE_TMP = "~/.ansible/tmp"
 BECOME_TIMEOUT_DEFAULT = 10  # seconds, core's default for ssh's timeout and local's become_success_timeout
 # Tasks whose module runs without the run's TMPDIR: what they make must outlive the run (see _keeps_tmp).
@@ -389,11 +395,11 @@ printf '%s:%s:%s\n' "$(echo "$entry" | cut -d: -f3)" "$(echo "$entry" | cut -d: 
 """
 
 
-def remote_tmp_for(scratch_dir):
+def remote_tmp_for(scratch_dir: str) -> str:
     return posixpath.join(scratch_dir, "ansible-tmp")
 
 
-def become_error_message(reason: str, stdout: bytes, stderr: bytes, prompted: list, become=None) -> str:
+def become_error_message(reason: str, stdout: bytes, stderr: bytes, prompted: list[bool], become: Any = None) -> str:
     """Core's local connection's wording of a become failure, with what the become command printed.
 
     The password is never in it: it went to the command's stdin, and the guest has no terminal to echo it.
@@ -408,33 +414,24 @@ def become_error_message(reason: str, stdout: bytes, stderr: bytes, prompted: li
     return message
 
 
-def mux_error(e):
-    """A mux error as the Ansible exception that gives the right task outcome (the one place that decides)."""
-    message = "microvm.sandbox.agent: %s" % e
-    if e.kind in mp.UNREACHABLE_KINDS:
-        return AnsibleConnectionFailure(message)
-    if e.kind == mp.ERR_NOT_FOUND:
-        return AnsibleFileNotFound(message)
-    return AnsibleError(message)
-
-
 class Connection(ConnectionBase):
     """Tasks in a sandbox session, through the session's multiplexer."""
 
     transport = "microvm.sandbox.agent"
     has_pipelining = True
     has_tty = False  # the agent gives commands no terminal
+    _connected: bool  # set by ConnectionBase
 
-    def __init__(self, play_context, *args, **kwargs):
+    def __init__(self, play_context: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(play_context, *args, **kwargs)
         self._playbook_pid = kwargs.get("ansible_playbook_pid")
-        self._mux = None
-        self._run = None
-        self._user = None  # the guest user commands run as, once looked up: None = the agent's own user
+        self._mux_client: MuxClient | None = None
+        self._run: dict[str, Any] | None = None
+        self._user: dict[str, str] | None = None  # the guest user commands run as, once looked up: None = the agent's own user
         self._task_action = ""  # the task's action, from the shell's task keys (see _keeps_tmp)
         self._wrap_shell()
 
-    def update_vars(self, variables):
+    def update_vars(self, variables: dict[str, Any]) -> None:
         """The connection's magic variables, plus a silent interpreter discovery for a host that names no Python.
 
         A sandbox's Python is whatever its template installed, so discovering it is expected and core's
@@ -449,13 +446,13 @@ class Connection(ConnectionBase):
             variables["ansible_python_interpreter"] = DEFAULT_PYTHON_INTERPRETER
 
     # -- options --------------------------------------------------------------------------
-    def _session(self):
+    def _session(self) -> str:
         return self.get_option("remote_addr") or self._play_context.remote_addr
 
-    def _scratch_dir(self):
+    def _scratch_dir(self) -> str:
         return profile.check_scratch_dir(self.get_option("scratch_dir") or profile.SCRATCH_DIR)
 
-    def _run_info(self):
+    def _run_info(self) -> dict[str, Any]:
         """The run's identity and TMPDIR; shared by every task of one ansible-playbook run."""
         if self._run is None:
             run_id, pid, start = run_identity(self._playbook_pid)
@@ -463,13 +460,13 @@ class Connection(ConnectionBase):
                          "dir": posixpath.join(self._scratch_dir(), "run." + run_id)}
         return self._run
 
-    def _wrap_shell(self):
+    def _wrap_shell(self) -> None:
         """Default remote_tmp under the scratch dir, and put TMPDIR last in every module's environment.
 
         ansible-core sets the shell's options after the connection's and reads remote_tmp before it
         connects, so the default is applied right after the shell's own set_options (core_compat A5).
         """
-        def run_tmpdir():
+        def run_tmpdir() -> dict[str, str]:
             if self._keeps_tmp():
                 return {}  # the task's own TMPDIR, if it sets one, or the guest's
             try:
@@ -477,7 +474,7 @@ class Connection(ConnectionBase):
             except (KeyError, profile.TransferPathError):
                 return {}  # options not set yet, or a bad scratch dir that _connect reports
 
-        def after_shell_options(task_keys):
+        def after_shell_options(task_keys: dict[str, Any]) -> None:
             self._task_action = task_keys.get("action") or ""
             self._default_remote_tmp()
 
@@ -515,7 +512,7 @@ class Connection(ConnectionBase):
                 return path
         return "~" + sep + rest
 
-    def _default_remote_tmp(self):
+    def _default_remote_tmp(self) -> None:
         try:
             value, origin = self._shell.get_option_and_origin("remote_tmp")
             scratch = self.get_option("scratch_dir") or profile.SCRATCH_DIR
@@ -524,13 +521,13 @@ class Connection(ConnectionBase):
         if origin == "default" or value == DEFAULT_REMOTE_TMP:
             self._shell.set_option("remote_tmp", remote_tmp_for(scratch))
 
-    def _check_paths(self):
+    def _check_paths(self) -> None:
         """The scratch dir must be transferable; remote_tmp may be anywhere (its files are staged like any put)."""
         self._scratch_dir()
         self._default_remote_tmp()
 
     # -- connecting ------------------------------------------------------------------------
-    def _connect(self):
+    def _connect(self) -> Connection:
         if self._connected:
             return self
         session = self._session()
@@ -541,22 +538,28 @@ class Connection(ConnectionBase):
         cfg = self._session_config(session)
         display.vvv("ESTABLISH MICROVM AGENT CONNECTION to session %s via %s%s" % (session, cfg.api_url, cfg.prefix),
                     host=session)
-        self._new_mux_client = lambda: self._mux_client(cfg)  # microvm.sandbox.sync opens more connections
-        self._mux = self._new_mux_client()
+        self._new_mux_client = lambda: self._make_mux_client(cfg)  # microvm.sandbox.sync opens more connections
+        self._mux_client = self._new_mux_client()
         try:
-            self._mux.connect()
-        except mp.MuxError as e:
-            self._mux = None
-            raise mux_error(e) from e
+            self._mux_client.connect()
         except OSError as e:
-            self._mux = None
+            self._mux_client = None
             raise AnsibleConnectionFailure("microvm.sandbox.agent: cannot reach the multiplexer of session %s: %s"
                                            % (session, e)) from e
+        except errors.SandboxError as e:
+            self._mux_client = None
+            raise outcomes.ansible_error(e, PLUGIN) from e
         self._connected = True
         self._user = self._lookup_user()
         return self
 
-    def _session_config(self, session):
+    def _attached(self) -> MuxClient:
+        """The mux client _connect() attached (ansible-core connects before every call that needs it)."""
+        if self._mux_client is None:
+            raise AnsibleConnectionFailure("%s: the connection to session %s is not open" % (PLUGIN, self._session()))
+        return self._mux_client
+
+    def _session_config(self, session: str) -> LinkConfig:
         """The session's settings for the mux, from this connection's options (one object, read once)."""
         token = self.get_option("api_token")
         if not token:
@@ -565,13 +568,13 @@ class Connection(ConnectionBase):
         problem = profile.token_destination_problem(self.get_option("api_url") or profile.DEFAULT_API_URL, token)
         if problem:
             raise AnsibleConnectionFailure("microvm.sandbox.agent: session %s: %s" % (session, problem))
-        return SessionConfig(session=session, token=token, api_url=self.get_option("api_url"),
-                             prefix=self.get_option("route_prefix"), agent_port=self.get_option("agent_port"),
-                             connect_timeout=self.get_option("connect_timeout"), persist=self.get_option("persist"),
-                             scratch_dir=self._scratch_dir(), validate_certs=self.get_option("validate_certs"),
-                             host_tag=host_tag(), transport=self.get_option("transport"))
+        return LinkConfig(session=session, token=token, api_url=self.get_option("api_url"),
+                          prefix=self.get_option("route_prefix"), agent_port=self.get_option("agent_port"),
+                          connect_timeout=self.get_option("connect_timeout"), persist=self.get_option("persist"),
+                          scratch_dir=self._scratch_dir(), validate_certs=self.get_option("validate_certs"),
+                          host_tag=host_tag(), transport=self.get_option("transport"))
 
-    def _mux_client(self, cfg):
+    def _make_mux_client(self, cfg: LinkConfig) -> MuxClient:
         session = cfg.session
         max_output = int(self.get_option("max_output_bytes") or 0)
         if max_output < 0:
@@ -583,14 +586,14 @@ class Connection(ConnectionBase):
                          max_output=max_output)
 
     # -- the requested user ------------------------------------------------------------------
-    def _requested_user(self):
+    def _requested_user(self) -> str | None:
         try:
             user = self.get_option("remote_user")
         except KeyError:
             user = None
         return user or self._play_context.remote_user or None
 
-    def _lookup_user(self):
+    def _lookup_user(self) -> dict[str, str] | None:
         """uid, gid and home of the requested guest user (None when it is the agent's own); fails when it is missing.
 
         Never falls back to the agent's user: a task asked to run as someone must not run as root.
@@ -605,8 +608,8 @@ class Connection(ConnectionBase):
         except KeyError:
             pass
         shared_tmp = remote_tmp if remote_tmp == remote_tmp_for(self._scratch_dir()) else ""
-        rc, stdout, stderr, _info = self._call("the user lookup", self._mux.exec, ["/bin/sh", "-c", USER_LOOKUP, "sh",
-                                                                                   user, shared_tmp], env={})
+        rc, stdout, stderr, _info = self._call("the user lookup", self._attached().exec, ["/bin/sh", "-c", USER_LOOKUP, "sh",
+                                                                                          user, shared_tmp], env={})
         fields = to_text(stdout, errors="surrogate_or_strict").strip().split(":")
         if rc == 3 or (rc == 0 and fields and fields[0] == "self"):
             return None  # the agent already runs as that user
@@ -625,7 +628,7 @@ class Connection(ConnectionBase):
         display.vvv("RUN AS guest user %s (uid %s, gid %s)" % (user, fields[0], fields[1]), host=session)
         return {"name": user, "uid": fields[0], "gid": fields[1], "home": ":".join(fields[2:])}
 
-    def _as_user(self, argv):
+    def _as_user(self, argv: list[str]) -> list[str]:
         """argv run as the requested user (setpriv drops to its ids and groups), or unchanged."""
         user = self._user
         if user is None:
@@ -634,21 +637,21 @@ class Connection(ConnectionBase):
                  "/usr/bin/env", "HOME=%s" % user["home"], "USER=%s" % user["name"], "LOGNAME=%s" % user["name"]]
                 + list(argv))
 
-    def _call(self, what, fn, *args, **kwargs):
+    def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a mux call, turning its failures into the right Ansible exceptions."""
         try:
             return fn(*args, **kwargs)
-        except mp.MuxError as e:
-            if e.kind == mp.ERR_WARM:  # not an error: the module was not started, the caller runs it cold
-                raise
-            raise mux_error(e) from e
-        except (OSError, mp.ProtocolError) as e:
+        except (OSError, mp.ProtocolError) as e:  # the worker's own connection to the mux broke
             self.close()
             raise AnsibleConnectionFailure("microvm.sandbox.agent: lost the multiplexer of session %s during %s: %s"
                                            % (self._session(), what, e)) from e
+        except errors.WarmRefused:  # not an error: the module was not started, the caller runs it cold
+            raise
+        except errors.SandboxError as e:
+            raise outcomes.ansible_error(e, PLUGIN) from e
 
     # -- commands ----------------------------------------------------------------------------
-    def exec_command(self, cmd, in_data=None, sudoable=True):
+    def exec_command(self, cmd: str, in_data: bytes | None = None, sudoable: bool = True) -> tuple[int, bytes, bytes]:
         super().exec_command(cmd, in_data=in_data, sudoable=sudoable)
         session = self._session()
         executable = self._play_context.executable or "/bin/sh"
@@ -665,13 +668,14 @@ class Connection(ConnectionBase):
                 return warm
         argv = self._as_user(argv)
         interact = None
-        prompted, succeeded = [], []
+        prompted: list[bool] = []
+        succeeded: list[bool] = []
         become_timeout = 0
         if sudoable and self.become and self.become.expect_prompt():
             interact = self._become_interaction(prompted, succeeded)
             become_timeout = self._become_timeout()
         try:
-            rc, stdout, stderr, info = self._call("a command", self._mux.exec, argv,
+            rc, stdout, stderr, info = self._call("a command", self._attached().exec, argv,
                                                   env={} if self._keeps_tmp() else {"TMPDIR": run["dir"]},
                                                   timeout=timeout, stdin=stdin, run=run, interact=interact,
                                                   interact_timeout=become_timeout)
@@ -698,7 +702,8 @@ class Connection(ConnectionBase):
             stderr = self.become.strip_become_prompt(stderr)
         return rc, stdout, stderr
 
-    def _exec_warm(self, argv, stdin, sudoable, timeout, run):
+    def _exec_warm(self, argv: list[str], stdin: bytes, sudoable: bool, timeout: int,
+                   run: dict[str, Any]) -> tuple[int, bytes, bytes] | None:
         """Run a pipelined module in the warm runner: (rc, stdout, stderr), or None to run it cold."""
         session = self._session()
         shape, reason = core_compat.module_command(argv, stdin)
@@ -714,22 +719,22 @@ class Connection(ConnectionBase):
             return None
         interpreter, env = shape
         try:
-            rc, stdout, stderr, _info = self._call("a module run", self._mux.warm, interpreter, env, stdin, run=run,
+            rc, stdout, stderr, _info = self._call("a module run", self._attached().warm, interpreter, env, stdin, run=run,
                                                    core=core_compat.core_version())
-        except mp.MuxError as e:  # ERR_WARM only (see _call)
+        except errors.WarmRefused as e:  # see _call
             display.vvv("WARM RUNNER refused, running cold: %s" % e, host=session)
             return None
         display.vvv("WARM RUNNER ran the module with %s (rc %s)" % (interpreter, rc), host=session)
         return rc, stdout, stderr
 
-    def _exec_tmp_op(self, argv, run):
+    def _exec_tmp_op(self, argv: list[str], run: dict[str, Any]) -> tuple[int, bytes, bytes] | None:
         """A task tmp dir command (mkdtemp, chmod, rm) done by the warm runner: (rc, stdout, stderr), or None."""
         op = core_compat.tmp_op(self._shell, argv)
-        if op is None or (self._mux.attached or {}).get("version", 0) < mp.TMP_OP_VERSION:
+        if op is None or (self._attached().attached or {}).get("version", 0) < mp.TMP_OP_VERSION:
             return None  # not one of them, or a mux started by an older collection that lacks the op
         try:
-            rc, stdout, stderr, _info = self._call("a tmp dir command", self._mux.tmp, op, run=run)
-        except mp.MuxError as e:  # ERR_WARM only (see _call): nothing was done
+            rc, stdout, stderr, _info = self._call("a tmp dir command", self._attached().tmp, op, run=run)
+        except errors.WarmRefused as e:  # see _call: nothing was done
             display.vvv("WARM RUNNER did not do %s, running it in a shell: %s" % (op["op"], e), host=self._session())
             return None
         display.vvv("WARM RUNNER did %s (rc %s)" % (op["op"], rc), host=self._session())
@@ -743,7 +748,7 @@ class Connection(ConnectionBase):
             value = 0
         return value if value >= 1 else BECOME_TIMEOUT_DEFAULT
 
-    def _become_interaction(self, prompted, succeeded):
+    def _become_interaction(self, prompted: list[bool], succeeded: list[bool]) -> Interact:
         """Answer the become password prompt once, release stdin when become succeeded, and refuse a wrong password.
 
         As ansible-core's ssh and local connections do: the plugin's "incorrect password" text fails with
@@ -754,7 +759,7 @@ class Connection(ConnectionBase):
         become = self.become
         offsets = [0, 0]  # where the output after the last answered prompt begins (stdout, stderr)
 
-        def interact(out, err):
+        def interact(out: bytes, err: bytes) -> bytes | bool | None:
             if become.check_success(out):
                 succeeded.append(True)
                 return True
@@ -774,22 +779,22 @@ class Connection(ConnectionBase):
         return interact
 
     # -- files ----------------------------------------------------------------------------------
-    def put_file(self, in_path, out_path):
+    def put_file(self, in_path: str, out_path: str) -> None:
         super().put_file(in_path, out_path)
         display.vvv("PUT %s TO %s" % (in_path, out_path), host=self._session())
         if not os.path.isfile(to_bytes(in_path, errors="surrogate_or_strict")):
             raise AnsibleFileNotFound("microvm.sandbox.agent: file or module does not exist: %s" % to_text(in_path))
-        self._call("put_file", self._mux.put, to_text(in_path), to_text(out_path), run=self._run_info())
+        self._call("put_file", self._attached().put, to_text(in_path), to_text(out_path), run=self._run_info())
         if self._user is not None:
             # The agent writes as its own user: hand the file to the task's user, as a put over SSH would.
-            rc, _out, err, _info = self._call("put_file", self._mux.exec, [
+            rc, _out, err, _info = self._call("put_file", self._attached().exec, [
                 "chown", "--no-dereference", "%s:%s" % (self._user["uid"], self._user["gid"]), "--",
                 to_text(out_path)], env={})
             if rc != 0:
                 raise AnsibleError("microvm.sandbox.agent: cannot give %s to user %s in session %s: %s"
                                    % (to_text(out_path), self._user["name"], self._session(), to_text(err).strip()))
 
-    def put_archive(self, in_path, out_dir):
+    def put_archive(self, in_path: str, out_dir: str) -> dict[str, Any]:
         """Extract the local tar in_path into the guest directory out_dir (inside /workspace).
 
         Not part of Ansible's connection API: action plugins that restore a workspace call it.
@@ -799,9 +804,9 @@ class Connection(ConnectionBase):
         display.vvv("PUT ARCHIVE %s INTO %s" % (in_path, out_dir), host=self._session())
         if not os.path.isfile(to_bytes(in_path, errors="surrogate_or_strict")):
             raise AnsibleFileNotFound("microvm.sandbox.agent: archive does not exist: %s" % to_text(in_path))
-        return self._call("put_archive", self._mux.put_archive, to_text(in_path), to_text(out_dir))
+        return self._call("put_archive", self._attached().put_archive, to_text(in_path), to_text(out_dir))
 
-    def exec_stream(self, argv, as_user=True):
+    def exec_stream(self, argv: list[str], as_user: bool = True) -> tuple[command_stream.ExecStream, str]:
         """Start argv in the guest over its own connection to the mux; -> (command_stream.ExecStream, the run's TMPDIR).
 
         Not part of Ansible's connection API: microvm.sandbox.sync streams a manifest out of it and
@@ -815,28 +820,28 @@ class Connection(ConnectionBase):
                             self._as_user(argv) if as_user else argv, env={"TMPDIR": run["dir"]}, run=run)
         return stream, run["dir"]
 
-    def guest_user(self):
+    def guest_user(self) -> tuple[int, int] | None:
         """(uid, gid) of the remote_user commands run as, or None for the agent's own user."""
         self._connect()
         return (int(self._user["uid"]), int(self._user["gid"])) if self._user else None
 
-    def fetch_file(self, in_path, out_path):
+    def fetch_file(self, in_path: str, out_path: str) -> None:
         super().fetch_file(in_path, out_path)
         display.vvv("FETCH %s TO %s" % (in_path, out_path), host=self._session())
-        self._call("fetch_file", self._mux.fetch, to_text(in_path), to_text(out_path), run=self._run_info())
+        self._call("fetch_file", self._attached().fetch, to_text(in_path), to_text(out_path), run=self._run_info())
 
     # -- life cycle -------------------------------------------------------------------------------
-    def close(self):
-        if self._mux is not None:
-            self._mux.close()
-        self._mux = None
+    def close(self) -> None:
+        if self._mux_client is not None:
+            self._mux_client.close()
+        self._mux_client = None
         self._connected = False
 
-    def reset(self):
+    def reset(self) -> None:
         """meta: reset_connection: close this session's channel in the mux; the next task opens a fresh one."""
         session = self._session()
         try:
-            client = self._mux_client(self._session_config(session))
+            client = self._make_mux_client(self._session_config(session))
         except (KeyError, AnsibleError, profile.TransferPathError):
             return  # options not set, or no token: nothing was ever opened with them
         self.close()

@@ -82,7 +82,7 @@ def list_status_filter(statuses: Collection[str] | None) -> str | None:
     return STATUS_ALL if set(statuses) & HIDDEN_BY_DEFAULT else None
 
 
-def hitl_rejected_message(session: dict[str, Any]) -> str:
+def hitl_rejected_message(session: str) -> str:
     """Why a command came back `hitl_rejected`, and what to change."""
     return ("the command on session %s was held for human approval and rejected (hitl_rejected): the session's "
             "permission policy asks before running it. permissions.default resolves to ask when omitted; create "

@@ -22,6 +22,7 @@ import threading
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, Sequence
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_pb import sandbox_agent_pb2 as pb
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_pb import sandbox_agent_pb2_grpc as pb_grpc
 
@@ -130,28 +131,14 @@ class prefetch_chunks:
                 self._thread.join(0.05)
 
 
-class AgentError(Exception):
-    """A call to the guest agent failed."""
-
-
-class CommandLost(AgentError):
-    """The command's stream ended without an exit status; it may have partly run and is not re-run."""
-
-
-class AgentUnavailable(AgentError):
-    """The agent could not be reached; nothing was started."""
-
-
-class RemoteNotFound(AgentError):
-    """The guest path does not exist."""
-
-
-class TransferDenied(AgentError):
-    """The guest refused the transfer path (PERMISSION_DENIED)."""
-
-
-class ChecksumMismatch(AgentError):
-    """A transferred file's sha256 did not match; nothing was put in place."""
+# The errors of this road are the one family of _shared/errors.py. The old names stay as aliases so code
+# written against them keeps working; new code names the family's classes.
+AgentError = errors.SandboxError
+AgentUnavailable = errors.GuestUnavailable
+RemoteNotFound = errors.NotFound
+TransferDenied = errors.Denied
+CommandLost = errors.CommandLost
+ChecksumMismatch = errors.ChecksumMismatch
 
 
 class ExecResult:
@@ -181,21 +168,21 @@ def is_absent(error: grpc.RpcError) -> bool:
     return code == grpc.StatusCode.INTERNAL and ("404" in details or "does not exist" in details)
 
 
-def transfer_error(error: grpc.RpcError, path: str, label: str, verb: str) -> AgentError:
-    """Map a gRPC error of Upload/Download to a clear AgentError naming the path and session."""
+def transfer_error(error: grpc.RpcError, path: str, label: str, verb: str) -> errors.SandboxError:
+    """Map a gRPC error of Upload/Download to a clear SandboxError naming the path and session."""
     code = error.code()
     details = error.details() or ""
     where = "%s on session %s" % (path, label)
     if is_absent(error):
-        return RemoteNotFound("cannot %s %s: no such file (%s)" % (verb, where, details))
+        return errors.NotFound("cannot %s %s: no such file (%s)" % (verb, where, details))
     if code == grpc.StatusCode.PERMISSION_DENIED:
-        return TransferDenied("the guest agent refused to %s %s: %s" % (verb, where, details))
+        return errors.Denied("the guest agent refused to %s %s: %s" % (verb, where, details))
     if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return AgentError("the guest agent refused to %s %s: %s" % (verb, where, details))
+        return errors.SandboxError("the guest agent refused to %s %s: %s" % (verb, where, details))
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return AgentUnavailable("lost the connection to session %s while trying to %s %s: %s (%s)" % (
+        return errors.GuestUnavailable("lost the connection to session %s while trying to %s %s: %s (%s)" % (
             label, verb, path, details, code.name))
-    return AgentError("cannot %s %s: %s (%s)" % (verb, where, details, code.name))
+    return errors.SandboxError("cannot %s %s: %s (%s)" % (verb, where, details, code.name))
 
 
 class _Line:
@@ -338,24 +325,24 @@ class AgentClient:
                     return
         except grpc.RpcError as e:
             error = self._exec_error(e)
-            if isinstance(error, CommandLost) and e.code() != grpc.StatusCode.CANCELLED and line is not None:
+            if isinstance(error, errors.CommandLost) and e.code() != grpc.StatusCode.CANCELLED and line is not None:
                 self.drop_connection(line)  # CANCELLED is our own cancel: the connection is fine
             raise error from e
         if line is not None:
             self.drop_connection(line)
-        raise CommandLost("the command's output stream on session %s ended without an exit status: "
-                          "the command was lost (it may have partly run; it is not re-run)" % self.label)
+        raise errors.CommandLost("the command's output stream on session %s ended without an exit status: "
+                                 "the command was lost (it may have partly run; it is not re-run)" % self.label)
 
     def _exec_error(self, e: grpc.RpcError) -> AgentError:
         code = e.code()
         details = e.details() or ""
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.CANCELLED,
                     grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.ABORTED):
-            return CommandLost("lost the command on session %s: %s (%s); it may have partly run and is not re-run"
-                               % (self.label, details, code.name))
+            return errors.CommandLost("lost the command on session %s: %s (%s); it may have partly run and is not re-run"
+                                      % (self.label, details, code.name))
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return CommandLost("the command on session %s ran past the client deadline: %s" % (self.label, details))
-        return AgentError("the guest agent refused the command on session %s: %s (%s)" % (self.label, details, code.name))
+            return errors.CommandLost("the command on session %s ran past the client deadline: %s" % (self.label, details))
+        return errors.SandboxError("the guest agent refused the command on session %s: %s (%s)" % (self.label, details, code.name))
 
     def exec(self, argv: Sequence[str], env: dict[str, str] | None = None, workdir: str = "", timeout: int = 0, stdin: bytes = b"",
              deadline: float | None = None) -> ExecResult:
@@ -370,8 +357,9 @@ class AgentClient:
 
         With is_archive the file is a tar stream the agent extracts under remote_path.
         """
-        remote_path = profile.check_transfer_path(remote_path, self.scratch_dir,
-                                                  what="archive destination" if is_archive else "upload destination")
+        with errors.path_rules():
+            remote_path = profile.check_transfer_path(remote_path, self.scratch_dir,
+                                                      what="archive destination" if is_archive else "upload destination")
         with open(local_path, "rb") as f:
             chunks = prefetch_chunks(f, chunk_size)
 
@@ -388,7 +376,7 @@ class AgentClient:
                 chunks.cancel()
                 self._drop_if_lost(e, line)
                 if e.code() == grpc.StatusCode.INVALID_ARGUMENT and "sha" in (e.details() or "").lower():
-                    raise ChecksumMismatch("upload of %s to %s on session %s failed its checksum: %s" % (
+                    raise errors.ChecksumMismatch("upload of %s to %s on session %s failed its checksum: %s" % (
                         local_path, remote_path, self.label, e.details())) from e
                 raise transfer_error(e, remote_path, self.label, "extract an archive into" if is_archive else "upload to") from e
             finally:
@@ -402,7 +390,8 @@ class AgentClient:
     # -- Download --------------------------------------------------------------
     def download(self, remote_path: str, local_path: str, chunk_size: int = CHUNK_SIZE) -> int:
         """Stream a guest file to local_path; verified, then renamed into place. Returns bytes written."""
-        remote_path = profile.check_transfer_path(remote_path, self.scratch_dir, what="download source")
+        with errors.path_rules():
+            remote_path = profile.check_transfer_path(remote_path, self.scratch_dir, what="download source")
         local_dir = os.path.dirname(os.path.abspath(local_path))
         fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(local_path)[:40], suffix=".part", dir=local_dir)
         try:
@@ -429,14 +418,14 @@ class AgentClient:
                 if expected_sha is None:
                     self.drop_connection(line)
             if expected_sha is None:
-                raise AgentUnavailable("the download of %s from session %s ended before its checksum: "
-                                       "the stream was cut; nothing was written to %s" % (remote_path, self.label, local_path))
+                raise errors.GuestUnavailable("the download of %s from session %s ended before its checksum: "
+                                              "the stream was cut; nothing was written to %s" % (remote_path, self.label, local_path))
             if expected_size >= 0 and size != expected_size:
-                raise ChecksumMismatch("the download of %s from session %s has %d bytes, the agent announced %d; "
-                                       "nothing was written to %s" % (remote_path, self.label, size, expected_size, local_path))
+                raise errors.ChecksumMismatch("the download of %s from session %s has %d bytes, the agent announced %d; "
+                                              "nothing was written to %s" % (remote_path, self.label, size, expected_size, local_path))
             if expected_sha and expected_sha.lower() != digest.hexdigest():
-                raise ChecksumMismatch("the download of %s from session %s failed its sha256 check; "
-                                       "nothing was written to %s" % (remote_path, self.label, local_path))
+                raise errors.ChecksumMismatch("the download of %s from session %s failed its sha256 check; "
+                                              "nothing was written to %s" % (remote_path, self.label, local_path))
             os.chmod(tmp, 0o666 & ~_current_umask())  # like any new file, not mkstemp's 0600
             os.replace(tmp, local_path)
             tmp = None

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, NoReturn, S
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import USER_AGENT
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 
 if TYPE_CHECKING:
     from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link import SessionLink
@@ -74,12 +75,7 @@ COPY_CHUNK = 1024 * 1024
 TEAM_SETTING = "interactive stdin (keep_stdin_open), which the platform enables per team"
 
 
-class HttpFailure(ac.AgentError):
-    """The data plane answered a call with an error status."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+HttpFailure = errors.HttpRefused  # the old name, for code written against it
 
 
 def _error_text(body: bytes) -> str:
@@ -101,7 +97,7 @@ def env_argv(argv: Sequence[str], env: dict[str, str] | None) -> list[str]:
         return list(argv)
     for name in env:
         if not name or "=" in name or "\0" in name:
-            raise ac.AgentError("environment variable name %r cannot be passed to a command" % name)
+            raise errors.SandboxError("environment variable name %r cannot be passed to a command" % name)
     return ["/usr/bin/env", "--"] + ["%s=%s" % (k, v) for k, v in sorted(env.items())] + list(argv)
 
 
@@ -138,7 +134,7 @@ class ApiRoadClient:
                  scratch_dir: str = profile.SCRATCH_DIR, validate_certs: bool = True, connect_timeout: float = 60.0) -> None:
         parts = urllib.parse.urlsplit(api_url.rstrip("/"))
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ac.AgentError("api_url %r is not an http(s) URL" % api_url)
+            raise errors.SandboxError("api_url %r is not an http(s) URL" % api_url)
         self.scheme, self.host, self.port = parts.scheme, parts.hostname, parts.port
         self.base = parts.path + prefix + "/sessions/" + urllib.parse.quote(session_id, safe="")
         self._token = token
@@ -163,7 +159,7 @@ class ApiRoadClient:
     # -- HTTP -------------------------------------------------------------------------------
     def _connection(self) -> http.client.HTTPConnection:
         if self._closed:
-            raise ac.AgentUnavailable("the link to session %s was closed" % self.label)
+            raise errors.GuestUnavailable("the link to session %s was closed" % self.label)
         if self.scheme == "https":
             return http.client.HTTPSConnection(self.host, self.port, timeout=self.connect_timeout, context=self.context,
                                                blocksize=COPY_CHUNK)
@@ -176,7 +172,7 @@ class ApiRoadClient:
 
     def _send(self, method: str, path: str, body: bytes | BinaryIO | None = None, headers: dict | None = None,
               query: dict | None = None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        """(connection, response) of one call; an error status raises HttpFailure (the connection is closed)."""
+        """(connection, response) of one call; an error status raises HttpRefused (the connection is closed)."""
         url = self.base + path + ("?" + urllib.parse.urlencode(query) if query else "")
         conn = self._connection()
         try:
@@ -188,7 +184,7 @@ class ApiRoadClient:
         if resp.status >= 300:
             text = _error_text(resp.read(64 * 1024))
             conn.close()
-            raise HttpFailure(resp.status, "HTTP %d: %s" % (resp.status, text))
+            raise errors.HttpRefused(resp.status, "HTTP %d: %s" % (resp.status, text))
         return conn, resp
 
     def _json_call(self, method: str, path: str, doc: dict) -> dict:
@@ -214,7 +210,7 @@ class ApiRoadClient:
                 feed.put(bytes(stdin))
             feed.put(None)
         if hold_stdin and self.interactive is False:
-            raise ac.AgentError(self._needs_interactive())
+            raise errors.SandboxError(self._needs_interactive())
         return call, feed
 
     def _needs_interactive(self) -> str:
@@ -235,7 +231,7 @@ class ApiRoadClient:
             else:
                 stdin = self._collect(feed)
                 if call.cancelled.is_set():  # the worker went away before its stdin was complete: never start it
-                    raise ac.CommandLost("the command on session %s was cancelled before it started" % self.label)
+                    raise errors.CommandLost("the command on session %s was cancelled before it started" % self.label)
                 if len(stdin) > ONE_SHOT_MAX:
                     staged, call.argv = self._stage_stdin(stdin, call.argv)
                     stdin = b""
@@ -251,7 +247,7 @@ class ApiRoadClient:
             if staged:
                 try:
                     self.exec(["rm", "-f", "--", staged], deadline=60)
-                except ac.AgentError as e:
+                except errors.SandboxError as e:
                     log.warning("session %s: could not remove staged stdin %s: %s", self.label, staged, e)
 
     def _collect(self, feed: queue.Queue) -> bytes:
@@ -286,20 +282,20 @@ class ApiRoadClient:
         try:
             conn, resp = self._send("POST", "/sandbox/exec", json.dumps(body).encode(),
                                     {"Content-Type": "application/json", "Accept": "text/event-stream"})
-        except HttpFailure as e:
+        except errors.HttpRefused as e:
             if keep_open and e.status == 403:
                 self.interactive = False
-                raise ac.AgentError(self._needs_interactive()) from e
+                raise errors.SandboxError(self._needs_interactive()) from e
             if e.status in (404, 410):
-                raise ac.CommandLost("session %s cannot run the command: %s" % (self.label, e)) from e
+                raise errors.CommandLost("session %s cannot run the command: %s" % (self.label, e)) from e
             if e.status >= 500 or e.status == 409:
-                raise ac.AgentUnavailable("session %s did not take the command: %s; nothing was run" % (self.label, e)) from e
-            raise ac.AgentError("the data plane refused the command on session %s: %s" % (self.label, e)) from e
+                raise errors.GuestUnavailable("session %s did not take the command: %s; nothing was run" % (self.label, e)) from e
+            raise errors.SandboxError("the data plane refused the command on session %s: %s" % (self.label, e)) from e
         except ConnectionRefusedError as e:
-            raise ac.AgentUnavailable("cannot reach the API for session %s: %s; nothing was run" % (self.label, e)) from e
+            raise errors.GuestUnavailable("cannot reach the API for session %s: %s; nothing was run" % (self.label, e)) from e
         except (OSError, http.client.HTTPException) as e:
-            raise ac.CommandLost("lost the command on session %s before its answer: %s; it may have partly run "
-                                 "and is not re-run" % (self.label, e)) from e
+            raise errors.CommandLost("lost the command on session %s before its answer: %s; it may have partly run "
+                                     "and is not re-run" % (self.label, e)) from e
         if keep_open:
             self.interactive = True
         call.conn = conn
@@ -328,8 +324,8 @@ class ApiRoadClient:
                     break
         except (OSError, http.client.HTTPException, ValueError) as e:
             lost = "%s: %s" % ("cancelled" if call.cancelled.is_set() else "the event stream was cut", e)
-        raise ac.CommandLost("lost the command on session %s: %s; it may have partly run and is not re-run"
-                             % (self.label, lost))
+        raise errors.CommandLost("lost the command on session %s: %s; it may have partly run and is not re-run"
+                                 % (self.label, lost))
 
     def _write_stdin(self, call: ApiExec, feed: queue.Queue) -> None:
         """Forward the queue's stdin as offset-keyed writes; a failed write is retried once at its offset."""
@@ -355,7 +351,7 @@ class ApiRoadClient:
                         offset = int(self._json_call("POST", "/sandbox/exec/%s/stdin" % call.exec_id, doc)
                                      .get("offset", offset + len(piece)))
                         break
-                    except HttpFailure as e:
+                    except errors.HttpRefused as e:
                         log.info("session %s: stdin write refused (%s): the command has ended", self.label, e)
                         return
                     except (OSError, http.client.HTTPException) as e:
@@ -373,26 +369,27 @@ class ApiRoadClient:
         return ac.collect_exec(self.iter_exec(call, feed))
 
     # -- files ------------------------------------------------------------------------------
-    def _transfer_error(self, e: HttpFailure, path: str, verb: str) -> ac.AgentError:
+    def _transfer_error(self, e: errors.HttpRefused, path: str, verb: str) -> errors.SandboxError:
         where = "%s on session %s" % (path, self.label)
         if e.status == 403:
-            return ac.TransferDenied("the data plane refused to %s %s: %s" % (verb, where, e))
+            return errors.Denied("the data plane refused to %s %s: %s" % (verb, where, e))
         if e.status == 404:
-            return ac.RemoteNotFound("cannot %s %s: no such file (%s)" % (verb, where, e))
+            return errors.NotFound("cannot %s %s: no such file (%s)" % (verb, where, e))
         if e.status == 400 and "sha" in str(e).lower():
-            return ac.ChecksumMismatch("the %s of %s failed its checksum: %s; nothing was written" % (verb, where, e))
+            return errors.ChecksumMismatch("the %s of %s failed its checksum: %s; nothing was written" % (verb, where, e))
         if e.status >= 500:
-            return ac.AgentUnavailable("cannot %s %s: %s" % (verb, where, e))
-        return ac.AgentError("cannot %s %s: %s" % (verb, where, e))
+            return errors.GuestUnavailable("cannot %s %s: %s" % (verb, where, e))
+        return errors.SandboxError("cannot %s %s: %s" % (verb, where, e))
 
     def upload(self, local_path: str, remote_path: str, mode: int = 0, chunk_size: int = COPY_CHUNK, is_archive: bool = False) -> int:
         """Stream a local file to a guest path under the transfer root (X-Content-Sha256); returns bytes written."""
         what = "archive destination" if is_archive else "upload destination"
-        remote_path = profile.check_transfer_path(remote_path, self.scratch_dir, what=what)
+        with errors.path_rules():
+            remote_path = profile.check_transfer_path(remote_path, self.scratch_dir, what=what)
         size = os.path.getsize(local_path)
         if size > STAGED_MAX:
-            raise ac.AgentError("%s is %d bytes: the platform's transfers carry at most %d bytes (50 GiB)"
-                                % (local_path, size, STAGED_MAX))
+            raise errors.SandboxError("%s is %d bytes: the platform's transfers carry at most %d bytes (50 GiB)"
+                                      % (local_path, size, STAGED_MAX))
         digest = hashlib.sha256()
         with open(local_path, "rb") as f:
             for chunk in iter(lambda: f.read(COPY_CHUNK), b""):
@@ -406,22 +403,23 @@ class ApiRoadClient:
                 conn, resp = self._send("POST", "/workspace/upload", f, {
                     "Content-Type": "application/octet-stream", "Content-Length": str(size),
                     "X-Content-Sha256": digest.hexdigest()}, query=query)
-            except HttpFailure as e:
+            except errors.HttpRefused as e:
                 raise self._transfer_error(e, remote_path, verb) from e
             except (OSError, http.client.HTTPException) as e:
-                raise ac.AgentUnavailable("lost the connection to session %s while trying to %s %s: %s"
-                                          % (self.label, verb, remote_path, e)) from e
+                raise errors.GuestUnavailable("lost the connection to session %s while trying to %s %s: %s"
+                                              % (self.label, verb, remote_path, e)) from e
         try:
             doc = json.loads(resp.read().decode("utf-8") or "{}")
         except (OSError, http.client.HTTPException, ValueError) as e:
-            raise ac.AgentUnavailable("the upload of %s to session %s got no answer: %s" % (remote_path, self.label, e)) from e
+            raise errors.GuestUnavailable("the upload of %s to session %s got no answer: %s" % (remote_path, self.label, e)) from e
         finally:
             conn.close()
         return int(doc.get("bytes_written", size))
 
     def download(self, remote_path: str, local_path: str, chunk_size: int = COPY_CHUNK) -> int:
         """Fetch a guest file to local_path, verified, then renamed into place; a file past the streaming bound is staged."""
-        remote_path = profile.check_transfer_path(remote_path, self.scratch_dir, what="download source")
+        with errors.path_rules():
+            remote_path = profile.check_transfer_path(remote_path, self.scratch_dir, what="download source")
         size = self._remote_size(remote_path)
         if size is not None and size > STREAM_DOWNLOAD_MAX:
             return self._staged_download(remote_path, local_path, size)
@@ -431,7 +429,7 @@ class ApiRoadClient:
         """The guest's word on a file's size (it only picks the road: both roads bound and verify what comes)."""
         try:
             res = self.exec(["stat", "-L", "-c", "%s", "--", remote_path], timeout=60)
-        except ac.AgentError:
+        except errors.SandboxError:
             return None
         text = res.stdout.strip()
         if res.exit_code != 0 or not text.isdigit() or len(text) > 20:
@@ -442,15 +440,15 @@ class ApiRoadClient:
                          known_size: int | None = None) -> int:
         """The streaming download, at most STREAM_DOWNLOAD_MAX bytes of payload (refused before asking past it)."""
         if known_size is not None and known_size > STREAM_DOWNLOAD_MAX:
-            raise ac.AgentError("%s on session %s is %d bytes: the streaming download carries at most %d bytes "
-                                "(larger files need a staged transfer); nothing was asked of the platform"
-                                % (remote_path, self.label, known_size, STREAM_DOWNLOAD_MAX))
+            raise errors.SandboxError("%s on session %s is %d bytes: the streaming download carries at most %d bytes "
+                                      "(larger files need a staged transfer); nothing was asked of the platform"
+                                      % (remote_path, self.label, known_size, STREAM_DOWNLOAD_MAX))
         try:
             conn, resp = self._send("GET", "/workspace/download", query={"path": remote_path, "as_archive": "false"})
-        except HttpFailure as e:
+        except errors.HttpRefused as e:
             raise self._transfer_error(e, remote_path, "download") from e
         except (OSError, http.client.HTTPException) as e:
-            raise ac.AgentUnavailable("cannot download %s from session %s: %s" % (remote_path, self.label, e)) from e
+            raise errors.GuestUnavailable("cannot download %s from session %s: %s" % (remote_path, self.label, e)) from e
 
         def fill(f: BinaryIO) -> int:
             digest, size, tail = hashlib.sha256(), 0, b""
@@ -464,23 +462,23 @@ class ApiRoadClient:
                         body, tail = tail[:-FOOTER_BYTES], tail[-FOOTER_BYTES:]
                         size += len(body)
                         if size > STREAM_DOWNLOAD_MAX:
-                            raise ac.AgentError("the download of %s from session %s passed the streaming bound of %d "
-                                                "bytes (the file grew, or the guest misreported its size); nothing "
-                                                "was written to %s" % (remote_path, self.label, STREAM_DOWNLOAD_MAX,
-                                                                       local_path))
+                            raise errors.SandboxError("the download of %s from session %s passed the streaming bound of %d "
+                                                      "bytes (the file grew, or the guest misreported its size); nothing "
+                                                      "was written to %s" % (remote_path, self.label, STREAM_DOWNLOAD_MAX,
+                                                                             local_path))
                         f.write(body)
                         digest.update(body)
             except (OSError, http.client.HTTPException) as e:
-                raise ac.AgentUnavailable("the download of %s from session %s was cut: %s; nothing was written "
-                                          "to %s" % (remote_path, self.label, e, local_path)) from e
+                raise errors.GuestUnavailable("the download of %s from session %s was cut: %s; nothing was written "
+                                              "to %s" % (remote_path, self.label, e, local_path)) from e
             footer_ok = (len(tail) == FOOTER_BYTES and tail.startswith(FOOTER_MAGIC) and tail.endswith(b"\n")
                          and all(c in b"0123456789abcdef" for c in tail[8:72]))
             if not footer_ok:
-                raise ac.AgentUnavailable("the download of %s from session %s ended without its integrity footer: the "
-                                          "transfer was cut; nothing was written to %s" % (remote_path, self.label, local_path))
+                raise errors.GuestUnavailable("the download of %s from session %s ended without its integrity footer: the "
+                                              "transfer was cut; nothing was written to %s" % (remote_path, self.label, local_path))
             if tail[8:72].decode() != digest.hexdigest():
-                raise ac.ChecksumMismatch("the download of %s from session %s failed its sha256 check; nothing was "
-                                          "written to %s" % (remote_path, self.label, local_path))
+                raise errors.ChecksumMismatch("the download of %s from session %s failed its sha256 check; nothing was "
+                                              "written to %s" % (remote_path, self.label, local_path))
             return size
 
         try:
@@ -500,13 +498,13 @@ class ApiRoadClient:
         else:
             answer = self._json_call(method, path, doc or {})
         if not isinstance(answer, dict):
-            raise ac.AgentError("the data plane answered %s %s with %r, not an object" % (method, path, answer))
+            raise errors.SandboxError("the data plane answered %s %s with %r, not an object" % (method, path, answer))
         return answer
 
     def _cancel(self, tid: str, reason: str) -> None:
         try:
             self._transfer("POST", "/%s/cancel" % tid, {"reason": reason})
-        except (ac.AgentError, OSError, http.client.HTTPException, ValueError) as e:
+        except (errors.SandboxError, OSError, http.client.HTTPException, ValueError) as e:
             log.warning("session %s: could not cancel transfer %s: %s", self.label, tid, e)
 
     def _await_transfer(self, tid: str, remote_path: str, verb: str) -> dict:
@@ -519,14 +517,14 @@ class ApiRoadClient:
                 return doc
             if status == "failed":
                 message = str(doc.get("error_message") or "no reason given")[:500]
-                cls = ac.ChecksumMismatch if "sha256" in message.lower() else ac.AgentError
+                cls = errors.ChecksumMismatch if "sha256" in message.lower() else errors.SandboxError
                 raise cls("the staged transfer to %s %s on session %s failed: %s" % (verb, remote_path, self.label, message))
             if status not in ("pending", "in_progress"):
-                raise ac.AgentError("staged transfer %s answered status %r" % (tid, status))
+                raise errors.SandboxError("staged transfer %s answered status %r" % (tid, status))
             if time.monotonic() > deadline:
                 self._cancel(tid, "the client gave up waiting")
-                raise ac.AgentError("the staged transfer to %s %s on session %s was still %s after %d s"
-                                    % (verb, remote_path, self.label, status, STAGED_DEADLINE))
+                raise errors.SandboxError("the staged transfer to %s %s on session %s was still %s after %d s"
+                                          % (verb, remote_path, self.label, status, STAGED_DEADLINE))
             time.sleep(pause)
             pause = min(pause * 2, 2.0)
 
@@ -535,7 +533,7 @@ class ApiRoadClient:
         """(connection, response) of a presigned object-storage URL: never the API token, its own credential."""
         parts = urllib.parse.urlsplit(str(url))
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ac.AgentError("the data plane gave a presigned URL that is not http(s): %r" % str(url)[:200])
+            raise errors.SandboxError("the data plane gave a presigned URL that is not http(s): %r" % str(url)[:200])
         if parts.scheme == "https":
             context = self.context or ssl.create_default_context()
             conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=READ_TIMEOUT, context=context,
@@ -560,7 +558,7 @@ class ApiRoadClient:
                 urls[item["part_number"]] = str(item["upload_url"])
         missing = [n for n in numbers if n not in urls]
         if missing:
-            raise ac.AgentError("the data plane gave no upload URL for parts %s of transfer %s" % (missing[:5], tid))
+            raise errors.SandboxError("the data plane gave no upload URL for parts %s of transfer %s" % (missing[:5], tid))
         return urls
 
     def _staged_upload(self, local_path: str, remote_path: str, size: int, sha: str, is_archive: bool, verb: str) -> int:
@@ -571,11 +569,11 @@ class ApiRoadClient:
             body["is_archive"] = True
         try:
             created = self._transfer("POST", "", body)
-        except HttpFailure as e:
+        except errors.HttpRefused as e:
             raise self._transfer_error(e, remote_path, verb) from e
         tid, part_size = str(created.get("transfer_id") or ""), created.get("part_size")
         if not tid or "/" in tid or not isinstance(part_size, int) or isinstance(part_size, bool) or part_size <= 0:
-            raise ac.AgentError("the data plane answered a staged upload with %r" % (created,))
+            raise errors.SandboxError("the data plane answered a staged upload with %r" % (created,))
         count = -(-size // part_size)
         done = False
         try:
@@ -598,16 +596,16 @@ class ApiRoadClient:
                             if resp.status == 403 and attempt == 1:  # "If URLs expire before the PUT, request them again"
                                 urls.update(self._part_urls(tid, [m for m in batch if m >= n]))
                                 continue
-                            raise ac.AgentError("object storage refused part %d of %d of the staged upload to %s: "
-                                                "HTTP %d: %s" % (n, count, remote_path, resp.status, text))
+                            raise errors.SandboxError("object storage refused part %d of %d of the staged upload to %s: "
+                                                      "HTTP %d: %s" % (n, count, remote_path, resp.status, text))
             self._transfer("POST", "/%s/commit" % tid, {"sha256": sha})
             doc = self._await_transfer(tid, remote_path, verb)
             done = True
-        except HttpFailure as e:
+        except errors.HttpRefused as e:
             raise self._transfer_error(e, remote_path, verb) from e
         except (OSError, http.client.HTTPException) as e:
-            raise ac.AgentUnavailable("lost the connection during the staged upload to %s on session %s: %s"
-                                      % (remote_path, self.label, e)) from e
+            raise errors.GuestUnavailable("lost the connection during the staged upload to %s on session %s: %s"
+                                          % (remote_path, self.label, e)) from e
         finally:
             if not done:
                 self._cancel(tid, "the client gave up")
@@ -618,25 +616,25 @@ class ApiRoadClient:
         try:
             created = self._transfer("POST", "", {"direction": "download",
                                                   "path": posixpath.relpath(remote_path, profile.TRANSFER_ROOT)})
-        except HttpFailure as e:
+        except errors.HttpRefused as e:
             if e.status in (404, 405, 501) and "route" in str(e):
-                raise ac.AgentError("%s on session %s is %d bytes, past the %d bytes the streaming download carries, "
-                                    "and the platform has no staged transfers (%s): use transport agent"
-                                    % (remote_path, self.label, size_hint, STREAM_DOWNLOAD_MAX, e)) from e
+                raise errors.SandboxError("%s on session %s is %d bytes, past the %d bytes the streaming download carries, "
+                                          "and the platform has no staged transfers (%s): use transport agent"
+                                          % (remote_path, self.label, size_hint, STREAM_DOWNLOAD_MAX, e)) from e
             raise self._transfer_error(e, remote_path, "download") from e
         tid = str(created.get("transfer_id") or "")
         if not tid or "/" in tid:
-            raise ac.AgentError("the data plane answered a staged download with %r" % (created,))
+            raise errors.SandboxError("the data plane answered a staged download with %r" % (created,))
         try:
             doc = self._await_transfer(tid, remote_path, "download")
             sha, declared = doc.get("sha256"), doc.get("bytes_written")
             if not isinstance(sha, str) or len(sha) != 64 or set(sha) - set("0123456789abcdef"):
-                raise ac.ChecksumMismatch("the staged download of %s from session %s reported no usable sha256 (%r); "
-                                          "nothing was written to %s" % (remote_path, self.label, str(sha)[:80], local_path))
+                raise errors.ChecksumMismatch("the staged download of %s from session %s reported no usable sha256 (%r); "
+                                              "nothing was written to %s" % (remote_path, self.label, str(sha)[:80], local_path))
             if not isinstance(declared, int) or isinstance(declared, bool) or not 0 <= declared <= STAGED_MAX:
-                raise ac.AgentError("the staged download of %s from session %s reported a size of %r bytes (at most "
-                                    "%d); nothing was written to %s" % (remote_path, self.label, declared, STAGED_MAX,
-                                                                        local_path))
+                raise errors.SandboxError("the staged download of %s from session %s reported a size of %r bytes (at most "
+                                          "%d); nothing was written to %s" % (remote_path, self.label, declared, STAGED_MAX,
+                                                                              local_path))
             for attempt in (1, 2):
                 conn, resp = self._object("GET", doc.get("download_url") or "")
                 if resp.status == 403 and attempt == 1:  # expired: "freshly minted" at each poll
@@ -644,22 +642,22 @@ class ApiRoadClient:
                     doc = self._await_transfer(tid, remote_path, "download")
                     continue
                 break
-        except HttpFailure as e:
+        except errors.HttpRefused as e:
             self._cancel(tid, "the client gave up")
             raise self._transfer_error(e, remote_path, "download") from e
         except (OSError, http.client.HTTPException) as e:
             self._cancel(tid, "the client gave up")
-            raise ac.AgentUnavailable("cannot fetch the staged download of %s from session %s: %s"
-                                      % (remote_path, self.label, e)) from e
+            raise errors.GuestUnavailable("cannot fetch the staged download of %s from session %s: %s"
+                                          % (remote_path, self.label, e)) from e
 
         def fill(f: BinaryIO) -> int:
             if resp.status >= 300:
-                raise ac.AgentError("object storage refused the staged download of %s: HTTP %d: %s"
-                                    % (remote_path, resp.status, _error_text(resp.read(64 * 1024))))
+                raise errors.SandboxError("object storage refused the staged download of %s: HTTP %d: %s"
+                                          % (remote_path, resp.status, _error_text(resp.read(64 * 1024))))
             length = resp.getheader("Content-Length")
             if length is not None and length.strip() != str(declared):
-                raise ac.AgentError("the staged download of %s from session %s is %s bytes, the transfer reported %d; "
-                                    "nothing was written to %s" % (remote_path, self.label, length[:30], declared, local_path))
+                raise errors.SandboxError("the staged download of %s from session %s is %s bytes, the transfer reported %d; "
+                                          "nothing was written to %s" % (remote_path, self.label, length[:30], declared, local_path))
             digest, got = hashlib.sha256(), 0
             try:
                 while True:
@@ -668,20 +666,20 @@ class ApiRoadClient:
                         break
                     got += len(chunk)
                     if got > declared:
-                        raise ac.AgentError("the staged download of %s from session %s sent more than the %d bytes "
-                                            "the transfer reported; nothing was written to %s"
-                                            % (remote_path, self.label, declared, local_path))
+                        raise errors.SandboxError("the staged download of %s from session %s sent more than the %d bytes "
+                                                  "the transfer reported; nothing was written to %s"
+                                                  % (remote_path, self.label, declared, local_path))
                     digest.update(chunk)
                     f.write(chunk)
             except (OSError, http.client.HTTPException) as e:
-                raise ac.AgentUnavailable("the staged download of %s from session %s was cut: %s; nothing was "
-                                          "written to %s" % (remote_path, self.label, e, local_path)) from e
+                raise errors.GuestUnavailable("the staged download of %s from session %s was cut: %s; nothing was "
+                                              "written to %s" % (remote_path, self.label, e, local_path)) from e
             if got != declared:
-                raise ac.AgentUnavailable("the staged download of %s from session %s ended after %d of %d bytes; "
-                                          "nothing was written to %s" % (remote_path, self.label, got, declared, local_path))
+                raise errors.GuestUnavailable("the staged download of %s from session %s ended after %d of %d bytes; "
+                                              "nothing was written to %s" % (remote_path, self.label, got, declared, local_path))
             if digest.hexdigest() != sha:
-                raise ac.ChecksumMismatch("the staged download of %s from session %s failed its sha256 check; nothing "
-                                          "was written to %s" % (remote_path, self.label, local_path))
+                raise errors.ChecksumMismatch("the staged download of %s from session %s failed its sha256 check; nothing "
+                                              "was written to %s" % (remote_path, self.label, local_path))
             return got
 
         try:
@@ -746,12 +744,11 @@ class NoWarm:
     """The api road has no warm module runner (it needs a long-lived stdin): the worker runs modules cold."""
 
     def get(self, interpreter: str, core: str = "") -> NoReturn:
-        from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
-        raise module_runners.Refused("the api transport has no warm runner")
+        raise errors.WarmRefused("the api transport has no warm runner")
 
-    def any_alive(self) -> bool:
+    def any_alive(self) -> NoReturn:
         """No runner to do a task's tmp dir commands either: the worker runs them in a shell."""
-        return self.get("")
+        self.get("")
 
     def stop(self) -> None:
         pass
@@ -761,8 +758,8 @@ def attach(link: SessionLink) -> None:
     """Give a SessionLink (_mux/session_link.py) the api road: its client and no warm runner."""
     cfg = link.cfg
     link.road = "api"
-    link.agent = ApiRoadClient(cfg.api_url, cfg.prefix, cfg.token, link.session_id, link.label,
-                               scratch_dir=cfg.scratch_dir, validate_certs=cfg.validate_certs,
-                               connect_timeout=min(cfg.connect_timeout, 30.0))
-    link.warm = NoWarm()
+    link.client = ApiRoadClient(cfg.api_url, cfg.prefix, cfg.token, link.session_id, link.label,
+                                scratch_dir=cfg.scratch_dir, validate_certs=cfg.validate_certs,
+                                connect_timeout=min(cfg.connect_timeout, 30.0))
+    link.runners = NoWarm()
     log.info("session %s: using the documented exec and file API (transport %s)", link.label, cfg.transport)

@@ -10,29 +10,32 @@ whose stream is lost is reported as lost and never re-run; a worker that hangs u
 
 from __future__ import annotations
 
+import queue
 import socket
 import threading
+from typing import TYPE_CHECKING, Any
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import errors
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
+
+if TYPE_CHECKING:  # imported for its name only: session_link imports nothing from here, but keep it one-way
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link import SessionLink
 
 DEADLINE_GRACE = 30.0          # client deadline beyond the agent's own command timeout
 
 
-def op_exec(link, conn, req: dict) -> None:
+def op_exec(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> None:
     timeout = int(req.get("timeout") or 0)
     try:
         link.ensure_ready()
         link.runs.ensure(req.get("run"))
-        call, feed = link.agent.exec_stream(req["argv"], env=req.get("env"), workdir=req.get("workdir") or "",
-                                            timeout=timeout, deadline=(timeout + DEADLINE_GRACE) if timeout else None,
-                                            hold_stdin=bool(req.get("hold_stdin")))
-    except errors.EXPECTED as e:
+        call, feed = link.client.exec_stream(req["argv"], env=req.get("env"), workdir=req.get("workdir") or "",
+                                             timeout=timeout, deadline=(timeout + DEADLINE_GRACE) if timeout else None,
+                                             hold_stdin=bool(req.get("hold_stdin")))
+    except errors.SandboxError as e:
         # answer first (the worker may hold stdin back), then drain its stdin up to STDIN_EOF
         # so that the next request on this connection is read as a request
-        mp.send_frame(conn, mp.ERROR, link.explain(e))
+        mp.send_frame(conn, mp.ERROR, link.report(e))
         drain_stdin(conn)
         return
     done = threading.Event()
@@ -40,9 +43,9 @@ def op_exec(link, conn, req: dict) -> None:
     reader.start()
     # the worker may hold stdin back (a become password prompt), so the final frame goes out
     # before waiting for its STDIN_EOF
-    final = (mp.ERROR, {"kind": mp.ERR_LOST, "message": "the command on session %s ended without a status" % link.label})
+    final: tuple[int, dict[str, Any]] | None = None
     try:
-        for kind, data in link.agent.iter_exec(call, feed):
+        for kind, data in link.client.iter_exec(call, feed):
             if kind == "stdout":
                 mp.send_frame(conn, mp.STDOUT, data)
             elif kind == "stderr":
@@ -53,14 +56,17 @@ def op_exec(link, conn, req: dict) -> None:
     except OSError:
         call.cancel()  # the worker went away (task timeout, ^C): stop the command
         raise
-    except ac.AgentError as e:
-        final = (mp.ERROR, link.explain(e))
+    except errors.SandboxError as e:
+        final = (mp.ERROR, link.report(e))
+    if final is None:  # never from either road (an exec ends with its exit or raises), reported all the same
+        final = (mp.ERROR, link.report(errors.CommandLost("the command on session %s ended without a status: "
+                                                          "it is not re-run" % link.label)))
     done.set()
     mp.send_frame(conn, *final)
     reader.join()
 
 
-def op_warm(link, conn, req: dict) -> str | None:
+def op_warm(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> str | None:
     """Run a pipelined module payload in the session's warm module runner (see module_runners.py).
 
     Before any output, a request the runner cannot take is answered with an ERR_WARM error, and
@@ -71,7 +77,7 @@ def op_warm(link, conn, req: dict) -> str | None:
     while True:
         frame = mp.recv_frame(conn)
         if frame is None:
-            return
+            return None
         if frame[0] == mp.STDIN_EOF:
             break
         if frame[0] != mp.STDIN:
@@ -80,17 +86,17 @@ def op_warm(link, conn, req: dict) -> str | None:
     try:
         link.ensure_ready()
         link.runs.ensure(req.get("run"))
-        runner = link.warm.get(req["interpreter"], req.get("core") or "")
+        runner = link.runners.get(req["interpreter"], req.get("core") or "")
         rid, events = runner.submit(req.get("env") or {}, bytes(payload))
-    except module_runners.Refused as e:
-        mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_WARM, "message": str(e)})
+    except errors.WarmRefused as e:
+        mp.send_frame(conn, mp.ERROR, e.to_frame())
         return "warm_refused"
-    except errors.EXPECTED as e:
-        mp.send_frame(conn, mp.ERROR, link.explain(e))
+    except errors.SandboxError as e:
+        mp.send_frame(conn, mp.ERROR, link.report(e))
         return "warm_failed"
     done = threading.Event()
 
-    def watch_hangup():
+    def watch_hangup() -> None:
         # the worker sends nothing until it has the EXIT: readable before that means it went away
         try:
             if not conn.recv(1, socket.MSG_PEEK) and not done.is_set():
@@ -111,24 +117,24 @@ def op_warm(link, conn, req: dict) -> str | None:
             elif kind == "exit":
                 done.set()
                 mp.send_frame(conn, mp.EXIT, {"rc": data, "timed_out": False, "warm": True})
-                return
+                return None
             elif kind == "refuse" or not started:
                 done.set()
-                mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_WARM, "message": data})
+                mp.send_frame(conn, mp.ERROR, errors.WarmRefused(data).to_frame())
                 return "warm_refused"
             else:
                 done.set()
                 lost = errors.CommandLost("the warm module runner on session %s died during the task (%s): "
                                           "the module was lost (it may have partly run; it is not re-run)"
                                           % (link.label, data))
-                mp.send_frame(conn, mp.ERROR, link.explain(lost))
-                return
+                mp.send_frame(conn, mp.ERROR, link.report(lost))
+                return None
     except OSError:
         runner.kill(rid)
         raise
 
 
-def drain_stdin(conn) -> None:
+def drain_stdin(conn: socket.socket) -> None:
     while True:
         frame = mp.recv_frame(conn)
         if frame is None or frame[0] == mp.STDIN_EOF:
@@ -137,7 +143,7 @@ def drain_stdin(conn) -> None:
             raise mp.ProtocolError("expected stdin, got frame %d" % frame[0])
 
 
-def _pump_stdin(conn, call, feed, done) -> None:
+def _pump_stdin(conn: socket.socket, call: Any, feed: queue.Queue[bytes | None], done: threading.Event) -> None:
     """Forward stdin frames until STDIN_EOF, then watch for the worker hanging up mid-command."""
     try:
         while True:
@@ -165,7 +171,7 @@ def _pump_stdin(conn, call, feed, done) -> None:
         feed.put(None)
 
 
-def op_tmp(link, conn, req: dict) -> str:
+def op_tmp(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> str:
     """A task tmp dir command (core_compat.tmp_op: mkdtemp, chmod, rm) done by a running warm runner.
 
     Answers EXIT with the command's output, or ERR_WARM (nothing to undo: the worker runs the command
@@ -176,18 +182,18 @@ def op_tmp(link, conn, req: dict) -> str:
     try:
         link.ensure_ready()
         link.runs.ensure(req.get("run"))
-        done = link.warm.any_alive().tmp(req["tmp"])
-    except module_runners.Refused as e:
-        mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_WARM, "message": str(e)})
+        runner = link.runners.any_alive()
+        try:
+            done = runner.tmp(req["tmp"])
+        except errors.CommandLost as e:
+            raise errors.CommandLost("the warm module runner on session %s died during a task tmp dir command (%s): "
+                                     "it is not re-run" % (link.label, e)) from e
+    except errors.WarmRefused as e:
+        mp.send_frame(conn, mp.ERROR, e.to_frame())
         return "tmp_refused"
-    except module_runners.Lost as e:
-        lost = errors.CommandLost("the warm module runner on session %s died during a task tmp dir command (%s): "
-                                  "it is not re-run" % (link.label, e))
-        mp.send_frame(conn, mp.ERROR, link.explain(lost))
-        return "tmp_lost"
-    except errors.EXPECTED as e:
-        mp.send_frame(conn, mp.ERROR, link.explain(e))
-        return "tmp_failed"
+    except errors.SandboxError as e:
+        mp.send_frame(conn, mp.ERROR, link.report(e))
+        return "tmp_lost" if isinstance(e, errors.CommandLost) else "tmp_failed"
     if done.get("stdout"):
         mp.send_frame(conn, mp.STDOUT, done["stdout"].encode("utf-8", "surrogateescape"))
     if done.get("stderr"):

@@ -6,20 +6,24 @@
 Not to be confused with the guest agent (the gRPC service every command goes through) or the
 session's `agent` field (an AI agent spec).
 
-One WarmRunner per (session, interpreter), held by the session's link over one long-lived
+One ModuleRunner per (session, interpreter), held by the session's link over one long-lived
 Exec stream. Requests carry ids, so several tasks can run at once (each in its
 own fork in the guest). A runner that dies is replaced by the next request; a
 request the runner never started is refused (the worker then runs it cold), one
 it started and then lost is reported as failed and never re-run.
 """
 
+from __future__ import annotations
+
 import json
 import logging
 import queue
 import struct
 import threading
+from typing import Any
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import core_compat
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import module_runner as wr
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import source_of
 
@@ -30,14 +34,16 @@ TMP_TIMEOUT = 60.0     # a task tmp dir op is a few syscalls; no answer by then 
 HELD_MAX = 256
 CORE_CONFIG = core_compat.runner_config()
 CORE = wr.CoreConfig(CORE_CONFIG)
+# What a request's queue carries: (kind, data), kind one of ready, started, stdout, stderr, exit, refuse, done, dead.
+Event = tuple[str, Any]
 
 
-def runner_python_argv(interpreter):
+def runner_python_argv(interpreter: str) -> list[str]:
     """`<interpreter> -c <the runner's source> microvm-warm-runner <core config JSON>`."""
     return [interpreter, "-c", runner_source(), wr.MARKER, json.dumps(CORE_CONFIG)]
 
 
-def runner_argv(interpreter):
+def runner_argv(interpreter: str) -> list[str]:
     """The Exec argv that starts a warm runner: through sh, so a missing interpreter is an exit code, not an error."""
     python = runner_python_argv(interpreter)
     return ["/bin/sh", "-c", 'exec "$0" -c "$1" "$2" "$3"', python[0]] + python[2:]
@@ -47,32 +53,24 @@ def runner_source() -> str:
     return source_of(wr)
 
 
-class Refused(Exception):
-    """The request was not started: run it cold."""
-
-
-class Lost(Exception):
-    """The runner went away with the request under way: it may have partly run."""
-
-
-class WarmRunner:
-    def __init__(self, agent, interpreter):
-        self.agent = agent
+class ModuleRunner:
+    def __init__(self, client: Any, interpreter: str) -> None:
+        self.client = client   # the link's road client (exec_stream, iter_exec)
         self.interpreter = interpreter
         self.lock = threading.Lock()
-        self.pending = {}      # request id -> queue of events
+        self.pending: dict[int, queue.Queue[Event]] = {}  # request id -> queue of events
         self.next_id = 1
-        self.call = None
-        self.feed = None
+        self.call: Any = None
+        self.feed: queue.Queue[bytes | None] | None = None
         self.alive = False
-        self.info = None
-        self.held = set()      # zip keys the runner has taken: later payloads send only a reference
-        self.whole = {}        # request id -> (zip key, the whole RUN body) until the runner answers
+        self.info: dict[str, Any] | None = None
+        self.held: set[str] = set()  # zip keys the runner has taken: later payloads send only a reference
+        self.whole: dict[int, tuple[str | None, bytes]] = {}  # request id -> (zip key, the whole RUN body) until answered
 
-    def start(self):
-        self.call, self.feed = self.agent.exec_stream(runner_argv(self.interpreter), env={}, workdir="", timeout=0,
-                                                      deadline=None)
-        ready = queue.Queue()
+    def start(self) -> None:
+        self.call, self.feed = self.client.exec_stream(runner_argv(self.interpreter), env={}, workdir="", timeout=0,
+                                                       deadline=None)
+        ready: queue.Queue[Event] = queue.Queue()
         self.pending[0] = ready
         threading.Thread(target=self._read, name="warm-runner", daemon=True).start()
         try:
@@ -82,18 +80,18 @@ class WarmRunner:
         self.pending.pop(0, None)
         if event[0] != "ready":
             self.stop()
-            raise Refused("the warm runner could not start with %s: %s" % (self.interpreter, event[1]))
+            raise errors.WarmRefused("the warm runner could not start with %s: %s" % (self.interpreter, event[1]))
         self.info = event[1]
         self.alive = True
-        log.info("session %s: warm runner for %s started in the guest (python %s, pid %s)", self.agent.label, self.interpreter,
+        log.info("session %s: warm runner for %s started in the guest (python %s, pid %s)", self.client.label, self.interpreter,
                  self.info.get("python"), self.info.get("pid"))
 
-    def _read(self):
+    def _read(self) -> None:
         buf = b""
         stderr = b""
         why = "its stream ended"
         try:
-            for kind, data in self.agent.iter_exec(self.call, self.feed):
+            for kind, data in self.client.iter_exec(self.call, self.feed):
                 if kind == "stderr":
                     stderr = (stderr + data)[-2000:]
                     continue
@@ -118,16 +116,16 @@ class WarmRunner:
             self.pending.clear()
             self.whole.clear()
         if waiting:
-            log.warning("session %s: warm runner for %s ended: %s", self.agent.label, self.interpreter, why)
+            log.warning("session %s: warm runner for %s ended: %s", self.client.label, self.interpreter, why)
         else:
             # Nothing was running in it (the session was deleted, paused or rolled back between tasks): nothing was
             # lost, and the next task starts a new runner. The stream's own error would say a command was lost.
-            log.info("session %s: warm runner for %s ended while no module ran in it", self.agent.label,
+            log.info("session %s: warm runner for %s ended while no module ran in it", self.client.label,
                      self.interpreter)
         for q in waiting:
             q.put(("dead", why))
 
-    def _dispatch(self, rid, kind, body):
+    def _dispatch(self, rid: int, kind: int, body: bytes) -> None:
         q = self.pending.get(rid)
         if q is None:
             return
@@ -159,10 +157,12 @@ class WarmRunner:
             self.pending.pop(rid, None)
             q.put(("done", json.loads(body.decode("utf-8"))))
 
-    def _send(self, rid, kind, body=b""):
+    def _send(self, rid: int, kind: int, body: bytes = b"") -> None:
+        if self.feed is None:
+            raise errors.WarmRefused("the warm runner is not running")
         self.feed.put(wr.HEADER.pack(len(body), rid, kind) + body)
 
-    def submit(self, env, payload):
+    def submit(self, env: dict[str, str], payload: bytes) -> tuple[int, queue.Queue[Event]]:
         """Queue a module run: (request id, event queue).
 
         A payload whose zip the runner already holds goes without it (about 170 KiB less per task);
@@ -182,20 +182,20 @@ class WarmRunner:
             self._send(rid, wr.RUN, whole)
         return rid, q
 
-    def _new_request(self):
-        q = queue.Queue()
+    def _new_request(self) -> tuple[int, queue.Queue[Event]]:
+        q: queue.Queue[Event] = queue.Queue()
         with self.lock:
             if not self.alive:
-                raise Refused("the warm runner is not running")
+                raise errors.WarmRefused("the warm runner is not running")
             rid = self.next_id
             self.next_id += 1
             self.pending[rid] = q
         return rid, q
 
-    def tmp(self, op):
+    def tmp(self, op: dict[str, Any]) -> dict[str, Any]:
         """Have the runner do a task tmp dir op (core_compat.tmp_op) -> {"rc", "stdout", "stderr"}.
 
-        Refused: nothing to undo, run the command in a shell. Lost: the runner died under it.
+        WarmRefused: nothing to undo, run the command in a shell. CommandLost: the runner died under it.
         """
         rid, q = self._new_request()
         self._send(rid, wr.TMP, json.dumps(op).encode("utf-8"))
@@ -203,18 +203,18 @@ class WarmRunner:
             kind, data = q.get(timeout=TMP_TIMEOUT)
         except queue.Empty as e:
             self.pending.pop(rid, None)
-            raise Lost("the warm runner did not answer within %ds" % TMP_TIMEOUT) from e
+            raise errors.CommandLost("the warm runner did not answer within %ds" % TMP_TIMEOUT) from e
         if kind == "done":
             return data
         if kind == "refuse":
-            raise Refused(data)
-        raise Lost(data)
+            raise errors.WarmRefused(data)
+        raise errors.CommandLost(data)
 
-    def kill(self, rid):
+    def kill(self, rid: int) -> None:
         if self.alive:
             self._send(rid, wr.KILL)
 
-    def stop(self):
+    def stop(self) -> None:
         self.alive = False
         if self.feed is not None:
             self.feed.put(None)  # stdin EOF: the runner waits for its children and exits
@@ -224,44 +224,44 @@ class WarmRunner:
             timer.start()
 
 
-class WarmRunners:
+class ModuleRunners:
     """A session's runners, one per (interpreter, controller core version): the payloads of two cores
     differ in their module_utils, so each core's runs preload their own. Interpreters that cannot run
     a runner are remembered."""
 
-    def __init__(self, agent):
-        self.agent = agent
+    def __init__(self, client: Any) -> None:
+        self.client = client
         self.lock = threading.Lock()
-        self.runners = {}
-        self.broken = {}
+        self.runners: dict[tuple[str, str], ModuleRunner] = {}
+        self.broken: dict[str, str] = {}  # interpreter -> why it cannot run a runner
 
-    def get(self, interpreter, core=""):
+    def get(self, interpreter: str, core: str = "") -> ModuleRunner:
         with self.lock:
             if interpreter in self.broken:
-                raise Refused(self.broken[interpreter])
+                raise errors.WarmRefused(self.broken[interpreter])
             runner = self.runners.get((interpreter, core))
             if runner is not None and runner.alive:
                 return runner
             if runner is not None:
                 log.info("warm runner for %s (core %s) died: starting a new one", interpreter, core or "?")
-            runner = WarmRunner(self.agent, interpreter)
+            runner = ModuleRunner(self.client, interpreter)
             try:
                 runner.start()
-            except Refused as e:
+            except errors.WarmRefused as e:
                 self.broken[interpreter] = str(e)
                 raise
             self.runners[(interpreter, core)] = runner
             return runner
 
-    def any_alive(self):
+    def any_alive(self) -> ModuleRunner:
         """A running runner of this session (the oldest), for work that needs no particular interpreter."""
         with self.lock:
             for runner in self.runners.values():
                 if runner.alive:
                     return runner
-        raise Refused("no warm runner is running in this session yet")
+        raise errors.WarmRefused("no warm runner is running in this session yet")
 
-    def stop(self):
+    def stop(self) -> None:
         with self.lock:
             for runner in self.runners.values():
                 runner.stop()

@@ -13,10 +13,15 @@ from __future__ import annotations
 import logging
 import posixpath
 import threading
+from typing import TYPE_CHECKING
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.core_compat import TASK_TMP
+
+if TYPE_CHECKING:  # session_link imports this module: the name only
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link import SessionLink
 
 log = logging.getLogger("microvm.mux")
 
@@ -26,7 +31,7 @@ STALE_RUN_MINUTES = 24 * 60    # run dirs of other controllers are swept after a
 class RunDirs:
     """The runs one session has seen: run id -> {"pid", "start", "dir"}."""
 
-    def __init__(self, link):
+    def __init__(self, link: SessionLink) -> None:
         self.link = link
         self.runs: dict[str, dict] = {}
         self.lock = threading.Lock()
@@ -44,7 +49,8 @@ class RunDirs:
             rlock = self.run_locks.setdefault(run_id, threading.Lock())
         with rlock:
             if run_id not in self.runs:
-                run_dir = profile.check_scratch_dir(run["dir"], what="run TMPDIR")
+                with errors.path_rules():
+                    run_dir = profile.check_scratch_dir(run["dir"], what="run TMPDIR")
                 self.link.guest('mkdir -p -- "$1" && chmod 1777 -- "$1"', run_dir)
                 self.runs[run_id] = {"pid": run.get("pid"), "start": run.get("start"), "dir": run_dir}
                 log.info("session %s: run %s: TMPDIR %s created", self.link.label, run_id, run_dir)

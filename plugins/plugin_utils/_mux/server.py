@@ -18,7 +18,7 @@ The jobs live in their own modules, all running in this process:
     _mux/run_dirs.py       runs and their TMPDIRs
     transfer_ops.py  put / fetch / put_archive and staging
     exec_ops.py       exec and warm: command streaming
-    _mux/errors.py     the error vocabulary (ERROR frame kinds)
+    _shared/errors.py  the error vocabulary (one family of exceptions, each with its ERROR frame kind)
 
 Run as: python -m ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.server
 """
@@ -37,14 +37,16 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import exec_ops
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import transfer_ops
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import tunnel as tunnel_mod
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import ProcessConfig, SessionConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import LinkConfig, ProcessConfig
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link import LinkClosed, SessionLink
 
 log = logging.getLogger("microvm.mux")
@@ -54,7 +56,7 @@ EMPTY_LINGER = 3.0            # seconds without links or workers before the proc
 MAINTENANCE_THREADS = 8       # links maintained at once (REST checks, run reaping): one slow session never stalls all
 
 
-def _malloc_trim():
+def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's malloc_trim, or None (another libc).
 
     gRPC's C core and the per-chunk buffers of transfers free memory that glibc keeps in its arenas
@@ -102,7 +104,7 @@ def missing_requirements() -> str | None:
 class MuxServer:
     """The socket server: workers in, one SessionLink per session key, ops dispatched to its link."""
 
-    def __init__(self, cfg: ProcessConfig):
+    def __init__(self, cfg: ProcessConfig) -> None:
         self.cfg = cfg
         self.dir = cfg.dir
         self.socket_path = mp.socket_path(self.dir)
@@ -117,7 +119,7 @@ class MuxServer:
         self.served: collections.Counter = collections.Counter()
         self.served_by_session: dict[str, collections.Counter] = {}
         self.last_activity = time.monotonic()
-        self.listener = None
+        self.listener: socket.socket | None = None
         self.stopped = threading.Event()
         self.maintenance = concurrent.futures.ThreadPoolExecutor(MAINTENANCE_THREADS, thread_name_prefix="maintain")
 
@@ -125,15 +127,15 @@ class MuxServer:
     def listen(self) -> None:
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener = listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)  # the socket is born 0600
         try:
-            self.listener.bind(self.socket_path)
+            listener.bind(self.socket_path)
         finally:
             os.umask(old)
         os.chmod(self.socket_path, 0o600)
-        self.listener.listen(256)
-        self.listener.settimeout(WATCH_INTERVAL)
+        listener.listen(256)
+        listener.settimeout(WATCH_INTERVAL)
         with open(os.path.join(self.dir, mp.PID_NAME), "w") as f:
             f.write(str(os.getpid()))
 
@@ -141,7 +143,9 @@ class MuxServer:
         threading.Thread(target=self.watch, name="watch", daemon=True).start()
         while not self.stopping.is_set():
             try:
-                conn = self.listener.accept()[0]
+                conn = self.listener.accept()[0] if self.listener is not None else None
+                if conn is None:
+                    raise OSError("the mux's socket is not listening")
             except socket.timeout:
                 continue
             except OSError:
@@ -159,7 +163,7 @@ class MuxServer:
             threading.Thread(target=self.handle, args=(conn,), name="worker", daemon=True).start()
 
     # -- links ----------------------------------------------------------------------------
-    def link_for(self, cfg: SessionConfig) -> SessionLink:
+    def link_for(self, cfg: LinkConfig) -> SessionLink:
         """The open link of this session key, or a new one (opened by its first request)."""
         key = cfg.key
         with self.lock:
@@ -174,14 +178,14 @@ class MuxServer:
             return link
 
     def close_link(self, link: SessionLink, why: str, clean: bool = True,
-                   because: errors.MuxFailure | None = None) -> None:
+                   because: errors.SandboxError | None = None) -> None:
         with self.lock:
             if self.links.get(link.key) is link:
                 del self.links[link.key]
             self.last_activity = time.monotonic()
         link.close(why, clean=clean, because=because)
 
-    def attach(self, cfg: SessionConfig) -> SessionLink:
+    def attach(self, cfg: LinkConfig) -> SessionLink:
         """The session's link, opened (resolved, tunnel up, agent answering); a clear MuxFailure otherwise."""
         while True:
             link = self.link_for(cfg)
@@ -191,7 +195,7 @@ class MuxServer:
                 return link
             except LinkClosed:
                 continue  # closed (idle, reset) between lookup and use: take a fresh one
-            except errors.MuxFailure as e:
+            except errors.SandboxError as e:
                 self.close_link(link, "could not open: %s" % e, clean=False, because=e)
                 raise
 
@@ -240,10 +244,11 @@ class MuxServer:
             os.unlink(self.socket_path)
         except OSError:
             pass
-        try:
-            self.listener.close()
-        except (OSError, AttributeError):
-            pass
+        if self.listener is not None:
+            try:
+                self.listener.close()
+            except OSError:
+                pass
         threads = [threading.Thread(target=link.close, args=("the mux is stopping",), kwargs={"clean": clean}, daemon=True)
                    for link in links]
         for t in threads:
@@ -254,7 +259,7 @@ class MuxServer:
         self.stopped.set()
 
     # -- one worker connection -----------------------------------------------------------------
-    def handle(self, conn) -> None:
+    def handle(self, conn: socket.socket) -> None:
         link = None
         try:
             while not self.stopping.is_set():
@@ -263,8 +268,7 @@ class MuxServer:
                     return
                 kind, req = frame
                 if kind != mp.REQUEST:
-                    mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_PROTOCOL,
-                                                   "message": "expected a request, got frame %d" % kind})
+                    mp.send_frame(conn, mp.ERROR, errors.ProtocolMismatch("expected a request, got frame %d" % kind).to_frame())
                     return
                 with self.lock:
                     self.last_activity = time.monotonic()
@@ -285,19 +289,18 @@ class MuxServer:
                 self.connections -= 1
                 self.last_activity = time.monotonic()
 
-    def dispatch(self, conn, req: dict, link: SessionLink | None):
+    def dispatch(self, conn: socket.socket, req: dict[str, Any], link: SessionLink | None) -> SessionLink | bool | None:
         """Serve one request: a SessionLink after an attach, False to end the connection, else None."""
         op = req.get("op")
         if op == "attach":
             try:
-                cfg = SessionConfig.from_wire(req.get("session") or {})
+                cfg = LinkConfig.from_wire(req.get("session") or {})
                 link = self.attach(cfg)
-            except mp.ProtocolError as e:
-                mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_PROTOCOL, "message": str(e)})
+            except errors.ProtocolMismatch as e:
+                mp.send_frame(conn, mp.ERROR, e.to_frame())
                 return False
-            except errors.EXPECTED as e:
-                kind, message = errors.classify(e)
-                mp.send_frame(conn, mp.ERROR, {"kind": kind, "message": message})
+            except errors.SandboxError as e:
+                mp.send_frame(conn, mp.ERROR, e.to_frame())
                 return None
             mp.send_frame(conn, mp.RESULT, {"pid": os.getpid(), "session_id": link.session_id, "label": link.label,
                                             "generation": link.generation, "version": mp.PROTOCOL_VERSION})
@@ -311,25 +314,25 @@ class MuxServer:
                                             "served_by_session": by_session})
             return None
         if op == "reset":
-            return self.op_reset(conn, req)
+            self.op_reset(conn, req)
+            return None
         if op == "shutdown":
             mp.send_frame(conn, mp.RESULT, {"pid": os.getpid()})
             log.info("shutdown requested")
             threading.Thread(target=self.stop, daemon=True).start()
             return False
         if op not in STREAM_OPS and op not in RESULT_OPS:
-            mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_PROTOCOL, "message": "unknown op %r" % op})
+            mp.send_frame(conn, mp.ERROR, errors.ProtocolMismatch("unknown op %r" % op).to_frame())
             return None
         if link is None:
-            mp.send_frame(conn, mp.ERROR, {"kind": mp.ERR_PROTOCOL, "message": "op %r before attach" % op})
+            mp.send_frame(conn, mp.ERROR, errors.ProtocolMismatch("op %r before attach" % op).to_frame())
             return False
         while True:
             if link.closed.is_set():  # reset, idle-closed or gone since the attach: a fresh link, or why not
                 try:
                     link = self.attach(link.cfg)
-                except errors.EXPECTED as e:
-                    kind, message = errors.classify(e)
-                    mp.send_frame(conn, mp.ERROR, {"kind": kind, "message": message})
+                except errors.SandboxError as e:
+                    mp.send_frame(conn, mp.ERROR, e.to_frame())
                     if op in STREAM_OPS:
                         exec_ops.drain_stdin(conn)  # keep the connection in step
                     return None
@@ -340,14 +343,14 @@ class MuxServer:
             except LinkClosed:
                 continue  # nothing was sent for this request yet
 
-    def run_op(self, op: str, link: SessionLink, conn, req: dict) -> None:
+    def run_op(self, op: str, link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> None:
         if op in STREAM_OPS:
             outcome = STREAM_OPS[op](link, conn, req) or op  # a stream op may say how it was served
         else:
             try:
                 result = RESULT_OPS[op](link, req)
-            except errors.EXPECTED as e:
-                mp.send_frame(conn, mp.ERROR, link.explain(e))
+            except errors.SandboxError as e:
+                mp.send_frame(conn, mp.ERROR, link.report(e))
                 outcome = op + "_failed"
             else:
                 mp.send_frame(conn, mp.RESULT, result)
@@ -356,7 +359,7 @@ class MuxServer:
             self.served[outcome] += 1
             self.served_by_session.setdefault(link.session_id or link.label, collections.Counter())[outcome] += 1
 
-    def op_reset(self, conn, req: dict) -> None:
+    def op_reset(self, conn: socket.socket, req: dict[str, Any]) -> None:
         """meta: reset_connection: close this session's link only; its next task opens a fresh one."""
         with self.lock:
             link = self.links.get(req.get("key") or "")
@@ -373,7 +376,7 @@ def main() -> int:
                         format="%(asctime)s mux[%(process)d] %(levelname)s %(message)s")
     problem = missing_requirements()
     if problem:
-        sys.stdout.write(json.dumps({"ok": False, "kind": mp.ERR_UNREACHABLE, "message": problem}) + "\n")
+        sys.stdout.write(json.dumps(dict(errors.Unreachable(problem).to_frame(), ok=False)) + "\n")
         return 1
     server = MuxServer(cfg)
     signal.signal(signal.SIGTERM, lambda *_signal_args: threading.Thread(target=server.stop, daemon=True).start())
@@ -381,8 +384,8 @@ def main() -> int:
     try:
         server.listen()
     except OSError as e:
-        reply = {"ok": False, "kind": mp.ERR_UNREACHABLE, "message": "the connection multiplexer cannot listen on %s: %s"
-                 % (server.socket_path, e)}
+        reply = dict(errors.Unreachable("the connection multiplexer cannot listen on %s: %s"
+                                        % (server.socket_path, e)).to_frame(), ok=False)
     else:
         reply = {"ok": True, "pid": os.getpid()}
     sys.stdout.write(json.dumps(reply) + "\n")

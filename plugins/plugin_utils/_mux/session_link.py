@@ -17,16 +17,16 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, WaitTimeout
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_road
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import errors
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.http_stdlib import stdlib_open
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import SessionConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import LinkConfig
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.run_dirs import RunDirs
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.tunnel import Tunnel
 
@@ -34,6 +34,14 @@ grpc = ac.grpc
 log = logging.getLogger("microvm.mux")
 
 SESSION_CHECK_INTERVAL = 10.0  # REST check that the session still exists
+RoadClient = ac.AgentClient | api_road.ApiRoadClient    # one road's client: the same methods on both
+Runners = module_runners.ModuleRunners | api_road.NoWarm
+
+# Exit codes of the mux's own helper scripts in the guest (guest()) that say what went wrong, so a kind is
+# never picked from the words a guest's tools print (another language, another coreutils, a hostile guest).
+RC_NOT_FOUND = 3
+RC_DENIED = 4
+HELPER_EXIT_CODES: dict[int, type[errors.SandboxError]] = {RC_NOT_FOUND: errors.NotFound, RC_DENIED: errors.Denied}
 
 
 class LinkClosed(Exception):
@@ -43,7 +51,7 @@ class LinkClosed(Exception):
 class SessionLink:
     """The channel to one session's guest agent, shared by every worker attached to it."""
 
-    def __init__(self, cfg: SessionConfig, socket_dir: str, generation: int = 1):
+    def __init__(self, cfg: LinkConfig, socket_dir: str, generation: int = 1) -> None:
         self.cfg = cfg
         self.key = cfg.key
         self.generation = generation  # how many links this mux process opened for this key so far
@@ -53,15 +61,15 @@ class SessionLink:
         self.session_id: str | None = None
         self.label = cfg.session
         self.tunnel: Tunnel | None = None
-        self.agent: ac.AgentClient | api_road.ApiRoadClient | None = None
+        self._client: RoadClient | None = None     # see the client property
         self.road = "agent"  # or "api": the documented exec and file API (api_road.attach)
-        self.warm: module_runners.WarmRunners | None = None
+        self._runners: Runners | None = None
         self.runs = RunDirs(self)
-        self.state = None
+        self.state: grpc.ChannelConnectivity | None = None
         self.opened = False
         self.closed = threading.Event()   # set: no new request is taken
         self.torn_down = False
-        self.closed_because: errors.MuxFailure | None = None  # why a closed link refuses requests
+        self.closed_because: errors.SandboxError | None = None  # why a closed link refuses requests
         self.open_lock = threading.Lock()
         self.ready_lock = threading.Lock()
         self.lock = threading.Lock()
@@ -72,6 +80,28 @@ class SessionLink:
 
     def __repr__(self) -> str:
         return "SessionLink(%r, generation=%d)" % (self.label, self.generation)
+
+    @property
+    def client(self) -> RoadClient:
+        """The road's client: the guest agent's gRPC client, or the documented API's (same methods)."""
+        if self._client is None:
+            raise errors.Unreachable("the link to session %s is not open" % self.label)
+        return self._client
+
+    @client.setter
+    def client(self, value: RoadClient | None) -> None:
+        self._client = value
+
+    @property
+    def runners(self) -> Runners:
+        """The session's warm module runners (none on the api road)."""
+        if self._runners is None:
+            raise errors.WarmRefused("the link to session %s has no module runner" % self.label)
+        return self._runners
+
+    @runners.setter
+    def runners(self, value: Runners | None) -> None:
+        self._runners = value
 
     # -- opening and closing ------------------------------------------------------------
     def open(self) -> None:
@@ -96,26 +126,29 @@ class SessionLink:
         auto = self.cfg.transport == "auto"
         if auto:
             self.wake_if_paused()  # a paused session is woken first, so its quiet agent is not mistaken for none
-        os.makedirs(self.socket_dir, mode=0o700, exist_ok=True)
-        self.tunnel = Tunnel(self.cfg.api_url, self.cfg.prefix, self.session_id, self.cfg.token,
+        try:
+            os.makedirs(self.socket_dir, mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise errors.Unreachable("cannot make the tunnel directory %s: %s" % (self.socket_dir, e)) from e
+        self.tunnel = Tunnel(self.cfg.api_url, self.cfg.prefix, self.session_id or self.cfg.session, self.cfg.token,
                              port=self.cfg.agent_port, label=self.label, connect_timeout=self.cfg.connect_timeout,
                              validate_certs=self.cfg.validate_certs, socket_dir=self.socket_dir)
         self.tunnel.start()
         # A lost stream drops its connection: the agent client then dials through a fresh channel (_dial).
-        self.agent = ac.AgentClient(self._dial(), self.label, self.cfg.scratch_dir, redial=self._dial)
-        self.warm = module_runners.WarmRunners(self.agent)
+        client = ac.AgentClient(self._dial(), self.label, self.cfg.scratch_dir, redial=self._dial)
+        self.client, self.runners = client, module_runners.ModuleRunners(client)
         try:
             self.ensure_ready(limit=api_road.AUTO_PROBE_SECONDS if auto else None)
-        except errors.MuxFailure as e:
+        except errors.SandboxError as e:
             self._teardown()
             if not auto or isinstance(e, errors.SessionGone):
                 raise
             log.info("session %s: the agent port does not answer (%s): falling back to the api road", self.label, e)
-            self.tunnel = self.agent = self.warm = None
+            self.tunnel = self._client = self._runners = None
             return False
         return True
 
-    def close(self, why: str, clean: bool = True, because: errors.MuxFailure | None = None) -> None:
+    def close(self, why: str, clean: bool = True, because: errors.SandboxError | None = None) -> None:
         """Close this link only: its warm runners, channel and tunnel. With clean, reap ended runs first."""
         with self.lock:
             if self.torn_down:
@@ -130,11 +163,11 @@ class SessionLink:
         log.info("session %s: link %d closed (%s)", self.label, self.generation, why)
 
     def _teardown(self) -> None:
-        if self.warm is not None:
-            self.warm.stop()
-        if self.agent is not None:
+        if self._runners is not None:
+            self._runners.stop()
+        if self._client is not None:
             with contextlib.suppress(Exception):
-                self.agent.close()
+                self._client.close()
         if self.tunnel is not None:
             self.tunnel.stop()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
@@ -148,7 +181,7 @@ class SessionLink:
             return True
 
     @contextlib.contextmanager
-    def in_use(self):
+    def in_use(self) -> Iterator[SessionLink]:
         """Count a request in progress, so the link is not closed as idle under it (LinkClosed if it was)."""
         with self.lock:
             if self.closed.is_set():
@@ -217,16 +250,18 @@ class SessionLink:
             raise errors.Unreachable("session %s is %s and could not be made ready: %s" % (self.label, status, e)) from e
 
     @property
-    def channel(self):
-        return self.agent.channel if self.agent is not None else None
+    def channel(self) -> grpc.Channel | None:
+        return self._client.channel if self._client is not None else None
 
-    def _dial(self):
+    def _dial(self) -> grpc.Channel:
         """A gRPC channel through the tunnel; its connectivity feeds self.state while it is the agent's."""
+        if self.tunnel is None:
+            raise errors.Unreachable("the tunnel to session %s is closed" % self.label)
         channel = ac.open_channel("unix:" + self.tunnel.socket_path)
         self.state = None
 
-        def on_state(state):
-            if self.agent is None or self.agent.channel is channel:
+        def on_state(state: grpc.ChannelConnectivity) -> None:
+            if self._client is None or self._client.channel is channel:
                 self.state = state
         channel.subscribe(on_state, try_to_connect=False)
         return channel
@@ -247,18 +282,24 @@ class SessionLink:
         """
         if self.road == "api" or self.state == grpc.ChannelConnectivity.READY:
             return
+        tunnel = self.tunnel
+        if tunnel is None:
+            raise errors.Unreachable("the link to session %s is closed" % self.label)
         with self.ready_lock:
             since = time.monotonic()
             deadline = since + (limit or self.cfg.connect_timeout)
             checked = 0.0
             while True:
-                future = grpc.channel_ready_future(self.channel)
+                channel = self.channel  # read each time: a lost stream may have redialled it
+                if channel is None:
+                    raise errors.Unreachable("the link to session %s is closed" % self.label)
+                future = grpc.channel_ready_future(channel)
                 try:
                     future.result(timeout=0.5)
                     return
                 except grpc.FutureTimeoutError:
                     future.cancel()
-                errors_seen = self.tunnel.errors_since(since)
+                errors_seen = tunnel.errors_since(since)
                 now = time.monotonic()
                 if errors_seen and errors_seen[-1].fatal:
                     self.check_session()  # a deleted session is reported as such
@@ -272,43 +313,46 @@ class SessionLink:
                                              "(option connect_timeout)%s" % (self.label, int(self.cfg.connect_timeout),
                                                                              last))
 
-    def explain(self, e: BaseException) -> dict:
-        """The ERROR payload of a failure on this session; a lost stream is explained by the session's state.
+    def report(self, e: errors.SandboxError) -> dict[str, str]:
+        """The ERROR payload of a failure on this session.
 
-        A gone session also closes this link (only this one).
+        A lost stream keeps its kind (it is never re-run, whatever the cause) and gets what the session's
+        state and the tunnel know appended (`session box (id) is DESTROYED`). A gone session also closes
+        this link (only this one).
         """
-        kind, message = errors.classify(e)
-        if kind == mp.ERR_LOST:
+        gone = e if isinstance(e, errors.SessionGone) else None
+        if isinstance(e, errors.CommandLost):
             try:
                 self.check_session()
+            except errors.SessionGone as why:
+                gone, e = why, e.with_context(str(why))
             except errors.Unreachable as why:
-                kind, message = why.kind, "%s; %s" % (message, why)
+                e = e.with_context(str(why))
             else:
                 recent = self.tunnel.errors_since(time.monotonic() - 60) if self.tunnel else []
                 if recent:
-                    message += "; tunnel: %s" % recent[-1]
-        if kind == mp.ERR_GONE:
+                    e = e.with_context("tunnel: %s" % recent[-1])
+        if gone is not None:
             threading.Thread(target=self.close, args=("the session is gone",),
-                             kwargs={"clean": False, "because": errors.SessionGone(message)}, daemon=True).start()
-        return {"kind": kind, "message": message}
+                             kwargs={"clean": False, "because": gone}, daemon=True).start()
+        return e.to_frame()
 
     # -- helpers in the guest ------------------------------------------------------------------
     def guest(self, script: str, *args: str) -> ac.ExecResult:
-        """Run a small sh script in the guest (the mux's own helpers); raise on failure."""
+        """Run a small sh script in the guest (the mux's own helpers); raise on failure.
+
+        The script says what failed by its exit code: RC_NOT_FOUND, RC_DENIED (HELPER_EXIT_CODES); any
+        other code is a plain failure with the script's stderr as its message.
+        """
         self.ensure_ready()
-        result = self.agent.exec(["/bin/sh", "-c", script, "sh"] + list(args), deadline=self.cfg.connect_timeout + 60)
+        result = self.client.exec(["/bin/sh", "-c", script, "sh"] + list(args), deadline=self.cfg.connect_timeout + 60)
         if result.exit_code != 0:
             err = result.stderr.decode("utf-8", "replace").strip()
-            kind = mp.ERR_FAILED
-            if "No such file" in err:
-                kind = mp.ERR_NOT_FOUND
-            elif "Permission denied" in err:
-                kind = mp.ERR_DENIED
-            raise errors.GuestCommandFailed(err or "exit code %d" % result.exit_code, kind)
+            raise HELPER_EXIT_CODES.get(result.exit_code, errors.SandboxError)(err or "exit code %d" % result.exit_code)
         return result
 
     # -- housekeeping (the mux's watch thread calls this every second or so) ---------------------
-    def maintain(self, now: float) -> tuple[str, bool, errors.MuxFailure | None] | None:
+    def maintain(self, now: float) -> tuple[str, bool, errors.SandboxError | None] | None:
         """Reap ended runs, check the session now and then.
 
         Returns None, or why to close the link: (reason, clean, the error later requests get).

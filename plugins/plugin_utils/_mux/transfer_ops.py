@@ -10,80 +10,110 @@ the guest, and renamed into place so a cut copy leaves the old file or nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import posixpath
 import uuid
+from collections.abc import Iterator
+from typing import Any
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import errors
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link import RC_DENIED, RC_NOT_FOUND, SessionLink
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 
 log = logging.getLogger("microvm.mux")
 
+# The staged put: copy next to the destination, then rename (atomic on the guest even across filesystems).
+# A missing destination directory is told by its exit code, never by cp's words.
+PUT_STAGED = ('trap \'rm -f -- "$1"\' EXIT; d=$(dirname -- "$2"); [ -d "$d" ] || exit %d; '
+              't="$d/.microvm.$$.$(basename -- "$2")"; '
+              'cp -- "$1" "$t" && mv -f -- "$t" "$2" || { rc=$?; rm -f -- "$t"; exit $rc; }' % RC_NOT_FOUND)
+# The staged fetch's copy into the run's dir: a missing or unreadable source is told by its exit code.
+FETCH_STAGED = '[ -e "$1" ] || exit %d; [ -r "$1" ] || exit %d; cp -- "$1" "$2"' % (RC_NOT_FOUND, RC_DENIED)
+
+
+@contextlib.contextmanager
+def _controller_file(path: str) -> Iterator[None]:
+    """The mux's own I/O on a controller file of a transfer: its OSError as a task failure naming the file."""
+    try:
+        yield
+    except OSError as e:
+        raise errors.SandboxError("controller file %s: %s" % (path, e.strerror or e)) from e
+
+
+def _guest_path(path: str) -> str:
+    with errors.path_rules():
+        return profile.guest_path(path)
 
 
 def _stage_name(run_dir: str, remote: str) -> str:
     return posixpath.join(run_dir, ".stage.%s.%s" % (uuid.uuid4().hex[:12], posixpath.basename(remote)[:60]))
 
 
-def _stage_dir(link, req: dict, remote: str) -> str:
+def _stage_dir(link: SessionLink, req: dict[str, Any], remote: str) -> str:
     run_dir = link.runs.ensure(req.get("run"))
     if not run_dir:
-        raise errors.GuestCommandFailed("cannot stage %s: no run scratch dir" % remote)
+        raise errors.SandboxError("cannot stage %s: no run scratch dir" % remote)
     return run_dir
 
 
-def op_put(link, req: dict) -> dict:
-    local, remote = req["local"], profile.guest_path(req["remote"])
+def op_put(link: SessionLink, req: dict[str, Any]) -> dict[str, Any]:
+    local, remote = req["local"], _guest_path(req["remote"])
     if not os.path.isfile(local):
-        raise ac.RemoteNotFound("local file %s to upload does not exist" % local)
+        raise errors.NotFound("local file %s to upload does not exist" % local)
     link.ensure_ready()
     if profile.is_within(remote):
         try:
-            return {"bytes": link.agent.upload(local, remote), "staged": False}
-        except ac.TransferDenied:
+            with _controller_file(local):
+                return {"bytes": link.client.upload(local, remote), "staged": False}
+        except errors.Denied:
             pass  # a symlink inside the workspace pointing outside it: stage instead
     stage = _stage_name(_stage_dir(link, req, remote), remote)
-    written = link.agent.upload(local, stage)
-    # copy next to the destination, then rename: atomic on the guest even across filesystems
-    link.guest('trap \'rm -f -- "$1"\' EXIT; d=$(dirname -- "$2"); t="$d/.microvm.$$.$(basename -- "$2")"; '
-               'cp -- "$1" "$t" && mv -f -- "$t" "$2" || { rc=$?; rm -f -- "$t"; exit $rc; }', stage, remote)
+    with _controller_file(local):
+        written = link.client.upload(local, stage)
+    try:
+        link.guest(PUT_STAGED, stage, remote)
+    except errors.NotFound as e:
+        raise errors.NotFound("cannot put %s into session %s: its directory does not exist" % (remote, link.label)) from e
     return {"bytes": written, "staged": True}
 
 
-def op_put_archive(link, req: dict) -> dict:
+def op_put_archive(link: SessionLink, req: dict[str, Any]) -> dict[str, Any]:
     """Extract a local tar into a guest directory through Upload(is_archive); never staged.
 
     The agent checks every member before writing, so a refused archive leaves the target as it was.
     """
-    local, remote = req["local"], profile.guest_path(req["remote"])
+    local, remote = req["local"], _guest_path(req["remote"])
     if not os.path.isfile(local):
-        raise ac.RemoteNotFound("local archive %s to upload does not exist" % local)
+        raise errors.NotFound("local archive %s to upload does not exist" % local)
     link.ensure_ready()
-    return {"bytes": link.agent.upload(local, remote, is_archive=True), "staged": False}
+    with _controller_file(local):
+        return {"bytes": link.client.upload(local, remote, is_archive=True), "staged": False}
 
 
-def op_fetch(link, req: dict) -> dict:
-    remote, local = profile.guest_path(req["remote"]), req["local"]
+def op_fetch(link: SessionLink, req: dict[str, Any]) -> dict[str, Any]:
+    remote, local = _guest_path(req["remote"]), req["local"]
     link.ensure_ready()
     if profile.is_within(remote):
         try:
-            return {"bytes": link.agent.download(remote, local), "staged": False}
-        except ac.TransferDenied:
+            with _controller_file(local):
+                return {"bytes": link.client.download(remote, local), "staged": False}
+        except errors.Denied:
             pass
     run_dir = _stage_dir(link, req, remote)
     stage = _stage_name(run_dir, remote)
     try:
-        link.guest('cp -- "$1" "$2"', remote, stage)
-    except errors.GuestCommandFailed as e:
-        if e.kind == mp.ERR_NOT_FOUND:
-            raise ac.RemoteNotFound("cannot fetch %s from session %s: no such file" % (remote, link.label)) from e
-        raise errors.GuestCommandFailed("cannot stage %s from session %s through %s: %s"
-                                        % (remote, link.label, run_dir, e), e.kind) from e
+        link.guest(FETCH_STAGED, remote, stage)
+    except errors.NotFound as e:
+        raise errors.NotFound("cannot fetch %s from session %s: no such file" % (remote, link.label)) from e
+    except errors.SandboxError as e:
+        if isinstance(e, errors.CommandLost):
+            raise
+        raise e.rebuild("cannot stage %s from session %s through %s: %s" % (remote, link.label, run_dir, e), e.kind) from e
     try:
-        return {"bytes": link.agent.download(stage, local), "staged": True}
+        with _controller_file(local):
+            return {"bytes": link.client.download(stage, local), "staged": True}
     finally:
         try:
             link.guest('rm -f -- "$1"', stage)

@@ -11,7 +11,7 @@ WebSocket. Pings every 30 s keep edges from cutting an idle tunnel.
 
 The bytes of a failed dial never reach the local peer (gRPC just sees a
 closed connection), so the tunnel keeps the last failure as a clear
-TunnelError naming the session; the caller reads it with `errors_since()`.
+TunnelFailure (_shared/errors.py) naming the session; the caller reads it with `errors_since()`.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import shutil
 import ssl
 import tempfile
 import threading
-import time
 from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import advice, profile
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.frames import socket_path as short_socket_path
 
 WEBSOCKETS_IMPORT_ERROR: ImportError | None
@@ -47,29 +47,18 @@ READ_SIZE = 1024 * 1024
 USER_AGENT = "microvm.sandbox-tunnel/0.1"
 
 
-class TunnelError(Exception):
-    """A port-forward dial or connection failed. `fatal` means retrying cannot help."""
-
-    def __init__(self, message: str, status: int | None = None, close_code: int | None = None, fatal: bool = False) -> None:
-        super().__init__(message)
-        self.status = status
-        self.close_code = close_code
-        self.fatal = fatal
-        self.at = time.monotonic()
-
-
 def ws_url(api_url: str, prefix: str, session_id: str, port: int) -> str:
     """http(s)://host/base + prefix -> ws(s)://host/base<prefix>/sessions/<id>/port-forward/<port>."""
     parts = urlsplit(api_url.rstrip("/"))
     scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme.lower())
     if not scheme:
-        raise ValueError("API URL %r must start with http:// or https://" % api_url)
+        raise errors.SandboxError("API URL %r must start with http:// or https://" % api_url)
     path = parts.path.rstrip("/") + "/" + prefix.strip("/") + "/sessions/%s/port-forward/%d" % (
         quote(session_id, safe=""), int(port))
     return urlunsplit((scheme, parts.netloc, path, "", ""))
 
 
-def status_error(status: int, label: str, port: int) -> "TunnelError":
+def status_error(status: int, label: str, port: int) -> errors.TunnelFailure:
     """The pre-upgrade HTTP status of a port-forward dial, as a clear error.
 
     What happened and what to do come from the one table (module_utils/advice.py), so the same
@@ -81,24 +70,24 @@ def status_error(status: int, label: str, port: int) -> "TunnelError":
     text = "%s (HTTP %d, opening the port-forward to session %s). %s" % (advice.capitalize(happened), status, label, todo)
     # 404, 401, 403 and other client errors do not go away by trying again; 502 (guest not listening yet), 5xx,
     # 408 and 429 may.
-    return TunnelError(text, status=status, fatal=400 <= status < 500 and status not in (408, 429))
+    return errors.TunnelFailure(text, status=status, fatal=400 <= status < 500 and status not in (408, 429))
 
 
-def close_error(code: int, reason: str, label: str, port: int) -> TunnelError | None:
+def close_error(code: int, reason: str, label: str, port: int) -> errors.TunnelFailure | None:
     """A WebSocket close code of the port-forward, as a clear error (None for a normal close)."""
     why = (": " + reason) if reason else ""
     if code == 4001:
-        return TunnelError("session %s became unavailable (port-forward close code 4001%s): "
-                           "it was paused, deleted or rolled back" % (label, why), close_code=code)
+        return errors.TunnelFailure("session %s became unavailable (port-forward close code 4001%s): "
+                                    "it was paused, deleted or rolled back" % (label, why), close_code=code)
     if code == 4002:
-        return TunnelError("the platform could not dial guest port %d of session %s (close code 4002%s)"
-                           % (port, label, why), close_code=code)
+        return errors.TunnelFailure("the platform could not dial guest port %d of session %s (close code 4002%s)"
+                                    % (port, label, why), close_code=code)
     if code == 4011:
-        return TunnelError("the port-forward to session %s failed upstream (close code 4011%s)" % (label, why),
-                           close_code=code)
+        return errors.TunnelFailure("the port-forward to session %s failed upstream (close code 4011%s)" % (label, why),
+                                    close_code=code)
     if code in (1000, 1001):
         return None  # the guest hung up: an ordinary end of the connection
-    return TunnelError("the port-forward to session %s closed with code %s%s" % (label, code, why), close_code=code)
+    return errors.TunnelFailure("the port-forward to session %s closed with code %s%s" % (label, code, why), close_code=code)
 
 
 class Tunnel:
@@ -125,7 +114,7 @@ class Tunnel:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
         self._thread: threading.Thread | None = None
-        self._errors: list[TunnelError] = []
+        self._errors: list[errors.TunnelFailure] = []
         self._lock = threading.Lock()
         self.connections = 0      # WebSockets opened so far
         self.active = 0           # WebSockets open now
@@ -158,7 +147,8 @@ class Tunnel:
         thread.start()
         ready.wait()
         if failure:
-            raise failure[0]
+            raise errors.Unreachable("cannot serve the tunnel socket of session %s at %s: %s"
+                                     % (self.label, self.socket_path, failure[0])) from failure[0]
         return self.socket_path
 
     def stop(self) -> None:
@@ -185,12 +175,12 @@ class Tunnel:
             shutil.rmtree(self._dir, ignore_errors=True)
 
     # -- errors --------------------------------------------------------------
-    def _record(self, error: TunnelError) -> None:
+    def _record(self, error: errors.TunnelFailure) -> None:
         with self._lock:
             self._errors.append(error)
             del self._errors[:-20]
 
-    def errors_since(self, since: float) -> list[TunnelError]:
+    def errors_since(self, since: float) -> list[errors.TunnelFailure]:
         """Failures recorded at or after monotonic time `since`, oldest first."""
         with self._lock:
             return [e for e in self._errors if e.at >= since]
@@ -206,7 +196,7 @@ class Tunnel:
         except InvalidStatus as e:
             raise status_error(e.response.status_code, self.label, self.port) from e
         except (InvalidHandshake, OSError, asyncio.TimeoutError, WebSocketException) as e:
-            raise TunnelError("cannot open the port-forward to session %s at %s: %s" % (
+            raise errors.TunnelFailure("cannot open the port-forward to session %s at %s: %s" % (
                 self.label, self.url, str(e) or type(e).__name__)) from e
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -220,7 +210,7 @@ class Tunnel:
     async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             ws = await self._dial()
-        except TunnelError as e:
+        except errors.TunnelFailure as e:
             self._record(e)
             writer.close()
             return
@@ -266,4 +256,4 @@ class Tunnel:
         for task in (up, down):
             exc = task.exception() if task.done() and not task.cancelled() else None
             if exc is not None and not isinstance(exc, (ConnectionClosed, ConnectionError)):
-                self._record(TunnelError("the port-forward to session %s broke: %s" % (self.label, exc)))
+                self._record(errors.TunnelFailure("the port-forward to session %s broke: %s" % (self.label, exc)))

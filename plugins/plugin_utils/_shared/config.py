@@ -1,7 +1,7 @@
 # Copyright (c) 2026, microvm.sandbox contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The multiplexer's configuration: one object per session, built by the worker, read by the mux.
+"""The multiplexer's configuration: one LinkConfig per session link, built by the worker, read by the mux.
 
 Stdlib only (it is imported by every task's worker, see _shared/frames.py).
 """
@@ -12,6 +12,7 @@ import dataclasses
 import os
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 
 DEFAULT_POOL_SIZE = min(os.cpu_count() or 1, 4)
@@ -22,8 +23,12 @@ TRANSPORTS = ("agent", "api", "auto")  # the roads into a session (plugin_utils/
 
 
 @dataclasses.dataclass(frozen=True)
-class SessionConfig:
-    """Everything the mux needs to reach one session; sent by the worker with "attach"."""
+class LinkConfig:
+    """Everything the mux needs to open its link to one session; sent by the worker with "attach".
+
+    `session` is the platform session's id or name (docs/glossary.md); the field names are the attach
+    request's wire format, so they stay.
+    """
 
     session: str
     token: str = dataclasses.field(repr=False)
@@ -55,7 +60,7 @@ class SessionConfig:
     def key(self) -> str:
         # each road its own link: a play on `api` never rides on a link another opened on the agent
         port = self.agent_port if self.transport == "agent" else "%s/%s" % (self.agent_port, self.transport)
-        return mp.session_key(self.api_url, self.prefix, self.session, port, self.token)
+        return mp.link_key(self.api_url, self.prefix, self.session, port, self.token)
 
     def to_wire(self) -> dict:
         data = dataclasses.asdict(self)
@@ -64,15 +69,18 @@ class SessionConfig:
         return data
 
     @classmethod
-    def from_wire(cls, data: dict) -> SessionConfig:
+    def from_wire(cls, data: dict) -> LinkConfig:
         """The config of an attach request; unknown fields are a protocol error, not silently dropped."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise mp.ProtocolError("unknown session settings %s (worker and mux versions differ?)" % ", ".join(unknown))
+            raise errors.ProtocolMismatch("unknown session settings %s (worker and mux versions differ?)" % ", ".join(unknown))
         if not data.get("session") or not data.get("token"):
-            raise mp.ProtocolError("an attach request needs a session and a token")
+            raise errors.ProtocolMismatch("an attach request needs a session and a token")
         return cls(**data)
+
+
+SessionConfig = LinkConfig  # the old name, for code written against it
 
 
 @dataclasses.dataclass(frozen=True)

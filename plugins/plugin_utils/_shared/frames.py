@@ -39,6 +39,8 @@ The worker always ends stdin with STDIN_EOF, even after the EXIT, so the
 connection stays in step for the next request.
 """
 
+from __future__ import annotations
+
 import errno
 import hashlib
 import json
@@ -46,6 +48,9 @@ import os
 import socket
 import stat
 import struct
+from typing import Any
+
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 
 PROTOCOL_VERSION = 3  # 3: the "tmp" op; a worker uses it only with a mux that says 3 or more
 TMP_OP_VERSION = 3
@@ -65,18 +70,17 @@ ACK = 9  # "request taken": before it, a hang-up means the request never reached
 
 JSON_KINDS = frozenset([REQUEST, EXIT, RESULT, ERROR])
 
-# Error kinds the mux reports, so the worker can pick the Ansible exception.
-ERR_UNREACHABLE = "unreachable"   # tunnel or session not usable: host UNREACHABLE
-ERR_LOST = "lost"                 # a command's stream ended without its exit: never re-run
-ERR_GONE = "gone"                 # the session is deleted, failed or unknown
-ERR_NOT_FOUND = "not_found"       # a file to transfer does not exist
-ERR_DENIED = "denied"             # the guest refused a path
-ERR_PATH = "path"                 # refused locally by the platform profile
-ERR_FAILED = "failed"             # anything else: a plain task failure
-ERR_PROTOCOL = "protocol"         # a bug or a version mismatch between worker and mux
-ERR_WARM = "warm_refused"         # the warm runner did not start the module: the worker runs it cold
-# The kinds that make the host UNREACHABLE rather than fail the task (the connection and the sync action alike).
-UNREACHABLE_KINDS = frozenset([ERR_UNREACHABLE, ERR_LOST, ERR_GONE, ERR_PROTOCOL])
+# The error kinds of ERROR frames and the exceptions that carry them are defined once, in _shared/errors.py;
+# they are named here too because every user of the frames needs them.
+ERR_UNREACHABLE = errors.ERR_UNREACHABLE
+ERR_LOST = errors.ERR_LOST
+ERR_GONE = errors.ERR_GONE
+ERR_NOT_FOUND = errors.ERR_NOT_FOUND
+ERR_DENIED = errors.ERR_DENIED
+ERR_PATH = errors.ERR_PATH
+ERR_FAILED = errors.ERR_FAILED
+ERR_PROTOCOL = errors.ERR_PROTOCOL
+ERR_WARM = errors.ERR_WARM
 
 SOCKET_NAME = "mux.sock"
 PID_NAME = "mux.pid"
@@ -85,30 +89,28 @@ LOCK_NAME = "start.lock"
 
 
 class ProtocolError(Exception):
-    """The peer sent something that is not a valid frame, or hung up mid-frame."""
+    """The peer sent something that is not a valid frame, or hung up mid-frame: the connection is broken.
+
+    Like an OSError of the socket, never an error a task sees as such (the worker reports the mux as lost).
+    """
 
 
 class NotAccepted(Exception):
-    """The mux hung up before acknowledging a request: it never ran, so it may be retried."""
+    """The mux hung up before acknowledging a request: it never ran, so it may be retried.
 
-
-class MuxError(Exception):
-    """An ERROR frame from the mux, carrying its kind."""
-
-    def __init__(self, kind, message):
-        super().__init__(message)
-        self.kind = kind
+    A signal between the worker's own functions, never an error a task sees (not a SandboxError).
+    """
 
 
 # -- framing -------------------------------------------------------------------
 
-def encode(kind, payload=b""):
+def encode(kind: int, payload: Any = b"") -> bytes:
     if kind in JSON_KINDS and not isinstance(payload, (bytes, bytearray)):
         payload = json.dumps(payload, separators=(",", ":")).encode("utf-8")
     return HEADER.pack(len(payload), kind) + bytes(payload)
 
 
-def send_frame(sock, kind, payload=b""):
+def send_frame(sock: socket.socket, kind: int, payload: Any = b"") -> None:
     if kind in JSON_KINDS and not isinstance(payload, (bytes, bytearray)):
         payload = json.dumps(payload, separators=(",", ":")).encode("utf-8")
     header = HEADER.pack(len(payload), kind)
@@ -119,7 +121,7 @@ def send_frame(sock, kind, payload=b""):
         sock.sendall(payload)
 
 
-def recv_exact(sock, size):
+def recv_exact(sock: socket.socket, size: int) -> bytes:
     buf = bytearray(size)
     view = memoryview(buf)
     got = 0
@@ -131,7 +133,7 @@ def recv_exact(sock, size):
     return bytes(buf)
 
 
-def recv_frame(sock):
+def recv_frame(sock: socket.socket) -> tuple[int, Any] | None:
     """Read one frame: (kind, payload). JSON kinds are decoded. None at a clean EOF."""
     first = sock.recv(HEADER.size)
     if not first:
@@ -152,8 +154,8 @@ def recv_frame(sock):
 
 # -- where a mux lives ---------------------------------------------------------
 
-def session_key(api_url, prefix, session, agent_port, token):
-    """One channel per (api_url, prefix, session, agent port, token) inside the user's mux.
+def link_key(api_url: str, prefix: str, session: str, agent_port: int | str, token: str | None) -> str:
+    """The key of a session's link in the user's muxes: one per (api_url, prefix, session, agent port, token).
 
     The token's digest is part of the key, so a run with another token never rides on a channel
     opened with this one (and the token itself is never shown: the key is a digest).
@@ -163,12 +165,15 @@ def session_key(api_url, prefix, session, agent_port, token):
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
 
 
-def pool_slot(key, pool_size):
+session_key = link_key  # the old name, for code written against it
+
+
+def pool_slot(key: str, pool_size: int | str) -> int:
     """Which of the user's `pool_size` mux processes serves the session `key`."""
     return int(key, 16) % max(1, int(pool_size))
 
 
-def process_dir(base_dir, slot, uid=None):
+def process_dir(base_dir: str, slot: int, uid: int | None = None) -> str:
     """The private directory of one mux process: <base>/mux-<uid>-<slot>."""
     return os.path.join(base_dir, "mux-%d-%d" % (os.getuid() if uid is None else uid, slot))
 
@@ -178,7 +183,7 @@ def process_dir(base_dir, slot, uid=None):
 SUN_PATH_MAX = 100
 
 
-def socket_path(proc_dir, name=SOCKET_NAME):
+def socket_path(proc_dir: str, name: str = SOCKET_NAME) -> str:
     """Where a socket of `proc_dir` lives: <proc_dir>/<name>, or a short private path when that is too long."""
     path = os.path.join(proc_dir, name)
     if len(os.fsencode(path)) <= SUN_PATH_MAX:
@@ -190,7 +195,7 @@ def socket_path(proc_dir, name=SOCKET_NAME):
     return os.path.join(short_dir, digest + ".sock")
 
 
-def process_start_time(pid):
+def process_start_time(pid: int | str) -> int | None:
     """The start time (clock ticks since boot) of a local process, or None when it is gone.
 
     With the pid it names one process for good: a pid reused later has another start time.
@@ -208,13 +213,13 @@ def process_start_time(pid):
         return None
 
 
-def process_alive(pid, start):
+def process_alive(pid: int | str, start: int | str | None) -> bool:
     """Whether process `pid` still runs and is the one that started at `start` (when given)."""
     current = process_start_time(pid)
     return current is not None and (not start or str(current) == str(start))
 
 
-def private_dir(path):
+def private_dir(path: str) -> str:
     """Create (or fix) a directory only its owner can use; refuse one owned by someone else."""
     try:
         os.makedirs(path, mode=0o700)
@@ -230,7 +235,7 @@ def private_dir(path):
     return path
 
 
-def connect(path, timeout=None):
+def connect(path: str, timeout: float | None = None) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
@@ -242,7 +247,7 @@ def connect(path, timeout=None):
     return sock
 
 
-def peer_uid(sock):
+def peer_uid(sock: socket.socket) -> int | None:
     """The uid of the process at the other end of a unix socket (SO_PEERCRED), or None where unsupported."""
     if not hasattr(socket, "SO_PEERCRED"):
         return None

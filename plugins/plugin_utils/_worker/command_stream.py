@@ -9,7 +9,16 @@ to the mux (stdlib only, like everything on the worker side), so an action plugi
 Exec, an Upload and a Download of the same session side by side.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
+
+if TYPE_CHECKING:  # the worker imports it anyway; only the name is needed here
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import MuxClient
 
 STDIN_FRAME = 1024 * 1024
 STDERR_KEPT = 64 * 1024
@@ -18,25 +27,25 @@ STDERR_KEPT = 64 * 1024
 class ExecStream:
     """One command; iterate `stdout()` once, then read `exit` (the EXIT payload) and `stderr`."""
 
-    def __init__(self, client, argv, env=None, run=None):
+    def __init__(self, client: MuxClient, argv: list[str], env: dict[str, str] | None = None,
+                 run: dict[str, Any] | None = None) -> None:
         self.client = client
         self.stderr = b""
-        self.exit = None
+        self.exit: dict[str, Any] | None = None
         self._stdin_open = True
-        client.connect()
-        self.sock = client.sock
+        self.sock = client.connect()._socket()
         mp.send_frame(self.sock, mp.REQUEST, {"op": "exec", "argv": list(argv), "env": env or {}, "workdir": "",
                                               "timeout": 0, "run": run, "hold_stdin": True})
         frame = mp.recv_frame(self.sock)
         if frame is None or frame[0] != mp.ACK:
-            raise mp.MuxError(mp.ERR_UNREACHABLE, "the connection multiplexer did not take the command")
+            raise errors.Unreachable("the connection multiplexer did not take the command")
 
-    def stdout(self):
-        """Chunks of stdout until the command exits; MuxError when it fails or is lost."""
+    def stdout(self) -> Iterator[bytes]:
+        """Chunks of stdout until the command exits; a SandboxError when it fails or is lost."""
         while True:
             frame = mp.recv_frame(self.sock)
             if frame is None:
-                raise mp.MuxError(mp.ERR_LOST, "the connection multiplexer hung up during the command")
+                raise errors.CommandLost("the connection multiplexer hung up during the command")
             kind, payload = frame
             if kind == mp.STDOUT:
                 yield payload
@@ -46,21 +55,21 @@ class ExecStream:
                 self.exit = payload
                 return
             elif kind == mp.ERROR:
-                raise mp.MuxError(payload.get("kind"), payload.get("message"))
+                raise errors.from_frame(payload)
             else:
-                raise mp.MuxError(mp.ERR_PROTOCOL, "unexpected frame %d from the mux" % kind)
+                raise errors.ProtocolMismatch("unexpected frame %d from the mux" % kind)
 
-    def write(self, data):
+    def write(self, data: bytes) -> None:
         view = memoryview(data)
         for offset in range(0, len(view), STDIN_FRAME):
             mp.send_frame(self.sock, mp.STDIN, view[offset:offset + STDIN_FRAME])
 
-    def close_stdin(self):
+    def close_stdin(self) -> None:
         if self._stdin_open:
             self._stdin_open = False
             mp.send_frame(self.sock, mp.STDIN_EOF)
 
-    def close(self):
+    def close(self) -> None:
         try:
             if self.exit is not None:
                 self.close_stdin()  # keeps the connection in step, as MuxClient does

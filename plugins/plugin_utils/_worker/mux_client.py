@@ -6,6 +6,8 @@
 Stdlib only (see _shared/frames.py): this runs in every task's worker process.
 """
 
+from __future__ import annotations
+
 import fcntl
 import hashlib
 import json
@@ -18,17 +20,27 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn, TypeVar
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import DEFAULT_MAX_OUTPUT, DEFAULT_POOL_SIZE, ProcessConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import (
+    DEFAULT_MAX_OUTPUT, DEFAULT_POOL_SIZE, LinkConfig, ProcessConfig)
 
 MUX_MODULE = "ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.server"
 PYTHON_START_GRACE = 20.0  # python + grpc start-up on a loaded machine, on top of connect_timeout
 OLD_MUX_DIR_SECONDS = 7 * 24 * 3600  # dirs of muxes long gone (their logs) are removed after a week
 
+T = TypeVar("T")
+# (rc, stdout, stderr, the EXIT payload) of one command
+ExecReply = tuple[int, bytes, bytes, dict[str, Any]]
+# interact(stdout so far, stderr so far): None (wait), bytes (send them), True (release stdin); see exec()
+Interact = Callable[[bytes, bytes], "bytes | bool | None"]
 
-def collections_root():
+
+def collections_root() -> str:
     """The directory holding `ansible_collections/`, so the mux can import this collection."""
     parts = os.path.abspath(mp.__file__).split(os.sep)
     for i in range(len(parts) - 1, -1, -1):
@@ -37,7 +49,7 @@ def collections_root():
     raise RuntimeError("cannot locate the ansible_collections directory from %s" % mp.__file__)
 
 
-def host_tag():
+def host_tag() -> str:
     """A short tag of this controller, so a mux only sweeps run dirs of its own controller."""
     try:
         with open("/etc/machine-id") as f:
@@ -47,14 +59,14 @@ def host_tag():
     return hashlib.sha256(("%s/%s" % (socket.gethostname(), machine)).encode("utf-8")).hexdigest()[:8]
 
 
-def run_identity(playbook_pid=None):
+def run_identity(playbook_pid: int | str | None = None) -> tuple[str, int, str]:
     """(run id, pid, start): shared by all tasks of one ansible-playbook run."""
     pid = int(playbook_pid) if playbook_pid else os.getppid()
     start = str(mp.process_start_time(pid) or 0)
     return "%s-%d-%s" % (host_tag(), pid, start), pid, start
 
 
-def _is_our_mux(pid):
+def _is_our_mux(pid: int) -> bool:
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as f:
             return MUX_MODULE.encode() in f.read()
@@ -72,27 +84,28 @@ class InteractTimeout(Exception):
 
 
 class MuxClient:
-    """One connection to the mux serving `session`, started on demand and attached to that session."""
+    """One connection to the mux serving the session of `cfg`, started on demand and attached to that session."""
 
-    def __init__(self, base_dir, session, pool_size=DEFAULT_POOL_SIZE, log=None, max_output=DEFAULT_MAX_OUTPUT):
-        self.session = session  # a SessionConfig
+    def __init__(self, base_dir: str, cfg: LinkConfig, pool_size: int = DEFAULT_POOL_SIZE,
+                 log: Callable[[str], None] | None = None, max_output: int = DEFAULT_MAX_OUTPUT) -> None:
+        self.cfg = cfg  # a LinkConfig: cfg.session is the platform session's id or name
         self.max_output = max_output  # bytes of one command's stdout + stderr held in memory; 0 = no limit
-        self.key = session.key
+        self.key = cfg.key
         self.base_dir = base_dir
         self.slot = mp.pool_slot(self.key, pool_size)
         self.dir = mp.process_dir(base_dir, self.slot)
         self.socket_path = mp.socket_path(self.dir)
-        self.connect_timeout = float(session.connect_timeout)
+        self.connect_timeout = float(cfg.connect_timeout)
         self._log = log or (lambda msg: None)
-        self.sock = None
-        self.attached = None  # the mux's answer to attach: pid, session_id, label, generation
+        self.sock: socket.socket | None = None
+        self.attached: dict[str, Any] | None = None  # the mux's answer to attach: pid, session_id, label, generation
         self.started = False  # True when this client started the mux
 
-    def __repr__(self):
-        return "MuxClient(%r, %r)" % (self.socket_path, self.session)
+    def __repr__(self) -> str:
+        return "MuxClient(%r, %r)" % (self.socket_path, self.cfg)
 
     # -- connecting --------------------------------------------------------------
-    def connect(self):
+    def connect(self) -> MuxClient:
         """Connect (starting the mux if none runs) and attach to the session: UNREACHABLE errors if it cannot be."""
         if self.sock is not None:
             return self
@@ -107,25 +120,33 @@ class MuxClient:
             except mp.NotAccepted:
                 self.close()
                 # from None: NotAccepted is a retry signal this message states; ansible-core would append its cause
-                raise mp.MuxError(mp.ERR_UNREACHABLE, "the connection multiplexer closed the connection twice "
-                                  "before taking a request; see %s" % os.path.join(self.dir, mp.LOG_NAME)) from None
+                raise errors.Unreachable("the connection multiplexer closed the connection twice "
+                                         "before taking a request; see %s" % os.path.join(self.dir, mp.LOG_NAME)) from None
         return self
 
-    def _attach(self):
+    def _socket(self) -> socket.socket:
+        """The socket just opened or connected; NotAccepted when it was closed meanwhile (nothing sent on it)."""
+        if self.sock is None:
+            raise mp.NotAccepted()
+        return self.sock
+
+    def _attach(self) -> dict[str, Any]:
+        sock = self._socket()
         try:
-            mp.send_frame(self.sock, mp.REQUEST, {"op": "attach", "session": self.session.to_wire()})
+            mp.send_frame(sock, mp.REQUEST, {"op": "attach", "session": self.cfg.to_wire()})
         except (BrokenPipeError, ConnectionResetError) as e:
             raise mp.NotAccepted() from e
-        for kind, payload in self._frames(self.sock):
+        for kind, payload in self._frames(sock):
             if kind == mp.RESULT:
                 self.attached = payload
                 return payload
             self.close()
             if kind == mp.ERROR:
-                raise mp.MuxError(payload.get("kind"), payload.get("message"))
-            raise mp.MuxError(mp.ERR_PROTOCOL, "unexpected frame %d from the mux" % kind)
+                raise errors.from_frame(payload)
+            raise errors.ProtocolMismatch("unexpected frame %d from the mux" % kind)
+        raise mp.ProtocolError("the mux's reply ended")  # never: _frames() ends by raising
 
-    def _open_socket(self):
+    def _open_socket(self) -> None:
         mp.private_dir(self.base_dir)
         mp.private_dir(self.dir)
         try:
@@ -144,7 +165,7 @@ class MuxClient:
             self.sock = mp.connect(self.socket_path, timeout=5)
             self.started = True
 
-    def _clear_stale(self):
+    def _clear_stale(self) -> None:
         """A dead or wedged mux left its socket or pid file: remove them (and it)."""
         pid_file = os.path.join(self.dir, mp.PID_NAME)
         try:
@@ -164,7 +185,7 @@ class MuxClient:
             except FileNotFoundError:
                 pass
 
-    def _sweep_old_dirs(self):
+    def _sweep_old_dirs(self) -> None:
         """Remove the private dirs of muxes that are gone and whose log has not moved for a week."""
         now = time.time()
         for name in os.listdir(self.base_dir):
@@ -177,7 +198,7 @@ class MuxClient:
             except OSError:
                 pass
 
-    def _spawn(self):
+    def _spawn(self) -> None:
         self._sweep_old_dirs()
         env = dict(os.environ)
         root = collections_root()
@@ -197,44 +218,49 @@ class MuxClient:
         config = ProcessConfig(dir=self.dir, slot=self.slot).to_wire()
         self._log("starting the shared mux in %s" % self.dir)
         try:
-            proc.stdin.write((json.dumps(config) + "\n").encode("utf-8"))
-            proc.stdin.close()
+            if proc.stdin is not None:
+                proc.stdin.write((json.dumps(config) + "\n").encode("utf-8"))
+                proc.stdin.close()
         except BrokenPipeError:
             pass
         reply = self._read_reply(proc, log_path)
         if not reply.get("ok"):
-            raise mp.MuxError(reply.get("kind") or mp.ERR_UNREACHABLE, reply.get("message") or "the mux failed to start")
+            raise errors.from_frame({"kind": reply.get("kind") or errors.ERR_UNREACHABLE,
+                                     "message": reply.get("message") or "the mux failed to start"})
         self._log("mux pid %s serves %s" % (reply.get("pid"), self.dir))
         # the mux outlives this worker; it is reparented to init when we exit
         proc.returncode = 0
 
-    def _read_reply(self, proc, log_path):
+    def _read_reply(self, proc: subprocess.Popen[bytes], log_path: str) -> dict[str, Any]:
         deadline = time.monotonic() + self.connect_timeout + PYTHON_START_GRACE
         buf = b""
+        stdout = proc.stdout
+        if stdout is None:
+            raise errors.Unreachable("the connection multiplexer was started without a pipe; see %s" % log_path)
         while b"\n" not in buf:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 proc.kill()
-                raise mp.MuxError(mp.ERR_UNREACHABLE, "the connection multiplexer did not start within %ds (see %s)"
-                                  % (int(self.connect_timeout + PYTHON_START_GRACE), log_path))
-            readable = select.select([proc.stdout], [], [], remaining)[0]
+                raise errors.Unreachable("the connection multiplexer did not start within %ds (see %s)"
+                                         % (int(self.connect_timeout + PYTHON_START_GRACE), log_path))
+            readable = select.select([stdout], [], [], remaining)[0]
             if not readable:
                 continue
-            chunk = os.read(proc.stdout.fileno(), 65536)
+            chunk = os.read(stdout.fileno(), 65536)
             if not chunk:
                 break
             buf += chunk
-        proc.stdout.close()
+        stdout.close()
         try:
             return json.loads(buf.split(b"\n", 1)[0].decode("utf-8"))
         except ValueError:
             proc.wait(5)
             # from None: the JSON parser's words on the mux's first line are noise (its log says why it stopped),
             # and ansible-core would append them to the task's message
-            raise mp.MuxError(mp.ERR_UNREACHABLE, "the connection multiplexer exited (code %s) without starting; see %s"
-                              % (proc.returncode, log_path)) from None
+            raise errors.Unreachable("the connection multiplexer exited (code %s) without starting; see %s"
+                                     % (proc.returncode, log_path)) from None
 
-    def close(self):
+    def close(self) -> None:
         if self.sock is not None:
             try:
                 self.sock.close()
@@ -243,7 +269,7 @@ class MuxClient:
                 self.attached = None
 
     # -- requests ------------------------------------------------------------------
-    def _frames(self, sock):
+    def _frames(self, sock: socket.socket) -> Iterator[tuple[int, Any]]:
         """Frames of one reply, after its ACK; NotAccepted when the mux hung up before the ACK."""
         try:
             frame = mp.recv_frame(sock)
@@ -252,16 +278,16 @@ class MuxClient:
         if frame is None:
             raise mp.NotAccepted()
         if frame[0] != mp.ACK:
-            raise mp.MuxError(mp.ERR_PROTOCOL, "expected an acknowledgement from the mux, got frame %d" % frame[0])
+            raise errors.ProtocolMismatch("expected an acknowledgement from the mux, got frame %d" % frame[0])
         while True:
             frame = mp.recv_frame(sock)
             if frame is None:
-                raise mp.MuxError(mp.ERR_LOST, "the connection multiplexer of session %s hung up during the request: "
-                                  "it may have partly run and is not re-run; see %s"
-                                  % (self.session.session, os.path.join(self.dir, mp.LOG_NAME)))
+                raise errors.CommandLost("the connection multiplexer of session %s hung up during the request: "
+                                         "it may have partly run and is not re-run; see %s"
+                                         % (self.cfg.session, os.path.join(self.dir, mp.LOG_NAME)))
             yield frame
 
-    def _retrying(self, attempt):
+    def _retrying(self, attempt: Callable[[], T]) -> T:
         """Run attempt() once more on a fresh mux if the first one was never accepted."""
         try:
             return attempt()
@@ -273,27 +299,30 @@ class MuxClient:
             return attempt()
         except mp.NotAccepted:
             # from None: NotAccepted is a retry signal this message states; ansible-core would append its cause
-            raise mp.MuxError(mp.ERR_UNREACHABLE, "the connection multiplexer closed the connection twice "
-                              "before taking a request; see %s" % os.path.join(self.dir, mp.LOG_NAME)) from None
+            raise errors.Unreachable("the connection multiplexer closed the connection twice "
+                                     "before taking a request; see %s" % os.path.join(self.dir, mp.LOG_NAME)) from None
 
-    def request(self, op, **fields):
+    def request(self, op: str, **fields: Any) -> dict[str, Any]:
         fields["op"] = op
 
-        def attempt():
-            self.connect()
+        def attempt() -> dict[str, Any]:
+            sock = self.connect()._socket()
             try:
-                mp.send_frame(self.sock, mp.REQUEST, fields)
+                mp.send_frame(sock, mp.REQUEST, fields)
             except (BrokenPipeError, ConnectionResetError) as e:
                 raise mp.NotAccepted() from e
-            for kind, payload in self._frames(self.sock):
+            for kind, payload in self._frames(sock):
                 if kind == mp.ERROR:
-                    raise mp.MuxError(payload.get("kind"), payload.get("message"))
+                    raise errors.from_frame(payload)
                 if kind == mp.RESULT:
-                    return payload
-                raise mp.MuxError(mp.ERR_PROTOCOL, "unexpected frame %d from the mux" % kind)
+                    return dict(payload)
+                raise errors.ProtocolMismatch("unexpected frame %d from the mux" % kind)
+            raise mp.ProtocolError("the mux's reply ended")  # never: _frames() ends by raising
         return self._retrying(attempt)
 
-    def exec(self, argv, env=None, workdir="", timeout=0, stdin=b"", run=None, interact=None, interact_timeout=0.0):
+    def exec(self, argv: list[str], env: dict[str, str] | None = None, workdir: str = "", timeout: int = 0,
+             stdin: bytes = b"", run: dict[str, Any] | None = None, interact: Interact | None = None,
+             interact_timeout: float = 0.0) -> ExecReply:
         """Run a command; returns (rc, stdout, stderr, exit info).
 
         `interact(stdout_so_far, stderr_so_far)` (optional) is called as output arrives while
@@ -309,9 +338,9 @@ class MuxClient:
             request["hold_stdin"] = True  # stdin waits for output: the api road needs interactive stdin for it
         return self._retrying(lambda: self._exec_once(request, stdin or b"", interact, interact_timeout))
 
-    def _exec_once(self, request, stdin, interact, interact_timeout=0.0):
-        self.connect()
-        sock = self.sock
+    def _exec_once(self, request: dict[str, Any], stdin: bytes, interact: Interact | None,
+                   interact_timeout: float = 0.0) -> ExecReply:
+        sock = self.connect()._socket()
         try:
             mp.send_frame(sock, mp.REQUEST, request)
         except (BrokenPipeError, ConnectionResetError) as e:
@@ -319,7 +348,7 @@ class MuxClient:
         state = {"released": False}
         sender = []
 
-        def send_all():
+        def send_all() -> None:
             try:
                 for offset in range(0, len(stdin), 1024 * 1024):
                     mp.send_frame(sock, mp.STDIN, stdin[offset:offset + 1024 * 1024])
@@ -327,7 +356,7 @@ class MuxClient:
             except OSError:
                 pass  # the mux went away: the reply loop reports it
 
-        def release():
+        def release() -> None:
             state["released"] = True
             if len(stdin) <= 256 * 1024:
                 send_all()  # small: no thread needed, the mux reads stdin concurrently
@@ -359,10 +388,10 @@ class MuxClient:
                 elif kind == mp.EXIT:
                     return payload.get("rc"), bytes(out), bytes(err), payload
                 elif kind == mp.ERROR:
-                    raise mp.MuxError(payload.get("kind"), payload.get("message"))
+                    raise errors.from_frame(payload)
                 else:
-                    raise mp.MuxError(mp.ERR_PROTOCOL, "unexpected frame %d from the mux" % kind)
-                if not state["released"]:
+                    raise errors.ProtocolMismatch("unexpected frame %d from the mux" % kind)
+                if not state["released"] and interact is not None:
                     try:
                         answer = interact(bytes(out), bytes(err))
                     except Exception:
@@ -381,42 +410,43 @@ class MuxClient:
             for t in sender:
                 t.join()
 
-    def _output_over_limit(self, held):
+    def _output_over_limit(self, held: int) -> NoReturn:
         """A command printed more than this task may hold in memory: hang up (the mux stops the command in the
         guest, as for a task timeout) and fail naming the limit and how to change it."""
         self.close()
-        raise mp.MuxError(mp.ERR_FAILED, "the command on session %s printed more than %d bytes (%d held), the most "
-                          "one task keeps in memory (option max_output_bytes of the microvm.sandbox.agent connection: "
-                          "MICROVM_MAX_OUTPUT_BYTES or ansible_microvm_max_output_bytes, 0 for no limit); it was "
-                          "stopped. Send big output to a file in the sandbox and fetch it instead"
-                          % (self.session.session, self.max_output, held))
+        raise errors.SandboxError("the command on session %s printed more than %d bytes (%d held), the most "
+                                  "one task keeps in memory (option max_output_bytes of the microvm.sandbox.agent connection: "
+                                  "MICROVM_MAX_OUTPUT_BYTES or ansible_microvm_max_output_bytes, 0 for no limit); it was "
+                                  "stopped. Send big output to a file in the sandbox and fetch it instead"
+                                  % (self.cfg.session, self.max_output, held))
 
-    def warm(self, interpreter, env, payload, run=None, core=""):
+    def warm(self, interpreter: str, env: dict[str, str], payload: bytes, run: dict[str, Any] | None = None,
+             core: str = "") -> ExecReply:
         """Run a pipelined module payload in the session's warm runner for (interpreter, core); like exec().
 
-        A MuxError of kind ERR_WARM means the payload was not started: run it cold.
+        WarmRefused means the payload was not started: run it cold.
         """
         request = {"op": "warm", "interpreter": interpreter, "env": env, "run": run, "core": core}
         return self._retrying(lambda: self._exec_once(request, payload, None))
 
-    def tmp(self, op, run=None):
+    def tmp(self, op: dict[str, Any], run: dict[str, Any] | None = None) -> ExecReply:
         """A task tmp dir command (core_compat.tmp_op) done by the session's warm runner; like exec().
 
-        A MuxError of kind ERR_WARM means nothing was done: run the command in a shell.
+        WarmRefused means nothing was done: run the command in a shell.
         """
         request = {"op": "tmp", "tmp": op, "run": run}
         return self._retrying(lambda: self._exec_once(request, b"", None))
 
-    def put(self, local, remote, run=None):
+    def put(self, local: str, remote: str, run: dict[str, Any] | None = None) -> dict[str, Any]:
         return self.request("put", local=os.path.abspath(local), remote=remote, run=run)
 
-    def put_archive(self, local, remote):
+    def put_archive(self, local: str, remote: str) -> dict[str, Any]:
         return self.request("put_archive", local=os.path.abspath(local), remote=remote)
 
-    def fetch(self, remote, local, run=None):
+    def fetch(self, remote: str, local: str, run: dict[str, Any] | None = None) -> dict[str, Any]:
         return self.request("fetch", remote=remote, local=os.path.abspath(local), run=run)
 
-    def reset(self):
+    def reset(self) -> dict[str, Any] | None:
         """meta: reset_connection: close this session's link in the mux, if one runs; never starts one."""
         try:
             sock = mp.connect(self.socket_path, timeout=5)
@@ -425,20 +455,21 @@ class MuxClient:
         try:
             mp.send_frame(sock, mp.REQUEST, {"op": "reset", "key": self.key})
             for kind, payload in self._frames(sock):
-                return payload if kind == mp.RESULT else None
+                return dict(payload) if kind == mp.RESULT else None
+            return None
         except mp.NotAccepted:
             return None
         finally:
             sock.close()
 
 
-def pool_status(base_dir, uid=None):
+def pool_status(base_dir: str, uid: int | None = None) -> dict[int, dict[str, Any]]:
     """The "hello" answer of every running mux process of `base_dir` (the user's pool): {slot: RESULT}.
 
     Never starts a mux; a slot whose socket does not answer is left out. Each answer counts what its
     process served (see mux_protocol: "served"), which tests and benches read.
     """
-    found = {}
+    found: dict[int, dict[str, Any]] = {}
     prefix = "mux-%d-" % (os.getuid() if uid is None else uid)
     try:
         names = sorted(os.listdir(base_dir))

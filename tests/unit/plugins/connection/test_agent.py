@@ -8,6 +8,7 @@ from ansible.playbook.play_context import PlayContext
 from ansible.plugins.loader import become_loader, connection_loader, init_plugin_loader
 
 from ansible_collections.microvm.sandbox.plugins.connection import agent as agent_plugin
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 
 init_plugin_loader()
@@ -129,7 +130,7 @@ class FakeMux:
 
 
 def connected(conn, mux):
-    conn._mux = mux
+    conn._mux_client = mux
     conn._connected = True
     return conn
 
@@ -171,7 +172,7 @@ def test_a_command_rejected_for_approval_names_the_permission_setting(conn):
     (mp.ERR_UNREACHABLE, AnsibleConnectionFailure), (mp.ERR_NOT_FOUND, AnsibleFileNotFound),
     (mp.ERR_DENIED, AnsibleError), (mp.ERR_PATH, AnsibleError), (mp.ERR_FAILED, AnsibleError)])
 def test_mux_errors_map_to_ansible_outcomes(conn, kind, exc):
-    c = connected(conn, FakeMux(error=mp.MuxError(kind, "session box is DESTROYED")))
+    c = connected(conn, FakeMux(error=errors.from_frame({"kind": kind, "message": "session box is DESTROYED"})))
     with pytest.raises(exc, match="session box is DESTROYED") as e:
         c.fetch_file("/workspace/x", "/tmp/x")
     if exc is AnsibleError:
@@ -272,7 +273,7 @@ def test_task_messages_are_not_extended_by_their_cause(conn):
     with pytest.raises(AnsibleConnectionFailure) as e:
         connected(conn, FakeMux(error=timeout)).exec_command("su ...", in_data=b"x")
     assert str(e.value).rstrip().endswith("Passwort:")  # the guest's output is summarised once, nothing after it
-    mux_failure = mp.MuxError(mp.ERR_LOST, "session box is DESTROYED")
+    mux_failure = errors.CommandLost("session box is DESTROYED")
     with pytest.raises(AnsibleConnectionFailure) as e:
         connected(conn, FakeMux(error=mux_failure)).fetch_file("/workspace/x", "/tmp/x")
     assert str(e.value) == "microvm.sandbox.agent: session box is DESTROYED" and e.value.__cause__ is mux_failure

@@ -4,8 +4,8 @@ import os
 import grpc
 import pytest
 
-from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 
 
 @pytest.fixture
@@ -144,10 +144,10 @@ def test_transfer_outside_workspace_refused_locally(tmp_path, path):
     c = ac.AgentClient(NoNetworkChannel(), "sess-1", "/workspace/.scratch")
     src = tmp_path / "f"
     src.write_text("x")
-    with pytest.raises(profile.TransferPathError) as e:
+    with pytest.raises(errors.PathRefused) as e:  # the profile's refusal, as the family's member of kind "path"
         c.upload(str(src), path)
     assert "/workspace" in str(e.value)
-    with pytest.raises(profile.TransferPathError) as e:
+    with pytest.raises(errors.PathRefused) as e:
         c.download(path, str(tmp_path / "g"))
     if path.startswith("/"):
         assert "outside /workspace" in str(e.value) and path in str(e.value) and "/workspace/.scratch" in str(e.value)

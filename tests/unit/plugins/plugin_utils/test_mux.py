@@ -12,9 +12,10 @@ from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import server as mux_mod
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import mux_client as mc
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import ProcessConfig, SessionConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import ProcessConfig, LinkConfig
 
 
 class NoTunnel:
@@ -25,7 +26,7 @@ class NoTunnel:
         pass
 
 
-CFG = SessionConfig(session="box", token="s3cr3t", api_url="http://127.0.0.1:9", persist=60)
+CFG = LinkConfig(session="box", token="s3cr3t", api_url="http://127.0.0.1:9", persist=60)
 
 
 def fake_link(server, channel, cfg=CFG):
@@ -33,8 +34,8 @@ def fake_link(server, channel, cfg=CFG):
     link = server.link_for(cfg)
     link.session_id, link.label = "sid-" + cfg.session, "%s (sid-%s)" % (cfg.session, cfg.session)
     link.tunnel = NoTunnel()
-    link.agent = ac.AgentClient(channel, link.label)
-    link.warm = module_runners.WarmRunners(link.agent)
+    link.client = ac.AgentClient(channel, link.label)
+    link.runners = module_runners.ModuleRunners(link.client)
     link.state = grpc.ChannelConnectivity.READY
     link.check_session = lambda: {"status": "SESSION_STATUS_READY"}
     link.opened = True
@@ -105,7 +106,7 @@ def test_interactive_exec_holds_stdin_until_released(served):
 def test_lost_command_is_reported_lost(served):
     agent, client = served[:2]
     agent.mode = "no-exit"
-    with pytest.raises(mp.MuxError) as e:
+    with pytest.raises(errors.CommandLost) as e:
         client.exec(["true"])
     assert e.value.kind == mp.ERR_LOST and "not re-run" in str(e.value)
     agent.mode = None
@@ -124,7 +125,7 @@ def test_put_and_fetch_inside_the_workspace(served, tmp_path):
 
 def test_fetch_of_a_missing_file_is_not_found(served, tmp_path):
     client = served[1]
-    with pytest.raises(mp.MuxError) as e:
+    with pytest.raises(errors.NotFound) as e:
         client.fetch("/workspace/nope", str(tmp_path / "x"))
     assert e.value.kind == mp.ERR_NOT_FOUND
 
@@ -218,7 +219,6 @@ def test_a_mux_dir_too_long_for_a_unix_socket_gets_a_short_private_path(tmp_path
 
 def test_a_failed_session_is_reported_with_its_warnings_not_an_error_text(tmp_path):
     """The session object has no error text (get_session); a FAILED session's documented words are its warnings."""
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import errors
     from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link import SessionLink
 
     class Api:
@@ -265,3 +265,59 @@ def test_glibc_malloc_trim_is_found_here():
         pytest.skip("not a glibc machine")
     assert mux_mod.MALLOC_TRIM is not None
     assert mux_mod.MALLOC_TRIM(0) in (0, 1)
+
+
+def _every_member():
+    """One instance of every class of the error family, as the mux's code raises them."""
+    family = [errors.SandboxError("plain"), errors.Unreachable("no way in"),
+              errors.TunnelFailure("close code 4001", close_code=4001), errors.SessionGone("box is DESTROYED"),
+              errors.CommandLost("lost"), errors.GuestUnavailable("cut"), errors.NotFound("no such file"),
+              errors.Denied("refused"), errors.PathRefused("outside /workspace"), errors.ChecksumMismatch("sha256"),
+              errors.HttpRefused(500, "HTTP 500"), errors.ProtocolMismatch("unknown op"), errors.WarmRefused("cold")]
+    return family
+
+
+# kind -> the Ansible exception a task gets (the outcomes every path must give: see _worker/outcomes.py)
+ANSIBLE_OF_KIND = {"unreachable": "AnsibleConnectionFailure", "gone": "AnsibleConnectionFailure",
+                   "lost": "AnsibleConnectionFailure", "protocol": "AnsibleConnectionFailure",
+                   "not_found": "AnsibleFileNotFound", "denied": "AnsibleError", "path": "AnsibleError",
+                   "failed": "AnsibleError"}
+
+
+@pytest.mark.parametrize("raised", _every_member(), ids=lambda e: type(e).__name__)
+def test_each_error_reaches_the_task_as_its_kind_through_a_real_mux(served, monkeypatch, raised):
+    """A member raised by an op in the mux crosses the ERROR frame, is rebuilt as its kind's class in the worker,
+    and becomes the Ansible exception of its kind's outcome: one vocabulary end to end."""
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import outcomes
+
+    client, server = served[1:]
+    link = server.links[CFG.key]
+    link.check_session = lambda: {"status": "SESSION_STATUS_READY"}
+
+    def failing_put(link, req):
+        raise raised
+    monkeypatch.setitem(mux_mod.RESULT_OPS, "put", failing_put)
+    with pytest.raises(errors.SandboxError) as e:
+        client.put(__file__, "/workspace/x", run=None)
+    rebuilt = e.value
+    assert rebuilt.__class__ is errors.CLASS_OF_KIND[raised.kind] and rebuilt.kind == raised.kind
+    assert str(rebuilt) == str(raised)
+    if raised.kind == errors.ERR_WARM:
+        return  # never a task outcome: the connection runs the module cold
+    mapped = outcomes.ansible_error(rebuilt, "microvm.sandbox.agent")
+    assert type(mapped).__name__ == ANSIBLE_OF_KIND[raised.kind]
+    assert str(mapped).startswith("microvm.sandbox.agent: " + str(raised))
+
+
+def test_only_a_lost_command_asks_the_platform_about_its_session(served):
+    """A lost stream is explained by the session's state (a REST call); a command that exits costs none."""
+    agent, client, server = served
+    link = server.links[CFG.key]
+    checks = []
+    link.check_session = lambda: checks.append(1) or {"status": "SESSION_STATUS_READY"}
+    assert client.exec(["true"])[0] == 0
+    assert checks == []
+    agent.mode = "no-exit"
+    with pytest.raises(errors.CommandLost):
+        client.exec(["true"])
+    assert checks == [1]

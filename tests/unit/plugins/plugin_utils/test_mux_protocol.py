@@ -69,21 +69,21 @@ def test_encode_matches_send_frame(pair):
 
 
 def test_session_key_is_per_url_prefix_session_port_and_token():
-    base = mp.session_key("http://h:1/", "/v2/agents", "s1", 8443, "t")
-    assert base == mp.session_key("http://h:1", "/v2/agents", "s1", 8443, "t")
-    others = {mp.session_key("http://h:2", "/v2/agents", "s1", 8443, "t"),
-              mp.session_key("http://h:1", "/v2/harness-runtime", "s1", 8443, "t"),
-              mp.session_key("http://h:1", "/v2/agents", "s2", 8443, "t"),
-              mp.session_key("http://h:1", "/v2/agents", "s1", 9000, "t"),
-              mp.session_key("http://h:1", "/v2/agents", "s1", 8443, "another token")}
+    base = mp.link_key("http://h:1/", "/v2/agents", "s1", 8443, "t")
+    assert base == mp.link_key("http://h:1", "/v2/agents", "s1", 8443, "t")
+    others = {mp.link_key("http://h:2", "/v2/agents", "s1", 8443, "t"),
+              mp.link_key("http://h:1", "/v2/harness-runtime", "s1", 8443, "t"),
+              mp.link_key("http://h:1", "/v2/agents", "s2", 8443, "t"),
+              mp.link_key("http://h:1", "/v2/agents", "s1", 9000, "t"),
+              mp.link_key("http://h:1", "/v2/agents", "s1", 8443, "another token")}
     assert base not in others and len(others) == 5
-    assert len(base) == 24 and "token" not in mp.session_key("http://h:1", "/v2/agents", "s1", 8443, "token")
+    assert len(base) == 24 and "token" not in mp.link_key("http://h:1", "/v2/agents", "s1", 8443, "token")
 
 
 def test_one_process_dir_per_user_and_slot():
     assert mp.process_dir("/b", 0, uid=7) == "/b/mux-7-0"
     assert mp.process_dir("/b", 1, uid=7) != mp.process_dir("/b", 0, uid=7) != mp.process_dir("/b", 0, uid=8)
-    keys = [mp.session_key("http://h", "/v2/agents", "s%d" % i, 8443, "t") for i in range(64)]
+    keys = [mp.link_key("http://h", "/v2/agents", "s%d" % i, 8443, "t") for i in range(64)]
     assert {mp.pool_slot(k, 4) for k in keys} == {0, 1, 2, 3}
     assert {mp.pool_slot(k, 1) for k in keys} == {0}
 

@@ -13,6 +13,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Response
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import tunnel as tn
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 
 
 @pytest.mark.parametrize("api_url, expected", [
@@ -24,7 +25,7 @@ def test_ws_url(api_url, expected):
 
 
 def test_ws_url_refuses_other_schemes():
-    with pytest.raises(ValueError, match="http:// or https://"):
+    with pytest.raises(errors.SandboxError, match="http:// or https://"):
         tn.ws_url("ftp://x", "/v2/agents", "s", 8443)
 
 

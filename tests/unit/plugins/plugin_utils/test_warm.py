@@ -14,7 +14,7 @@ def module_payload(zip_bytes=b"PK-not-really-a-zip", params="{}"):
 
 
 def runner():
-    r = module_runners.WarmRunner(agent=None, interpreter="/usr/bin/python3")
+    r = module_runners.ModuleRunner(client=None, interpreter="/usr/bin/python3")
     r.feed = queue.Queue()
     r.alive = True
     return r

@@ -16,7 +16,7 @@ class GoneAgent(object):
 
 
 def ended(caplog, pending):
-    r = module_runners.WarmRunner(agent=GoneAgent(), interpreter="/usr/bin/python3")
+    r = module_runners.ModuleRunner(client=GoneAgent(), interpreter="/usr/bin/python3")
     r.feed = queue.Queue()
     r.alive = True
     events = queue.Queue()
