@@ -22,7 +22,7 @@ from benchlib import ROOT, playbook_text, run_playbook, write
 from stage import Stage
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import MuxClient
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import SessionConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import LinkConfig
 
 MODES = ("agent", "api", "ssh")
 
@@ -54,8 +54,8 @@ def main():
         with open(big, "wb") as f:
             for _dummy in range(args.size_mib):
                 f.write(os.urandom(1 << 20))
-        muxes = {road: MuxClient(stage.mux_dir, SessionConfig(session=session["name"], token=plane.token,
-                                                              api_url=plane.url, persist=300, transport=road)).connect()
+        muxes = {road: MuxClient(stage.mux_dir, LinkConfig(session=session["name"], token=plane.token,
+                                                           api_url=plane.url, persist=300, transport=road)).connect()
                  for road in ("agent", "api")}
         scp = ["scp", "-q", "-P", str(sshd.port)] + sshd.options
         copies = {}

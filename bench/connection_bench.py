@@ -26,7 +26,7 @@ from microvm_plane_testing import mux_pids
 from stage import Stage
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import MuxClient
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import SessionConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import LinkConfig
 
 
 def cpu_groups(stage, mux_dir):
@@ -71,8 +71,8 @@ def main():
         with open(big, "wb") as f:
             for _dummy in range(args.size_mib):
                 f.write(os.urandom(1 << 20))
-        mux = MuxClient(mux_dir, SessionConfig(session=session["name"], token=plane.token, api_url=plane.url,
-                                               persist=300)).connect()
+        mux = MuxClient(mux_dir, LinkConfig(session=session["name"], token=plane.token, api_url=plane.url,
+                                            persist=300)).connect()
         scp = ["scp", "-q", "-P", str(sshd.port)] + sshd.options
         copies = {
             "agent_in": lambda: mux.put(big, "/workspace/big.bin"),

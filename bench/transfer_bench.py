@@ -28,7 +28,7 @@ from benchlib import ROOT
 from microvm_plane_testing import mux_pids, start_local_plane, stop_local_plane, stop_muxes
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import MuxClient
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import DEFAULT_POOL_SIZE, SessionConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import DEFAULT_POOL_SIZE, LinkConfig
 
 
 def rss_kib(pid):
@@ -91,7 +91,7 @@ def main():
         with open(big, "wb") as f:
             for _dummy in range(args.size_mib):
                 f.write(os.urandom(1 << 20))
-        muxes = [MuxClient(mux_dir, SessionConfig(session=sid, token=plane.token, api_url=plane.url, persist=300),
+        muxes = [MuxClient(mux_dir, LinkConfig(session=sid, token=plane.token, api_url=plane.url, persist=300),
                            pool_size=args.pool).connect() for sid in ids]
         result["slots"] = [m.slot for m in muxes]
         runs = {"in": [], "out": []}

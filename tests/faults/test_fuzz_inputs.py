@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiError
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 
 SETTINGS = dict(deadline=None, suppress_health_check=list(hypothesis.HealthCheck), derandomize=True)
 
@@ -67,7 +67,7 @@ def test_agent_transfer_paths_never_escape_the_workspace(plane, sandbox, agents,
                     agent.download(path, str(dest))
                     assert dest.read_bytes() != b"outside-secret\n", "downloaded a file from outside /workspace: %r" % path
                 outcomes["ok"] += 1
-            except (ac.AgentError, profile.TransferPathError) as e:
+            except (errors.SandboxError, profile.TransferPathError) as e:
                 assert str(e).strip(), "an empty error for %r" % path
                 outcomes["refused"] += 1
             except ValueError as e:   # protobuf refuses a str it cannot encode, before any network call

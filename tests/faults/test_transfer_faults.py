@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 
 MIB = 1 << 20
 
@@ -53,9 +53,9 @@ def test_upload_cut_midstream_leaves_old_or_nothing(plane, sandbox, proxy, agent
 
     proxy.cut_ws(up=3 * MIB)
     cut = agents(proxy.url, plane.token, sid)
-    with pytest.raises(ac.AgentError) as err:
+    with pytest.raises(errors.SandboxError) as err:
         cut.upload(str(new), dest)
-    assert isinstance(err.value, ac.AgentUnavailable), err.value
+    assert isinstance(err.value, errors.GuestUnavailable), err.value
     assert proxy.cuts == ["cut-up"]
 
     assert guest_sha(direct, dest)[0] == (old_sha if existing else ""), "the destination changed after a cut upload"
@@ -78,7 +78,7 @@ def test_download_cut_midstream_leaves_no_partial_file(plane, sandbox, proxy, ag
     proxy.cut_ws(down=3 * MIB)
     cut = agents(proxy.url, plane.token, sid)
     for name in ("fresh.bin", "kept.bin"):
-        with pytest.raises(ac.AgentError):
+        with pytest.raises(errors.SandboxError):
             cut.download("/workspace/big.bin", str(out / name))
         proxy.cut_ws(down=3 * MIB)  # the channel redials: cut the next WebSocket too
     assert sorted(os.listdir(out)) == ["kept.bin"], "a partial download was left: %r" % os.listdir(out)
@@ -93,7 +93,7 @@ def test_command_cut_is_lost_and_never_rerun(plane, sandbox, proxy, agents):
     script = "echo run >> /workspace/runs.txt; head -c 4000000 /dev/zero; sleep 2"
     proxy.cut_ws(down=256 * 1024)
     cut = agents(proxy.url, plane.token, sid)
-    with pytest.raises(ac.CommandLost) as err:
+    with pytest.raises(errors.CommandLost) as err:
         cut.exec(["sh", "-c", script])
     assert "not re-run" in str(err.value)
     # let any (wrong) retry happen before counting: the very next command through the same client works (the lost

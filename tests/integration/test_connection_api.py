@@ -9,6 +9,7 @@ import os
 import re
 
 import pytest
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from test_connection import BIG, inventory, sha1
 
 from microvm_localplane import dataplane
@@ -159,7 +160,6 @@ def test_big_files_past_the_streaming_bounds_go_staged_both_ways(plane, sandbox,
 def test_a_staged_download_corrupted_in_object_storage_never_lands(plane, sandbox, env, tmp_path, monkeypatch):
     """The real plane and guest, the object flipped by one byte in the plane's store once the export completed:
     the api road refuses it on its sha256 and leaves nothing at the destination."""
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
     from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_road
     client = api_road.ApiRoadClient(plane.url, "/v2/harness-runtime", plane.token, sandbox["session_id"], "box")
     distinct_mebibytes(tmp_path / "src", 3)
@@ -177,7 +177,7 @@ def test_a_staged_download_corrupted_in_object_storage_never_lands(plane, sandbo
         return doc
 
     monkeypatch.setattr(api_road.ApiRoadClient, "_await_transfer", corrupt_after)
-    with pytest.raises(ac.ChecksumMismatch, match="sha256"):
+    with pytest.raises(errors.ChecksumMismatch, match="sha256"):
         client.download("/workspace/corrupt.bin", str(tmp_path / "dest"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
     monkeypatch.setattr(api_road.ApiRoadClient, "_await_transfer", real)

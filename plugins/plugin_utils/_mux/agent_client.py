@@ -131,16 +131,6 @@ class prefetch_chunks:
                 self._thread.join(0.05)
 
 
-# The errors of this road are the one family of _shared/errors.py. The old names stay as aliases so code
-# written against them keeps working; new code names the family's classes.
-AgentError = errors.SandboxError
-AgentUnavailable = errors.GuestUnavailable
-RemoteNotFound = errors.NotFound
-TransferDenied = errors.Denied
-CommandLost = errors.CommandLost
-ChecksumMismatch = errors.ChecksumMismatch
-
-
 class ExecResult:
     __slots__ = ("exit_code", "timed_out", "duration_ms", "hitl_rejected", "stdout", "stderr")
 
@@ -333,7 +323,7 @@ class AgentClient:
         raise errors.CommandLost("the command's output stream on session %s ended without an exit status: "
                                  "the command was lost (it may have partly run; it is not re-run)" % self.label)
 
-    def _exec_error(self, e: grpc.RpcError) -> AgentError:
+    def _exec_error(self, e: grpc.RpcError) -> errors.SandboxError:
         code = e.code()
         details = e.details() or ""
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.CANCELLED,

@@ -75,9 +75,6 @@ COPY_CHUNK = 1024 * 1024
 TEAM_SETTING = "interactive stdin (keep_stdin_open), which the platform enables per team"
 
 
-HttpFailure = errors.HttpRefused  # the old name, for code written against it
-
-
 def _error_text(body: bytes) -> str:
     try:
         doc = json.loads(body.decode("utf-8"))

@@ -80,9 +80,6 @@ class LinkConfig:
         return cls(**data)
 
 
-SessionConfig = LinkConfig  # the old name, for code written against it
-
-
 @dataclasses.dataclass(frozen=True)
 class ProcessConfig:
     """What one mux process is given on its standard input when it starts (no secrets)."""

@@ -165,9 +165,6 @@ def link_key(api_url: str, prefix: str, session: str, agent_port: int | str, tok
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
 
 
-session_key = link_key  # the old name, for code written against it
-
-
 def pool_slot(key: str, pool_size: int | str) -> int:
     """Which of the user's `pool_size` mux processes serves the session `key`."""
     return int(key, 16) % max(1, int(pool_size))

@@ -30,7 +30,7 @@ def test_exec_timed_out_flag(client):
 def test_stream_without_exit_is_a_lost_command(client):
     agent, c = client
     agent.mode = "no-exit"
-    with pytest.raises(ac.CommandLost, match="ended without an exit status.*not re-run"):
+    with pytest.raises(errors.CommandLost, match="ended without an exit status.*not re-run"):
         c.exec(["true"])
     assert agent.calls == [("exec", ["true"])]  # never re-run
 
@@ -46,7 +46,7 @@ def test_a_lost_stream_drops_its_connection_and_the_next_call_dials_afresh(fake_
 
     c = ac.AgentClient(channel, "sess-1", redial=redial)
     agent.mode = mode
-    with pytest.raises(ac.CommandLost):
+    with pytest.raises(errors.CommandLost):
         c.exec(["true"])
     assert len(dialled) == 1 and c.channel is dialled[0]
     with pytest.raises(ValueError):  # the old channel, and its connection, are closed
@@ -61,10 +61,10 @@ def test_a_refused_command_keeps_the_connection(fake_agent, tmp_path):
     agent, channel = fake_agent
     c = ac.AgentClient(channel, "sess-1", redial=lambda: pytest.fail("redialled after a refusal"))
     agent.mode = "denied"
-    with pytest.raises(ac.TransferDenied):
+    with pytest.raises(errors.Denied):
         c.download("/workspace/f", str(tmp_path / "f"))
     agent.mode = None
-    with pytest.raises(ac.RemoteNotFound):
+    with pytest.raises(errors.NotFound):
         c.download("/workspace/missing", str(tmp_path / "f"))
     assert c.channel is channel
 
@@ -72,7 +72,7 @@ def test_a_refused_command_keeps_the_connection(fake_agent, tmp_path):
 def test_unavailable_is_a_lost_command(client):
     agent, c = client
     agent.mode = "unavailable"
-    with pytest.raises(ac.CommandLost, match="sess-1.*UNAVAILABLE"):
+    with pytest.raises(errors.CommandLost, match="sess-1.*UNAVAILABLE"):
         c.exec(["true"])
     assert len(agent.calls) == 1
 
@@ -97,8 +97,8 @@ def test_download_verified_and_renamed_into_place(client, tmp_path):
     assert os.listdir(dest.parent) == ["f.bin"]
 
 
-@pytest.mark.parametrize("mode, error", [("bad-sha", ac.ChecksumMismatch), ("cut", ac.AgentUnavailable),
-                                         ("no-end", ac.AgentUnavailable)])
+@pytest.mark.parametrize("mode, error", [("bad-sha", errors.ChecksumMismatch), ("cut", errors.GuestUnavailable),
+                                         ("no-end", errors.GuestUnavailable)])
 def test_broken_download_leaves_no_file(client, tmp_path, mode, error):
     agent, c = client
     open(agent.host("/workspace/f.bin"), "wb").write(os.urandom(500000))
@@ -113,7 +113,7 @@ def test_broken_download_leaves_no_file(client, tmp_path, mode, error):
 
 def test_missing_file_internal_404_is_not_found(client, tmp_path):
     c = client[1]
-    with pytest.raises(ac.RemoteNotFound, match="/workspace/nope on session sess-1"):
+    with pytest.raises(errors.NotFound, match="/workspace/nope on session sess-1"):
         c.download("/workspace/nope", str(tmp_path / "x"))
     assert not os.path.exists(tmp_path / "x")
 
@@ -121,7 +121,7 @@ def test_missing_file_internal_404_is_not_found(client, tmp_path):
 def test_permission_denied_is_transfer_denied(client, tmp_path):
     agent, c = client
     agent.mode = "denied"
-    with pytest.raises(ac.TransferDenied, match="path outside workspace"):
+    with pytest.raises(errors.Denied, match="path outside workspace"):
         c.download("/workspace/link-to-etc", str(tmp_path / "x"))
 
 
@@ -166,11 +166,11 @@ class FakeRpcError(grpc.RpcError):
 
 
 @pytest.mark.parametrize("code, details, error", [
-    (grpc.StatusCode.NOT_FOUND, "no such file", ac.RemoteNotFound),
-    (grpc.StatusCode.INTERNAL, 'download status 404: {"code":404}', ac.RemoteNotFound),
-    (grpc.StatusCode.INTERNAL, "disk on fire", ac.AgentError),
-    (grpc.StatusCode.PERMISSION_DENIED, 'path outside workspace: "/etc/x"', ac.TransferDenied),
-    (grpc.StatusCode.UNAVAILABLE, "reset", ac.AgentUnavailable),
+    (grpc.StatusCode.NOT_FOUND, "no such file", errors.NotFound),
+    (grpc.StatusCode.INTERNAL, 'download status 404: {"code":404}', errors.NotFound),
+    (grpc.StatusCode.INTERNAL, "disk on fire", errors.SandboxError),
+    (grpc.StatusCode.PERMISSION_DENIED, 'path outside workspace: "/etc/x"', errors.Denied),
+    (grpc.StatusCode.UNAVAILABLE, "reset", errors.GuestUnavailable),
 ])
 def test_transfer_error_mapping(code, details, error):
     e = ac.transfer_error(FakeRpcError(code, details), "/workspace/x", "sess-1", "download")

@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_road
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 
 SID = "a1b2c3d4-e5f6-7890-abcd-ef1234567890"
 
@@ -79,7 +79,7 @@ def test_a_stream_without_its_exit_event_is_a_lost_command(fake, tail):
     server, client = fake
     server.answers[("POST", route("/sandbox/exec"))] = (200, {}, events(("started", {"exec_id": "e1"}),
                                                                         ("stdout", {"data": b64(b"half")}), *tail))
-    with pytest.raises(ac.CommandLost, match="not re-run"):
+    with pytest.raises(errors.CommandLost, match="not re-run"):
         client.exec(["true"])
 
 
@@ -88,10 +88,10 @@ def test_held_stdin_without_the_team_setting_names_it_and_remembers(fake):
     server.answers[("POST", route("/sandbox/exec"))] = (403, {}, json.dumps(
         {"error": {"code": 403, "message": "interactive stdin is not enabled"}}).encode())
     call, feed = client.exec_stream(["sudo", "-S", "id"], hold_stdin=True)
-    with pytest.raises(ac.AgentError, match=r"interactive stdin \(keep_stdin_open\).*Nothing was run"):
+    with pytest.raises(errors.SandboxError, match=r"interactive stdin \(keep_stdin_open\).*Nothing was run"):
         list(client.iter_exec(call, feed))
     assert client.interactive is False
-    with pytest.raises(ac.AgentError, match="not enabled for this team"):
+    with pytest.raises(errors.SandboxError, match="not enabled for this team"):
         client.exec_stream(["sudo", "-S", "id"], hold_stdin=True)  # refused before any request now
     assert len(server.seen) == 1
 
@@ -102,7 +102,7 @@ def test_a_command_whose_worker_left_before_its_stdin_ended_is_never_started(fak
     feed.put(b"half of a payload")
     call.cancel()     # the mux saw the worker hang up ...
     feed.put(None)    # ... and ended the stdin queue
-    with pytest.raises(ac.CommandLost, match="before it started"):
+    with pytest.raises(errors.CommandLost, match="before it started"):
         list(client.iter_exec(call, feed))
     assert server.seen == []
 
@@ -113,10 +113,10 @@ def footer(payload):
 
 @pytest.mark.parametrize("body,error", [
     (b"payload" + footer(b"payload"), None),
-    (b"", ac.AgentUnavailable),                                # nothing at all
-    (b"payload" + footer(b"payload")[:-1], ac.AgentUnavailable),  # a truncated footer
-    (b"payloaX" + footer(b"payload"), ac.ChecksumMismatch),       # a changed byte
-    (b"p" * 200, ac.AgentUnavailable),                         # no footer shape at all
+    (b"", errors.GuestUnavailable),                                # nothing at all
+    (b"payload" + footer(b"payload")[:-1], errors.GuestUnavailable),  # a truncated footer
+    (b"payloaX" + footer(b"payload"), errors.ChecksumMismatch),       # a changed byte
+    (b"p" * 200, errors.GuestUnavailable),                         # no footer shape at all
 ])
 def test_download_strips_and_verifies_the_footer_and_writes_only_whole_files(fake, tmp_path, body, error):
     server, client = fake
@@ -137,10 +137,10 @@ def test_transfer_refusals_map_to_the_agent_errors(fake, tmp_path):
     src = tmp_path / "src"
     src.write_bytes(b"abc")
     server.answers[("POST", route("/workspace/upload"))] = (403, {}, b'{"error": {"message": "path outside workspace"}}')
-    with pytest.raises(ac.TransferDenied):
+    with pytest.raises(errors.Denied):
         client.upload(str(src), "/workspace/link/x")
     server.answers[("GET", route("/workspace/download"))] = (404, {}, b'{"error": {"message": "no such file"}}')
-    with pytest.raises(ac.RemoteNotFound):
+    with pytest.raises(errors.NotFound):
         client.download("/workspace/none", str(tmp_path / "none"))
     upload = server.seen[0]
     assert upload[2]["X-Content-Sha256"] == hashlib.sha256(b"abc").hexdigest() and upload[3] == b"abc"
@@ -154,20 +154,20 @@ def test_paths_outside_the_transfer_root_are_refused_before_any_request(fake, tm
 
 
 def test_bad_env_names_are_refused():
-    with pytest.raises(ac.AgentError):
+    with pytest.raises(errors.SandboxError):
         api_road.env_argv(["true"], {"A=B": "1"})
     assert api_road.env_argv(["true"], {}) == ["true"]
 
 
 def test_the_transport_setting_on_the_wire_and_in_the_link_key():
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import SessionConfig
-    agent = SessionConfig(session="box", token="t")
-    api = SessionConfig(session="box", token="t", transport="API")
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import LinkConfig
+    agent = LinkConfig(session="box", token="t")
+    api = LinkConfig(session="box", token="t", transport="API")
     assert "transport" not in agent.to_wire()  # the default stays off the wire: an older mux still takes it
-    assert SessionConfig.from_wire(api.to_wire()) == api and api.transport == "api"
-    assert len({agent.key, api.key, SessionConfig(session="box", token="t", transport="auto").key}) == 3
+    assert LinkConfig.from_wire(api.to_wire()) == api and api.transport == "api"
+    assert len({agent.key, api.key, LinkConfig(session="box", token="t", transport="auto").key}) == 3
     with pytest.raises(ValueError, match="agent, api, auto"):
-        SessionConfig(session="box", token="t", transport="ssh")
+        LinkConfig(session="box", token="t", transport="ssh")
 
 
 # -- staged transfers -------------------------------------------------------------------------
@@ -194,10 +194,10 @@ PAYLOAD = b"0123456789" * 200
 
 @pytest.mark.parametrize("body,declared,sha,error", [
     (PAYLOAD, None, None, None),
-    (PAYLOAD[:-1] + b"X", len(PAYLOAD), hashlib.sha256(PAYLOAD).hexdigest(), ac.ChecksumMismatch),  # a changed byte
-    (PAYLOAD + b"more", len(PAYLOAD), hashlib.sha256(PAYLOAD).hexdigest(), ac.AgentError),      # longer than reported
-    (PAYLOAD, None, "not-a-sha", ac.ChecksumMismatch),                                             # no usable sha256
-    (PAYLOAD, api_road.STAGED_MAX + 1, None, ac.AgentError),                                       # past 50 GiB
+    (PAYLOAD[:-1] + b"X", len(PAYLOAD), hashlib.sha256(PAYLOAD).hexdigest(), errors.ChecksumMismatch),  # a changed byte
+    (PAYLOAD + b"more", len(PAYLOAD), hashlib.sha256(PAYLOAD).hexdigest(), errors.SandboxError),      # longer than reported
+    (PAYLOAD, None, "not-a-sha", errors.ChecksumMismatch),                                             # no usable sha256
+    (PAYLOAD, api_road.STAGED_MAX + 1, None, errors.SandboxError),                                       # past 50 GiB
 ])
 def test_a_staged_download_is_bounded_and_verified_before_it_lands(fake, tmp_path, monkeypatch, body, declared, sha,
                                                                    error):
@@ -229,14 +229,14 @@ def test_a_failed_staged_download_names_the_platforms_reason(fake, tmp_path, mon
     staged_download(server, PAYLOAD, status="failed")
     server.answers[("GET", route("/workspace/transfers/tr_1"))] = (200, {}, json.dumps({
         "status": "failed", "error_message": "the export was cut"}).encode())
-    with pytest.raises(ac.AgentError, match="the export was cut"):
+    with pytest.raises(errors.SandboxError, match="the export was cut"):
         client.download("/workspace/f", str(tmp_path / "out"))
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_direct_download_past_the_streaming_bound_is_refused_before_asking(fake, tmp_path):
     server, client = fake
-    with pytest.raises(ac.AgentError, match="streaming download carries at most 52428800 bytes"):
+    with pytest.raises(errors.SandboxError, match="streaming download carries at most 52428800 bytes"):
         client._direct_download("/workspace/f", str(tmp_path / "out"), known_size=api_road.STREAM_DOWNLOAD_MAX + 1)
     assert server.seen == []
 
@@ -246,12 +246,12 @@ def test_a_direct_download_stops_at_the_streaming_bound_when_the_guest_misreport
     monkeypatch.setattr(api_road, "STREAM_DOWNLOAD_MAX", 1000)
     stat_says(server, 10)  # the guest says small; it sends more
     server.answers[("GET", route("/workspace/download"))] = (200, {}, PAYLOAD + footer(PAYLOAD))
-    with pytest.raises(ac.AgentError, match="passed the streaming bound"):
+    with pytest.raises(errors.SandboxError, match="passed the streaming bound"):
         client.download("/workspace/f", str(tmp_path / "out"))
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("final,error", [("completed", None), ("failed", ac.ChecksumMismatch)])
+@pytest.mark.parametrize("final,error", [("completed", None), ("failed", errors.ChecksumMismatch)])
 def test_a_staged_upload_puts_its_parts_presigned_and_commits_its_sha256(fake, tmp_path, monkeypatch, final, error):
     server, client = fake
     monkeypatch.setattr(api_road, "MAX_UPLOAD", 10)
@@ -294,7 +294,7 @@ def test_a_platform_without_staged_transfers_gets_no_direct_download_past_the_bo
     monkeypatch.setattr(api_road, "STREAM_DOWNLOAD_MAX", 1000)
     stat_says(server, 5000)
     server.answers[("POST", route("/workspace/transfers"))] = (404, {}, b'{"id": "not_found", "message": "no such route"}')
-    with pytest.raises(ac.AgentError, match="no staged transfers") as err:
+    with pytest.raises(errors.SandboxError, match="no staged transfers") as err:
         client.download("/workspace/f", str(tmp_path / "out"))
     assert "5000 bytes" in str(err.value) and "transport agent" in str(err.value)
     assert not [s for s in server.seen if s[1].startswith(route("/workspace/download"))]

@@ -3,7 +3,7 @@ import logging
 import queue
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_client import CommandLost
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.errors import CommandLost
 
 
 class GoneAgent(object):
