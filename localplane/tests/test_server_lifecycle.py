@@ -395,6 +395,16 @@ def test_a_delete_in_flight_when_the_plane_stops_leaves_nothing_mounted(tmp_path
     assert processes_mentioning(state) == []
 
 
+def running_pid(pid):
+    """A process that still runs: a killed one whose new parent has not reaped it yet (a container's PID 1 may
+    never do so) stays in /proc as a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def test_sweep_removes_what_a_killed_plane_left_and_nothing_of_a_running_one(tmp_path):
     """A plane SIGKILLed whose state dir is then removed (a killed test run) leaves guests, mounts and loop devices
     nobody will adopt: `sweep` removes them; a running plane's guest and a stopped plane that may be restarted stay."""
@@ -416,19 +426,19 @@ def test_sweep_removes_what_a_killed_plane_left_and_nothing_of_a_running_one(tmp
         victim.process.wait(10)
         kept = cli("sweep")  # the killed plane's state dir still has its records: it may be started again
         assert kept.returncode == 0, kept.stderr
-        assert all(os.path.exists("/proc/%d" % pid) for pid in orphans)
+        assert all(running_pid(pid) for pid in orphans)
         shutil.rmtree(os.path.join(killed, "sessions"))  # as a test's temporary dir goes
         dry = cli("sweep", "--dry-run", "--json")
         assert dry.returncode == 0, dry.stderr
         assert scope_of(guest_state_dir(killed)) in json.loads(dry.stdout)["scopes"]
-        assert all(os.path.exists("/proc/%d" % pid) for pid in orphans)  # a dry run touches nothing
+        assert all(running_pid(pid) for pid in orphans)  # a dry run touches nothing
         swept = cli("sweep")
         assert swept.returncode == 0, swept.stderr
         assert "no longer running" in swept.stdout
         deadline = time.monotonic() + 10
-        while any(os.path.exists("/proc/%d" % pid) for pid in orphans) and time.monotonic() < deadline:
+        while any(running_pid(pid) for pid in orphans) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(os.path.exists("/proc/%d" % pid) for pid in orphans)
+        assert not any(running_pid(pid) for pid in orphans)
         with open("/proc/self/mountinfo") as f:
             assert [line.split()[4] for line in f if killed in line or scope_of(guest_state_dir(killed)) in line] == []
         assert killed not in subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=False).stdout
