@@ -348,7 +348,7 @@ EXAMPLES = r"""
 import os  # noqa: E402
 import posixpath  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from typing import Any, TypeVar  # noqa: E402
+from typing import TYPE_CHECKING, Any, TypeVar  # noqa: E402
 
 from ansible import constants as C  # noqa: E402
 from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound  # noqa: E402
@@ -366,6 +366,9 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import fra
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import command_stream  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import option_defs  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import outcomes  # noqa: E402
+
+if TYPE_CHECKING:
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.sandbox_connection import SandboxConnection
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import (  # noqa: E402
     Interact, InteractTimeout, MuxClient, host_tag, run_identity)
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.core_compat import command_argv  # noqa: E402
@@ -858,3 +861,7 @@ class Connection(ConnectionBase):
         if done and done.get("reset"):
             display.vvv("reset_connection: closed the channel of session %s in the multiplexer (pid %s)"
                         % (session, done.get("pid")), host=session)
+
+
+if TYPE_CHECKING:  # mypy holds this class to what the action plugins call on it (_worker/sandbox_connection.py)
+    _ACTIONS_VIEW: type[SandboxConnection] = Connection
