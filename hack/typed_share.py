@@ -12,7 +12,7 @@ from typing import Iterator, List, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 EXCLUDED = ("plugins/plugin_utils/_mux/agent_pb/",)
-FLOOR = 80.0
+FLOOR = 100.0  # every plugin file is annotated (mypy: disallow_untyped_defs over plugins.*)
 
 FunctionNode = (ast.FunctionDef, ast.AsyncFunctionDef)
 

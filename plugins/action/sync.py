@@ -42,6 +42,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import sour
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import sync_tree as st
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import outcomes
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.command_stream import ExecStream
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.sandbox_connection import SandboxConnection, sandbox_connection
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.sync_plan import ManifestReader, Planner
 
 ARGUMENT_SPEC = dict(
@@ -84,23 +85,27 @@ def _dest_fd(root_fd: int | None, dest: str) -> int:
 class TarWriter:
     """The push archive: entries of the local tree added one by one, read through O_NOFOLLOW fds."""
 
-    def __init__(self, path, root_fd):
+    def __init__(self, path: str, root_fd: int) -> None:
         import tarfile
         self.tarfile = tarfile
         self.tar = tarfile.open(path, "w", format=tarfile.PAX_FORMAT, encoding="utf-8", errors="surrogateescape")
         self.root_fd = root_fd
         self.members = 0
-        self._parent = (None, None)  # (parent parts, fd): consecutive entries mostly share a directory
+        # (parent parts, fd): consecutive entries mostly share a directory
+        self._parent: tuple[list[bytes] | None, int | None] = (None, None)
 
-    def _dir_fd(self, parents):
-        if self._parent[0] != parents:
-            if self._parent[1] is not None:
-                os.close(self._parent[1])
-                self._parent = (None, None)
-            self._parent = (parents, st.open_dir_at(self.root_fd, parents))
-        return self._parent[1]
+    def _dir_fd(self, parents: list[bytes]) -> int:
+        cached, fd = self._parent
+        if fd is not None and cached == parents:
+            return fd
+        if fd is not None:
+            os.close(fd)
+            self._parent = (None, None)
+        fd = st.open_dir_at(self.root_fd, parents)
+        self._parent = (parents, fd)
+        return fd
 
-    def add(self, entry, ancestor_only=False):
+    def add(self, entry: st.Entry, ancestor_only: bool = False) -> None:
         tarfile = self.tarfile
         info = tarfile.TarInfo(st.rel_text(entry.path))
         info.mode, info.mtime = entry.mode, entry.mtime
@@ -116,10 +121,11 @@ class TarWriter:
             with os.fdopen(fd, "rb") as f:
                 info.size = os.fstat(fd).st_size  # what is read now, even if it changed since the walk
                 self.tar.addfile(info, f)
-        self.tar.members = []  # tarfile keeps every header it wrote: memory would grow with the tree
+        # tarfile keeps every header it wrote: memory would grow with the tree (typeshed leaves `members` out)
+        self.tar.members = []  # type: ignore[attr-defined]
         self.members += 1
 
-    def close(self):
+    def close(self) -> None:
         if self._parent[1] is not None:
             os.close(self._parent[1])
         self.tar.close()
@@ -130,6 +136,7 @@ class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _supports_check_mode = True
     _requires_connection = True
+    _sandbox: SandboxConnection  # self._connection, once run() checked it is microvm.sandbox.agent
 
     def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super(ActionModule, self).run(tmp, task_vars)
@@ -137,11 +144,12 @@ class ActionModule(ActionBase):
         validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         del validation
         self._vars = task_vars or {}
-        conn = self._connection
-        if not callable(getattr(conn, "exec_stream", None)):
+        conn = sandbox_connection(self._connection, "exec_stream")
+        if conn is None:
             return dict(result, failed=True,
                         msg="sync needs the microvm.sandbox.agent connection (it streams through the guest agent); "
-                            "this host uses %s" % getattr(conn, "transport", type(conn).__name__))
+                            "this host uses %s" % getattr(self._connection, "transport", type(self._connection).__name__))
+        self._sandbox = conn
         try:
             excludes = list(args["exclude"])
             for path in args["exclude_from"]:
@@ -185,7 +193,7 @@ class ActionModule(ActionBase):
     def _start(self, mode: str, root: str, checksum: bool,
                excludes: list[str]) -> tuple[ExecStream, ManifestReader, list[str], str]:
         """Start the guest side; -> (stream, manifest reader, guest excludes, stage path in the run's scratch)."""
-        conn = self._connection
+        conn = self._sandbox
         scratch = conn.get_option("scratch_dir") or profile.SCRATCH_DIR
         guest_excludes = excludes + protected(root, scratch)
         stage_name = "sync-%s%s" % (uuid.uuid4().hex[:16], ".tar" if mode == "pull" else "")
@@ -273,7 +281,7 @@ class ActionModule(ActionBase):
             if writer.members:
                 check_archive(tar_path, stage)
                 try:
-                    self._connection.put_archive(tar_path, stage)
+                    self._sandbox.put_archive(tar_path, stage)
                 except AnsibleError as e:
                     raise SyncFailed("the sandbox refused or failed to extract the changes into %s: %s"
                                      % (stage, outcomes.task_failure(e, "sync"))) from e
@@ -345,7 +353,7 @@ class ActionModule(ActionBase):
                 raise self._guest_failed(stream, reader, "could not pack the changes of %s" % src)
             local_tar = os.path.join(tmp, "changes.tar")
             try:
-                self._connection.fetch_file(stage, local_tar)  # the path this run chose, never one the guest names
+                self._sandbox.fetch_file(stage, local_tar)  # the path this run chose, never one the guest names
             except AnsibleError as e:
                 raise SyncFailed("could not download the changes of %s: %s" % (src, outcomes.task_failure(e, "sync"))) from e
             stream.close_stdin()

@@ -25,6 +25,7 @@ from ansible.plugins.action import ActionBase
 from ansible_collections.microvm.sandbox.plugins.module_utils.archive_check import (
     ArchiveRefused, check_archive, sha256_file)
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import outcomes
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.sandbox_connection import sandbox_connection
 
 WORKSPACE = "/workspace"
 
@@ -100,11 +101,12 @@ class ActionModule(ActionBase):
                         msg="workspace_archive: %s" % e)
         result["archive"] = summary
 
-        conn = self._connection
-        if not callable(getattr(conn, "put_archive", None)):
+        conn = sandbox_connection(self._connection, "put_archive")
+        if conn is None:
             return dict(result, failed=True,
                         msg="workspace_archive needs the microvm.sandbox.agent connection (it extracts through the guest "
-                            "agent's archive upload); this host uses %s" % getattr(conn, "transport", type(conn).__name__))
+                            "agent's archive upload); this host uses %s"
+                            % getattr(self._connection, "transport", type(self._connection).__name__))
 
         result["changed"] = True
         result["cleaned"] = False

@@ -348,7 +348,7 @@ EXAMPLES = r"""
 import os  # noqa: E402
 import posixpath  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from typing import Any, TypeVar  # noqa: E402
+from typing import TYPE_CHECKING, Any, TypeVar  # noqa: E402
 
 from ansible import constants as C  # noqa: E402
 from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound  # noqa: E402
@@ -366,6 +366,9 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import fra
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import command_stream  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import option_defs  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import outcomes  # noqa: E402
+
+if TYPE_CHECKING:
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.sandbox_connection import SandboxConnection
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import (  # noqa: E402
     Interact, InteractTimeout, MuxClient, host_tag, run_identity)
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.core_compat import command_argv  # noqa: E402
@@ -652,7 +655,8 @@ class Connection(ConnectionBase):
 
     # -- commands ----------------------------------------------------------------------------
     def exec_command(self, cmd: str, in_data: bytes | None = None, sudoable: bool = True) -> tuple[int, bytes, bytes]:
-        super().exec_command(cmd, in_data=in_data, sudoable=sudoable)
+        # ensure_connect wraps core's abstract body, so this connects: mypy sees only the body
+        super().exec_command(cmd, in_data=in_data, sudoable=sudoable)  # type: ignore[safe-super]
         session = self._session()
         executable = self._play_context.executable or "/bin/sh"
         argv = command_argv(executable, to_text(cmd, errors="surrogate_or_strict"))
@@ -668,10 +672,12 @@ class Connection(ConnectionBase):
                 return warm
         argv = self._as_user(argv)
         interact = None
+        become = None  # the become plugin when it answers a prompt in this command
         prompted: list[bool] = []
         succeeded: list[bool] = []
         become_timeout = 0
         if sudoable and self.become and self.become.expect_prompt():
+            become = self.become
             interact = self._become_interaction(prompted, succeeded)
             become_timeout = self._become_timeout()
         try:
@@ -691,15 +697,15 @@ class Connection(ConnectionBase):
                                % (session, limit))
         if info.get("hitl_rejected"):
             raise AnsibleError("microvm.sandbox.agent: %s" % profile.hitl_rejected_message(session))
-        if interact is not None and not succeeded:
+        if become is not None and not succeeded:
             # the become command gave up before its success marker (su exits after a refused password, in
             # whatever language): nothing ran as the target user
-            if prompted and (self.become.check_incorrect_password(stdout) or self.become.check_incorrect_password(stderr)):
-                raise AnsibleError("Incorrect %s password" % self.become.name)
-            raise AnsibleError(become_error_message("Premature end of stream", stdout, stderr, prompted, self.become))
-        if prompted:
-            stdout = self.become.strip_become_prompt(stdout)
-            stderr = self.become.strip_become_prompt(stderr)
+            if prompted and (become.check_incorrect_password(stdout) or become.check_incorrect_password(stderr)):
+                raise AnsibleError("Incorrect %s password" % become.name)
+            raise AnsibleError(become_error_message("Premature end of stream", stdout, stderr, prompted, become))
+        if become is not None and prompted:  # only an interaction answers a prompt
+            stdout = become.strip_become_prompt(stdout)
+            stderr = become.strip_become_prompt(stderr)
         return rc, stdout, stderr
 
     def _exec_warm(self, argv: list[str], stdin: bytes, sudoable: bool, timeout: int,
@@ -757,6 +763,8 @@ class Connection(ConnectionBase):
         only in output that arrived after the last answered one.
         """
         become = self.become
+        if become is None:  # exec_command asks for an interaction only when a become plugin is set
+            raise AnsibleError("microvm.sandbox.agent: a become password interaction needs a become plugin")
         offsets = [0, 0]  # where the output after the last answered prompt begins (stdout, stderr)
 
         def interact(out: bytes, err: bytes) -> bytes | bool | None:
@@ -780,7 +788,7 @@ class Connection(ConnectionBase):
 
     # -- files ----------------------------------------------------------------------------------
     def put_file(self, in_path: str, out_path: str) -> None:
-        super().put_file(in_path, out_path)
+        super().put_file(in_path, out_path)  # type: ignore[safe-super]  # connects (ensure_connect), see exec_command
         display.vvv("PUT %s TO %s" % (in_path, out_path), host=self._session())
         if not os.path.isfile(to_bytes(in_path, errors="surrogate_or_strict")):
             raise AnsibleFileNotFound("microvm.sandbox.agent: file or module does not exist: %s" % to_text(in_path))
@@ -826,7 +834,7 @@ class Connection(ConnectionBase):
         return (int(self._user["uid"]), int(self._user["gid"])) if self._user else None
 
     def fetch_file(self, in_path: str, out_path: str) -> None:
-        super().fetch_file(in_path, out_path)
+        super().fetch_file(in_path, out_path)  # type: ignore[safe-super]  # connects (ensure_connect), see exec_command
         display.vvv("FETCH %s TO %s" % (in_path, out_path), host=self._session())
         self._call("fetch_file", self._attached().fetch, to_text(in_path), to_text(out_path), run=self._run_info())
 
@@ -853,3 +861,7 @@ class Connection(ConnectionBase):
         if done and done.get("reset"):
             display.vvv("reset_connection: closed the channel of session %s in the multiplexer (pid %s)"
                         % (session, done.get("pid")), host=session)
+
+
+if TYPE_CHECKING:  # mypy holds this class to what the action plugins call on it (_worker/sandbox_connection.py)
+    _ACTIONS_VIEW: type[SandboxConnection] = Connection

@@ -26,7 +26,15 @@ import hashlib
 import posixpath
 import tarfile
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # typing only: module_utils stay free of what older targets' typing may lack
+    from typing import Protocol
+
+    class LinkLookup(Protocol):
+        """Normalized name -> the target of the symbolic link there, or None: a dict, or a view of a tree on disk."""
+
+        def get(self, name: str, /) -> str | None: ...
 
 CHUNK = 1024 * 1024
 MAX_LINKS = 40  # symbolic links followed in one resolution, as Linux does
@@ -58,7 +66,7 @@ def _parts(path: str) -> list[str]:
     return [p for p in path.split("/") if p not in ("", ".")]
 
 
-def resolve_link(link_dir: list[str], link: str, symlinks: dict[str, str], root: list[str]) -> list[str] | str:
+def resolve_link(link_dir: list[str], link: str, symlinks: LinkLookup, root: list[str]) -> list[str] | str:
     """Where a symbolic link of the archive leads, following the archive's own links.
 
     link_dir is the link's directory (list of names relative to the target), symlinks maps the normalized names of
@@ -114,7 +122,7 @@ def _too_long(target: str, rel: str) -> str | None:
     return None
 
 
-def link_problem(rel: str, link: str, symlinks: dict[str, str], target: str) -> str | None:
+def link_problem(rel: str, link: str, symlinks: LinkLookup, target: str) -> str | None:
     """Why the symbolic link rel -> link leaves the target (None when it stays inside)."""
     if not link:
         return "symbolic link with an empty target"

@@ -26,13 +26,13 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import err
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_pb import sandbox_agent_pb2 as pb
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_pb import sandbox_agent_pb2_grpc as pb_grpc
 
+GRPC_IMPORT_ERROR: ImportError | None = None
 try:
     import grpc
 except ImportError as e:  # the mux reports it, naming the package to install
-    grpc = None
+    # mypy types the name as the module; without it the mux refuses to start (server.py reads GRPC_IMPORT_ERROR)
+    grpc = None  # type: ignore[assignment]
     GRPC_IMPORT_ERROR = e
-else:
-    GRPC_IMPORT_ERROR = None
 
 CHUNK_SIZE = 2 * 1024 * 1024       # within the agent's accepted 1 KiB - 4 MiB, and under a default 4 MiB gRPC limit
 MAX_MESSAGE = 16 * 1024 * 1024
@@ -91,7 +91,7 @@ class prefetch_chunks:
     DEPTH = 4
 
     def __init__(self, f: BinaryIO, chunk_size: int) -> None:
-        self._queue = queue.Queue(self.DEPTH)
+        self._queue: queue.Queue[bytes | OSError | None] = queue.Queue(self.DEPTH)
         self._digest = hashlib.sha256()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._read, args=(f, chunk_size), name="upload-read", daemon=True)
@@ -203,7 +203,7 @@ class AgentClient:
         self._redial = redial
         self._lock = threading.Lock()
         self._line = _Line(channel)
-        self._exec_lines = {}  # id(call) -> its line, from exec_stream to the end of iter_exec
+        self._exec_lines: dict[int, _Line] = {}  # id(call) -> its line, from exec_stream to the end of iter_exec
 
     @property
     def channel(self) -> grpc.Channel:
@@ -263,7 +263,7 @@ class AgentClient:
         Feed stdin with stdin_queue.put(bytes) and end it with put(None). Iterate
         `call` with `iter_exec()`. A `stdin` bytes value is sent up front (and EOF).
         """
-        feed = queue.Queue()
+        feed: queue.Queue[bytes | None] = queue.Queue()
         start = pb.ExecRequest(start=pb.ExecStart(argv=list(argv), workdir=workdir or "",
                                                   env=dict(env or {}), timeout_seconds=int(timeout or 0)))
 
@@ -301,7 +301,7 @@ class AgentClient:
             if line is not None:
                 self._give_back(line)
 
-    def _iter_exec(self, call: Any, line: _Line) -> Iterator[tuple[str, Any]]:
+    def _iter_exec(self, call: Any, line: _Line | None) -> Iterator[tuple[str, Any]]:
         try:
             for out in call:
                 which = out.WhichOneof("output")
@@ -383,12 +383,13 @@ class AgentClient:
         with errors.path_rules():
             remote_path = profile.check_transfer_path(remote_path, self.scratch_dir, what="download source")
         local_dir = os.path.dirname(os.path.abspath(local_path))
+        tmp: str | None
         fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(local_path)[:40], suffix=".part", dir=local_dir)
         try:
             digest = hashlib.sha256()
             size = 0
             expected_size = -1
-            expected_sha = None
+            expected_sha: str | None = None
             with os.fdopen(fd, "wb") as f, self._using() as line:
                 try:
                     for msg in line.stub.Download(pb.DownloadRequest(path=remote_path, chunk_size_bytes=chunk_size)):

@@ -46,7 +46,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, NoReturn, Protocol, Sequence
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import USER_AGENT
@@ -201,7 +201,7 @@ class ApiRoadClient:
         with interactive stdin at once.
         """
         call = ApiExec(self, env_argv(argv, env), workdir or "", int(timeout or 0), bool(hold_stdin))
-        feed: queue.Queue = queue.Queue()
+        feed: queue.Queue[bytes | None] = queue.Queue()
         if stdin is not None:
             if stdin:
                 feed.put(bytes(stdin))
@@ -216,7 +216,7 @@ class ApiRoadClient:
                 "for this team (the platform answered 403). Enable it for the team, use transport agent, or "
                 "become without a password (NOPASSWD). Nothing was run." % (self.label, TEAM_SETTING))
 
-    def iter_exec(self, call: ApiExec, feed: queue.Queue | None = None) -> Iterator[tuple[str, Any]]:
+    def iter_exec(self, call: ApiExec, feed: queue.Queue[bytes | None] | None = None) -> Iterator[tuple[str, Any]]:
         """Yield ('stdout'|'stderr', bytes) and finally ('exit', ExecResult); raise CommandLost otherwise."""
         feed = feed if feed is not None else queue.Queue()
         staged, finished = None, False
@@ -247,8 +247,8 @@ class ApiRoadClient:
                 except errors.SandboxError as e:
                     log.warning("session %s: could not remove staged stdin %s: %s", self.label, staged, e)
 
-    def _collect(self, feed: queue.Queue) -> bytes:
-        parts = []
+    def _collect(self, feed: queue.Queue[bytes | None]) -> bytes:
+        parts: list[bytes] = []
         while True:
             item = feed.get()
             if item is None:
@@ -324,7 +324,7 @@ class ApiRoadClient:
         raise errors.CommandLost("lost the command on session %s: %s; it may have partly run and is not re-run"
                                  % (self.label, lost))
 
-    def _write_stdin(self, call: ApiExec, feed: queue.Queue) -> None:
+    def _write_stdin(self, call: ApiExec, feed: queue.Queue[bytes | None]) -> None:
         """Forward the queue's stdin as offset-keyed writes; a failed write is retried once at its offset."""
         offset = 0
         while not call.exec_id and not call.cancelled.is_set():
@@ -332,11 +332,11 @@ class ApiRoadClient:
         while not call.cancelled.is_set():
             item = feed.get()
             eof = item is None
-            data = b"" if eof else bytes(item)
+            data = b"" if item is None else bytes(item)
             for i in range(0, max(len(data), 1), STDIN_WRITE):
                 piece = data[i:i + STDIN_WRITE]
                 last = eof or i + STDIN_WRITE >= len(data)
-                doc = {"offset": offset}
+                doc: dict[str, int | str | bool] = {"offset": offset}
                 if piece:
                     doc["data"] = base64.b64encode(piece).decode()
                 if eof and last:
@@ -525,12 +525,13 @@ class ApiRoadClient:
             time.sleep(pause)
             pause = min(pause * 2, 2.0)
 
-    def _object(self, method: str, url: str, body: "bytes | BinaryIO | None" = None,
+    def _object(self, method: str, url: str, body: "bytes | _Readable | None" = None,
                 length: int = 0) -> "tuple[http.client.HTTPConnection, http.client.HTTPResponse]":
         """(connection, response) of a presigned object-storage URL: never the API token, its own credential."""
         parts = urllib.parse.urlsplit(str(url))
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise errors.SandboxError("the data plane gave a presigned URL that is not http(s): %r" % str(url)[:200])
+        conn: http.client.HTTPConnection
         if parts.scheme == "https":
             context = self.context or ssl.create_default_context()
             conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=READ_TIMEOUT, context=context,
@@ -685,6 +686,12 @@ class ApiRoadClient:
             conn.close()
 
 
+class _Readable(Protocol):
+    """A request body http.client reads in blocks: an open file, or a _Slice of one."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+
 class _Slice:
     """`length` bytes of an open file from its current position, as a body http.client reads in blocks."""
 
@@ -701,6 +708,7 @@ class _Slice:
 def _land(local_path: str, fill: Callable[[BinaryIO], int]) -> int:
     """Write a download into a temporary file beside local_path with fill(f), renamed into place only if fill returns."""
     local_dir = os.path.dirname(os.path.abspath(local_path))
+    tmp: str | None
     fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(local_path)[:40], suffix=".part", dir=local_dir)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -719,7 +727,8 @@ def _land(local_path: str, fill: Callable[[BinaryIO], int]) -> int:
 
 def _read_events(resp: http.client.HTTPResponse) -> Iterator[tuple[str, Any]]:
     """(event, data) pairs of a Server-Sent Events body; comments (keepalives) are skipped."""
-    event, data = None, []
+    event: str | None = None
+    data: list[str] = []
     while True:
         raw = resp.readline(8 * 1024 * 1024)
         if not raw:
@@ -755,7 +764,7 @@ def attach(link: SessionLink) -> None:
     """Give a SessionLink (_mux/session_link.py) the api road: its client and no warm runner."""
     cfg = link.cfg
     link.road = "api"
-    link.client = ApiRoadClient(cfg.api_url, cfg.prefix, cfg.token, link.session_id, link.label,
+    link.client = ApiRoadClient(cfg.api_url, cfg.prefix, cfg.token, link.resolved_id, link.label,
                                 scratch_dir=cfg.scratch_dir, validate_certs=cfg.validate_certs,
                                 connect_timeout=min(cfg.connect_timeout, 30.0))
     link.runners = NoWarm()

@@ -175,7 +175,7 @@ class ModuleRunner:
         rid, q = self._new_request()
         with self.lock:
             self.whole[rid] = (key, whole)
-        if key is not None and key in self.held:
+        if split and key is not None and key in self.held:
             ref = json.dumps({"env": env, "zip": key}).encode("utf-8")
             self._send(rid, wr.RUNREF, struct.pack("!I", len(ref)) + ref + split[0])
         else:

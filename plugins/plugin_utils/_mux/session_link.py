@@ -82,6 +82,13 @@ class SessionLink:
         return "SessionLink(%r, generation=%d)" % (self.label, self.generation)
 
     @property
+    def resolved_id(self) -> str:
+        """The session's id, known once resolve() ran (open() runs it first)."""
+        if self.session_id is None:
+            raise errors.Unreachable("session %s has not been looked up yet: the link is not open" % self.label)
+        return self.session_id
+
+    @property
     def client(self) -> RoadClient:
         """The road's client: the guest agent's gRPC client, or the documented API's (same methods)."""
         if self._client is None:
@@ -224,7 +231,7 @@ class SessionLink:
     def check_session(self) -> dict:
         """Raise SessionGone when the session is deleted, failed or unknown; return it otherwise."""
         try:
-            session = self.api.get_session(self.session_id)
+            session = self.api.get_session(self.resolved_id)
         except ApiError as e:
             if e.gone:
                 raise errors.SessionGone("session %s no longer exists (HTTP %d): it was deleted" % (self.label, e.status)) from e
@@ -240,12 +247,12 @@ class SessionLink:
             if status == "PAUSED":
                 log.info("session %s is paused: resuming it", self.label)
                 try:
-                    self.api.resume_session(self.session_id)
+                    self.api.resume_session(self.resolved_id)
                 except ApiError as e:
                     if e.status != 409:  # someone else resumed it meanwhile
                         raise
             if status in ("PAUSED", "PROVISIONING"):
-                self.api.wait_session(self.session_id, timeout=self.cfg.connect_timeout)
+                self.api.wait_session(self.resolved_id, timeout=self.cfg.connect_timeout)
         except (ApiError, WaitTimeout) as e:
             raise errors.Unreachable("session %s is %s and could not be made ready: %s" % (self.label, status, e)) from e
 

@@ -64,7 +64,7 @@ class OpenDir:
 
 
 class Planner:
-    def __init__(self, send: Callable[..., None], op: Callable[[bytes], None], delete: bool = False, checksum: bool = False,
+    def __init__(self, send: Callable[..., None], op: Callable[[bytes], object], delete: bool = False, checksum: bool = False,
                  limit: int = 1000) -> None:
         self._send = send
         self._op = op

@@ -337,3 +337,17 @@ def test_documentation_parses():
     assert doc["options"]["api_token"]["env"] == [{"name": "DIGITALOCEAN_ACCESS_TOKEN"}, {"name": "DIGITALOCEAN_TOKEN"},
                                                   {"name": "DO_AGENTS_API_TOKEN"}]
     assert all(isinstance(n, str) for n in doc["notes"])
+
+
+def test_a_become_interaction_without_a_become_plugin_is_a_clear_error(conn):
+    assert conn.become is None
+    with pytest.raises(AnsibleError, match="needs a become plugin"):
+        conn._become_interaction([], [])
+
+
+def test_the_action_plugins_take_this_connection_as_theirs_and_no_other(conn):
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.sandbox_connection import sandbox_connection
+    assert sandbox_connection(conn, "exec_stream") is conn
+    assert sandbox_connection(conn, "put_archive") is conn
+    local = connection_loader.get("ansible.builtin.local", PlayContext())
+    assert sandbox_connection(local, "exec_stream") is None and sandbox_connection(local, "put_archive") is None

@@ -217,6 +217,24 @@ def test_a_mux_dir_too_long_for_a_unix_socket_gets_a_short_private_path(tmp_path
         os.unlink(path)
 
 
+def test_an_unresolved_link_never_asks_the_api_about_no_session_id(tmp_path):
+    """Before resolve() the link has no session id: the checks say so instead of asking the API about `None`."""
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link import SessionLink
+    asked = []
+
+    class Api:
+        def get_session(self, sid):
+            asked.append(sid)
+            return {"session_id": sid, "status": "SESSION_STATUS_READY"}
+
+    link = SessionLink(CFG, str(tmp_path))
+    link.api = Api()
+    for check in (link.check_session, link.wake_if_paused):
+        with pytest.raises(errors.Unreachable, match="session box has not been looked up yet"):
+            check()
+    assert asked == []
+
+
 def test_a_failed_session_is_reported_with_its_warnings_not_an_error_text(tmp_path):
     """The session object has no error text (get_session); a FAILED session's documented words are its warnings."""
     from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link import SessionLink
