@@ -27,6 +27,7 @@ from . import agentfs, rootfs
 from .freezer import CGROUP_ROOT
 
 MNT_DETACH = 2
+KILL_WAIT = 30  # seconds the killed guests get to exit (a loaded host can take a while) before their cgroups go
 SCOPE = re.compile(r"^[0-9a-f]{12}$")
 SESSION_MOUNT = re.compile(r"^(?P<guests>/.+/guests)/sessions/[0-9a-f-]{36}/(disk|workspace|rootfs|run)$")
 LOOP_IMAGE = re.compile(r"\((?P<image>/.+/guests)/sessions/[0-9a-f-]{36}/disk\.img(?: \(deleted\))?\)$")
@@ -148,7 +149,7 @@ def sweep(stopped_too: bool = False, dry_run: bool = False) -> dict:
     for pid in todo["pids"]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + KILL_WAIT
     for scope in todo["scopes"]:
         for cg in _cgroup_dirs(scope):
             while True:
