@@ -3,7 +3,6 @@ this road has (its refusals, the team's interactive stdin, staged transfers, a r
 
 The agent road's whole suites run over this road too: `make integration-api` (MICROVM_TEST_TRANSPORT=api).
 """
-import contextlib
 import glob
 import os
 import re
@@ -12,8 +11,7 @@ import pytest
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from test_connection import BIG, inventory, sha1
 
-from microvm_localplane import dataplane
-from microvm_plane_testing import stop_muxes, tail, team_defaults
+from microvm_plane_testing import stop_muxes, tail, team
 
 
 @pytest.fixture
@@ -21,16 +19,6 @@ def mux_dir(tmp_path):
     d = str(tmp_path / "mux")
     yield d
     stop_muxes(d)
-
-
-@contextlib.contextmanager
-def team(plane, **values):
-    """The local plane's team switches for one test (interactive stdin, closed guest ports), then back."""
-    dataplane.write_settings(plane.state_dir, **values)
-    try:
-        yield
-    finally:
-        dataplane.write_settings(plane.state_dir, **team_defaults())
 
 
 @pytest.fixture

@@ -46,6 +46,17 @@ def team_defaults():
     return {"interactive_stdin": False, "closed_ports": []}
 
 
+@contextlib.contextmanager
+def team(plane, **values):
+    """The local plane's team switches (interactive stdin, closed guest ports) for one test, then the run's again."""
+    from microvm_localplane import dataplane
+    dataplane.write_settings(plane.state_dir, **values)
+    try:
+        yield
+    finally:
+        dataplane.write_settings(plane.state_dir, **team_defaults())
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "agent_road(reason): needs the agent road (skipped on the api road, naming "
                                        "the reason)")

@@ -5,15 +5,13 @@ Pages: "How to Send Interactive Stdin to a Sandbox Command" (18 Nov 2026), the D
 "Data plane (exec and files)".
 """
 import base64
-import contextlib
 import hashlib
 import json
 
 import pytest
 from contract_support import PREFIX, Api, error_message, local_only
 
-from microvm_localplane import dataplane
-from microvm_plane_testing import team_defaults
+from microvm_plane_testing import team
 
 EVENTS = {"Accept": "text/event-stream"}
 
@@ -49,16 +47,6 @@ def collect(events):
 
 def start(api, sid, body):
     return api.call("POST", "/sessions/%s/sandbox/exec" % sid, headers=EVENTS, json=body, stream=True)
-
-
-@contextlib.contextmanager
-def team(plane, **values):
-    """Set the team's switches of the local plane for one test, then put them back."""
-    dataplane.write_settings(plane.state_dir, **values)
-    try:
-        yield
-    finally:
-        dataplane.write_settings(plane.state_dir, **team_defaults())
 
 
 @pytest.mark.parametrize("prefix", [PREFIX, "/v2/harness-runtime"])
