@@ -131,6 +131,27 @@ class prefetch_chunks:
                 self._thread.join(0.05)
 
 
+def land_download(local_path: str, fill: Callable[[BinaryIO], int]) -> int:
+    """A download written into a temporary file beside local_path by fill(f), renamed into place only if fill returns
+    (a cut, refused or unverified download leaves the old file or nothing); -> what fill returns (bytes written)."""
+    local_dir = os.path.dirname(os.path.abspath(local_path))
+    tmp: str | None
+    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(local_path)[:40], suffix=".part", dir=local_dir)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            size = fill(f)
+        os.chmod(tmp, 0o666 & ~_current_umask())  # like any new file, not mkstemp's 0600
+        os.replace(tmp, local_path)
+        tmp = None
+        return size
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
 class ExecResult:
     __slots__ = ("exit_code", "timed_out", "duration_ms", "hitl_rejected", "stdout", "stderr")
 
@@ -382,15 +403,13 @@ class AgentClient:
         """Stream a guest file to local_path; verified, then renamed into place. Returns bytes written."""
         with errors.path_rules():
             remote_path = profile.check_transfer_path(remote_path, self.scratch_dir, what="download source")
-        local_dir = os.path.dirname(os.path.abspath(local_path))
-        tmp: str | None
-        fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(local_path)[:40], suffix=".part", dir=local_dir)
-        try:
+
+        def fill(f: BinaryIO) -> int:
             digest = hashlib.sha256()
             size = 0
             expected_size = -1
             expected_sha: str | None = None
-            with os.fdopen(fd, "wb") as f, self._using() as line:
+            with self._using() as line:
                 try:
                     for msg in line.stub.Download(pb.DownloadRequest(path=remote_path, chunk_size_bytes=chunk_size)):
                         which = msg.WhichOneof("output")
@@ -417,13 +436,6 @@ class AgentClient:
             if expected_sha and expected_sha.lower() != digest.hexdigest():
                 raise errors.ChecksumMismatch("the download of %s from session %s failed its sha256 check; "
                                               "nothing was written to %s" % (remote_path, self.label, local_path))
-            os.chmod(tmp, 0o666 & ~_current_umask())  # like any new file, not mkstemp's 0600
-            os.replace(tmp, local_path)
-            tmp = None
             return size
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
+
+        return land_download(local_path, fill)

@@ -46,7 +46,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, NoReturn, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterator, NoReturn, Protocol, Sequence
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import USER_AGENT
@@ -479,7 +479,7 @@ class ApiRoadClient:
             return size
 
         try:
-            return _land(local_path, fill)
+            return ac.land_download(local_path, fill)
         finally:
             conn.close()
 
@@ -681,7 +681,7 @@ class ApiRoadClient:
             return got
 
         try:
-            return _land(local_path, fill)
+            return ac.land_download(local_path, fill)
         finally:
             conn.close()
 
@@ -703,26 +703,6 @@ class _Slice:
         data = self.f.read(n) if n else b""
         self.left -= len(data)
         return data
-
-
-def _land(local_path: str, fill: Callable[[BinaryIO], int]) -> int:
-    """Write a download into a temporary file beside local_path with fill(f), renamed into place only if fill returns."""
-    local_dir = os.path.dirname(os.path.abspath(local_path))
-    tmp: str | None
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(local_path)[:40], suffix=".part", dir=local_dir)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            size = fill(f)
-        os.chmod(tmp, 0o666 & ~ac._current_umask())  # like any new file, not mkstemp's 0600
-        os.replace(tmp, local_path)
-        tmp = None
-        return size
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
 
 
 def _read_events(resp: http.client.HTTPResponse) -> Iterator[tuple[str, Any]]:
