@@ -366,8 +366,9 @@ class SessionLink:
         """
         if self.try_close_idle(now):
             return "idle for %ss" % int(self.cfg.persist), True, None
-        if self.idle_for(now) > 0:
-            self.runs.reap()
+        # Not only when idle: a run's TMPDIR goes once its ansible-playbook has ended, even while another run
+        # keeps the session busy (it waited for a gap in the traffic before, which a busy session never has).
+        self.runs.reap()
         if now >= self.next_check:
             self.next_check = now + SESSION_CHECK_INTERVAL
             try:
