@@ -18,6 +18,7 @@ import subprocess
 import threading
 
 from . import idmap
+from .hostpaths import scope_of
 
 MOUNT_ROOT = "/run/microvm-localplane/agentfs"
 
@@ -30,7 +31,7 @@ class AgentFsError(Exception):
 
 class AgentFs:
     def __init__(self, state_dir: str) -> None:
-        self.root = os.path.join(MOUNT_ROOT, hashlib.sha256(os.path.abspath(state_dir).encode()).hexdigest()[:12])
+        self.root = os.path.join(MOUNT_ROOT, scope_of(state_dir))
         self._mounted: dict = {}          # source dir -> its overlay's mount point
         self._binds: dict = {}            # the binds asked for -> the binds from the overlays (every boot asks)
         self._lock = threading.Lock()      # boots prepare their binds in threads

@@ -24,7 +24,6 @@ Interface additions (beyond the brief's interface):
 import asyncio
 import contextlib
 import ctypes
-import hashlib
 import json
 import logging
 import os
@@ -42,7 +41,7 @@ from . import rootfs as rootfs_mod
 from .agentfs import AgentFs, AgentFsError
 from .errors import DialError, GuestError
 from .freezer import GuestCgroup
-from .hostpaths import AGENT_LIB, HostPathsError, code_paths
+from .hostpaths import AGENT_LIB, HostPathsError, code_paths, scope_of
 from .portdial import dial_bridge, listen_bridge
 from .rootfs import RootfsError, SessionLayout
 from .statecopy import copy_state, replace_state, shift_ids
@@ -155,7 +154,7 @@ class GuestManager:
         except HostPathsError as e:
             raise GuestError("guests cannot run the agent: %s" % e) from e
         # cgroups are machine-wide: scope them by state dir so two managers never collide.
-        self._scope = hashlib.sha256(self.state_dir.encode()).hexdigest()[:12]
+        self._scope = scope_of(self.state_dir)
         self._guests = {}
         self._locks = {}
         self._hostlib = None

@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 
 from . import idmap
-from .hostpaths import CodePaths
+from .hostpaths import CodePaths, scope_of
 from .portdial import BRIDGE_NAME
 
 GUEST_RUN_DIR = "/run/localplane"
@@ -59,8 +59,7 @@ class SessionLayout:
         self.log_file = os.path.join(self.host, "plane.log")  # the plane's own notes about this guest
         self.console_name = "console.log"                  # in run/ (the guest's disk): PID 1's stdout and stderr
         self.bridge_name = BRIDGE_NAME                     # in host/: the guest cannot see or replace it
-        scope = hashlib.sha256(os.path.abspath(state_dir).encode()).hexdigest()[:12]
-        self.mount_dir = os.path.join(MOUNT_ROOT, scope, session_id)
+        self.mount_dir = os.path.join(MOUNT_ROOT, scope_of(state_dir), session_id)
         self.merged = os.path.join(self.mount_dir, "root")
 
     def upper(self, layer):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import glob
-import hashlib
 import os
 import re
 import signal
@@ -25,6 +24,7 @@ import time
 
 from . import agentfs, rootfs
 from .freezer import CGROUP_ROOT
+from .hostpaths import scope_of
 
 MNT_DETACH = 2
 KILL_WAIT = 30  # seconds the killed guests get to exit (a loaded host can take a while) before their cgroups go
@@ -32,11 +32,6 @@ SCOPE = re.compile(r"^[0-9a-f]{12}$")
 SESSION_MOUNT = re.compile(r"^(?P<guests>/.+/guests)/sessions/[0-9a-f-]{36}/(disk|workspace|rootfs|run)$")
 LOOP_IMAGE = re.compile(r"\((?P<image>/.+/guests)/sessions/[0-9a-f-]{36}/disk\.img(?: \(deleted\))?\)$")
 RUN_ROOTS = (rootfs.MOUNT_ROOT, agentfs.MOUNT_ROOT)
-
-
-def scope_of(guests_dir: str) -> str:
-    """The scope every host object of a plane is named by (as GuestManager computes it)."""
-    return hashlib.sha256(os.path.abspath(guests_dir).encode()).hexdigest()[:12]
 
 
 def adoptable(guests_dir: str) -> bool:

@@ -22,9 +22,9 @@ PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def guest_pids(state_dir):
     """Pids of every guest of the plane at state_dir (its guests' cgroups), whatever their command lines."""
     import glob
-    import hashlib
 
-    scope = hashlib.sha256(os.path.abspath(guest_state_dir(state_dir)).encode()).hexdigest()[:12]
+    from microvm_localplane.hostpaths import scope_of
+    scope = scope_of(guest_state_dir(state_dir))
     pids = []
     for procs in glob.glob("/sys/fs/cgroup/pids/microvm/%s/*/cgroup.procs" % scope) + \
             glob.glob("/sys/fs/cgroup/microvm/%s/*/cgroup.procs" % scope):
@@ -408,7 +408,7 @@ def running_pid(pid):
 def test_sweep_removes_what_a_killed_plane_left_and_nothing_of_a_running_one(tmp_path):
     """A plane SIGKILLed whose state dir is then removed (a killed test run) leaves guests, mounts and loop devices
     nobody will adopt: `sweep` removes them; a running plane's guest and a stopped plane that may be restarted stay."""
-    from microvm_localplane.sweep import scope_of
+    from microvm_localplane.hostpaths import scope_of
 
     killed, running = str(tmp_path / "killed"), str(tmp_path / "running")
     os.makedirs(killed)
