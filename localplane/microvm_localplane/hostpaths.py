@@ -42,6 +42,7 @@ AGENT_LIB = AGENT_DIR + "/lib"
 AGENT_PYTHON_DIR = AGENT_DIR + "/python"
 AGENT_HOSTLIB_DIR = AGENT_DIR + "/hostlib"
 
+
 def scope_of(guests_dir: str) -> str:
     """The name every host object of one plane's guests carries (its cgroups, its dirs under /run): a hash of its
     guests dir, so planes of different state dirs never collide and `sweep` can tell whose they are."""
