@@ -19,10 +19,11 @@ import os
 import queue
 import tempfile
 import threading
-from typing import Any, BinaryIO, Callable, Iterable, Iterator, Sequence
+from typing import Any, BinaryIO, Callable, Iterator, Sequence
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import capped
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_pb import sandbox_agent_pb2 as pb
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_pb import sandbox_agent_pb2_grpc as pb_grpc
 
@@ -65,20 +66,6 @@ def _current_umask() -> int:
     except (OSError, ValueError):
         pass
     return 0o022
-
-
-def collect_exec(events: Iterable[tuple[str, Any]]) -> ExecResult:
-    """The exit of one command's (kind, data) events, with its stdout and stderr joined on it (both roads)."""
-    out, err = [], []
-    for kind, data in events:
-        if kind == "stdout":
-            out.append(data)
-        elif kind == "stderr":
-            err.append(data)
-        else:
-            data.stdout, data.stderr = b"".join(out), b"".join(err)
-            return data
-    raise AssertionError("unreachable")  # an exec's events end with its exit, or raise
 
 
 class prefetch_chunks:
@@ -153,7 +140,7 @@ def land_download(local_path: str, fill: Callable[[BinaryIO], int]) -> int:
 
 
 class ExecResult:
-    __slots__ = ("exit_code", "timed_out", "duration_ms", "hitl_rejected", "stdout", "stderr")
+    __slots__ = ("exit_code", "timed_out", "duration_ms", "hitl_rejected", "stdout", "stderr", "truncated")
 
     def __init__(self, exit_code: int, timed_out: bool = False, duration_ms: int = 0, hitl_rejected: bool = False, stdout: bytes = b"",
                  stderr: bytes = b"") -> None:
@@ -163,6 +150,7 @@ class ExecResult:
         self.hitl_rejected = hitl_rejected
         self.stdout = stdout
         self.stderr = stderr
+        self.truncated = False  # the mux's own helpers keep a few KiB of each stream (capped.py)
 
 
 def open_channel(target: str) -> grpc.Channel:
@@ -357,10 +345,10 @@ class AgentClient:
 
     def exec(self, argv: Sequence[str], env: dict[str, str] | None = None, workdir: str = "", timeout: int = 0, stdin: bytes = b"",
              deadline: float | None = None) -> ExecResult:
-        """Run a command to completion, collecting stdout and stderr apart."""
+        """Run a command to completion (the mux's own helpers): at most capped.HELPER_OUTPUT_LIMIT of stdout and stderr."""
         call, feed = self.exec_stream(argv, env=env, workdir=workdir, timeout=timeout, stdin=stdin or b"",
                                       deadline=deadline)
-        return collect_exec(self.iter_exec(call, feed))
+        return capped.collect_exec(self.iter_exec(call, feed))
 
     # -- Upload ----------------------------------------------------------------
     def upload(self, local_path: str, remote_path: str, mode: int = 0, chunk_size: int = CHUNK_SIZE, is_archive: bool = False) -> int:

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Iterator, NoReturn, Protocol, S
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import USER_AGENT
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import capped
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 
 if TYPE_CHECKING:
@@ -361,9 +362,9 @@ class ApiRoadClient:
 
     def exec(self, argv: Sequence[str], env: dict[str, str] | None = None, workdir: str = "", timeout: int = 0, stdin: bytes = b"",
              deadline: float | None = None) -> ac.ExecResult:
-        """Run a command to completion, collecting stdout and stderr apart (the mux's own helpers)."""
+        """Run a command to completion (the mux's own helpers): at most capped.HELPER_OUTPUT_LIMIT of stdout and stderr."""
         call, feed = self.exec_stream(argv, env=env, workdir=workdir, timeout=timeout, stdin=stdin or b"")
-        return ac.collect_exec(self.iter_exec(call, feed))
+        return capped.collect_exec(self.iter_exec(call, feed))
 
     # -- files ------------------------------------------------------------------------------
     def _transfer_error(self, e: errors.HttpRefused, path: str, verb: str) -> errors.SandboxError:

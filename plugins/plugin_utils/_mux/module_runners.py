@@ -32,6 +32,10 @@ log = logging.getLogger("microvm.mux")
 START_TIMEOUT = 30.0
 TMP_TIMEOUT = 60.0     # a task tmp dir op is a few syscalls; no answer by then means the runner is stuck
 HELD_MAX = 256
+# The runner sends a module's output in OUT/ERR frames of at most one 64 KiB pipe read (module_runner.on_pipe), and
+# small JSON otherwise: any output size is legal, streamed. 16x that is a margin no honest frame reaches.
+FRAME_MAX = 1024 * 1024
+STDERR_KEPT = 2000     # the tail of the runner's own stderr, for the message when it ends
 CORE_CONFIG = core_compat.runner_config()
 CORE = wr.CoreConfig(CORE_CONFIG)
 # What a request's queue carries: (kind, data), kind one of ready, started, stdout, stderr, exit, refuse, done, dead.
@@ -51,6 +55,52 @@ def runner_argv(interpreter: str) -> list[str]:
 
 def runner_source() -> str:
     return source_of(wr)
+
+
+class RunnerBroke(errors.CommandLost):
+    """The runner broke its protocol (an oversized or malformed frame): its stream is cut, its task is lost."""
+
+
+class FrameReader:
+    """The runner's frames out of its stdout chunks, in linear time, none longer than `max_body`.
+
+    Bytes are appended to one buffer and parsed from an offset; the parsed part is dropped once it is at least
+    half of the buffer, so each byte is copied a bounded number of times whatever the chunking. A header announcing
+    more than `max_body` is refused before its body is waited for, so no frame is ever buffered past the limit.
+    `copied` counts the bytes moved (for the tests' bound on the work done).
+    """
+
+    def __init__(self, max_body: int | None = None) -> None:
+        self.max_body = FRAME_MAX if max_body is None else max_body
+        self.buf = bytearray()
+        self.pos = 0
+        self.copied = 0
+
+    def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
+        """The (request id, kind, body) of every frame `data` completes; RunnerBroke on an oversized one."""
+        self.buf += data
+        self.copied += len(data)
+        frames = []
+        size = wr.HEADER.size
+        while len(self.buf) - self.pos >= size:
+            length, rid, kind = wr.HEADER.unpack_from(self.buf, self.pos)
+            if length > self.max_body:
+                raise RunnerBroke("the warm runner sent a frame of %d bytes, past the %d bytes (%d KiB) any frame of its "
+                                  "protocol may have: something in the guest wrote into the runner's protocol pipe. The "
+                                  "runner was stopped and the task is not re-run; the next task starts a new runner "
+                                  "(set the connection's warm_runner option to false to run modules without one)"
+                                  % (length, self.max_body, self.max_body // 1024))
+            end = self.pos + size + length
+            if len(self.buf) < end:
+                break
+            frames.append((rid, kind, bytes(self.buf[self.pos + size:end])))
+            self.copied += length
+            self.pos = end
+        if self.pos and self.pos * 2 >= len(self.buf):
+            self.copied += len(self.buf) - self.pos
+            del self.buf[:self.pos]
+            self.pos = 0
+        return frames
 
 
 class ModuleRunner:
@@ -87,25 +137,24 @@ class ModuleRunner:
                  self.info.get("python"), self.info.get("pid"))
 
     def _read(self) -> None:
-        buf = b""
+        frames = FrameReader()
         stderr = b""
         why = "its stream ended"
         try:
             for kind, data in self.client.iter_exec(self.call, self.feed):
                 if kind == "stderr":
-                    stderr = (stderr + data)[-2000:]
+                    stderr = (stderr + data[-STDERR_KEPT:])[-STDERR_KEPT:]  # the tail only, each chunk copied once
                     continue
                 if kind != "stdout":
                     why = "it exited with code %s" % data.exit_code
                     break
-                buf += data
-                while len(buf) >= wr.HEADER.size:
-                    length, rid, fkind = wr.HEADER.unpack_from(buf)
-                    if len(buf) < wr.HEADER.size + length:
-                        break
-                    body = buf[wr.HEADER.size:wr.HEADER.size + length]
-                    buf = buf[wr.HEADER.size + length:]
+                for rid, fkind, body in frames.feed(data):
                     self._dispatch(rid, fkind, body)
+        except RunnerBroke as e:
+            # a frame no runner sends (a module or process in the guest wrote into the runner's protocol pipe):
+            # nothing more it says can be trusted, so its stream is cut now and the next task starts a new one
+            why = str(e)
+            self.call.cancel()
         except Exception as e:  # the stream is gone, whatever the reason
             why = str(e)
         if stderr.strip():
@@ -126,6 +175,12 @@ class ModuleRunner:
             q.put(("dead", why))
 
     def _dispatch(self, rid: int, kind: int, body: bytes) -> None:
+        try:
+            self._take(rid, kind, body)
+        except (ValueError, KeyError, TypeError) as e:  # JSON that is not the runner's (UnicodeDecodeError is a ValueError)
+            raise RunnerBroke("the warm runner sent a malformed frame (kind %d: %s: %s)" % (kind, type(e).__name__, e)) from e
+
+    def _take(self, rid: int, kind: int, body: bytes) -> None:
         q = self.pending.get(rid)
         if q is None:
             return
@@ -147,15 +202,18 @@ class ModuleRunner:
         elif kind == wr.ERR:
             q.put(("stderr", body))
         elif kind == wr.EXIT:
+            rc = json.loads(body.decode("utf-8"))["rc"]  # parsed first: a malformed frame leaves the task waiting, told
             self.pending.pop(rid, None)
-            q.put(("exit", json.loads(body.decode("utf-8"))["rc"]))
+            q.put(("exit", rc))
         elif kind == wr.REFUSE:
+            reason = json.loads(body.decode("utf-8"))["reason"]
             self.pending.pop(rid, None)
             self.whole.pop(rid, None)
-            q.put(("refuse", json.loads(body.decode("utf-8"))["reason"]))
+            q.put(("refuse", reason))
         elif kind == wr.DONE:
+            done = json.loads(body.decode("utf-8"))
             self.pending.pop(rid, None)
-            q.put(("done", json.loads(body.decode("utf-8"))))
+            q.put(("done", done))
 
     def _send(self, rid: int, kind: int, body: bytes = b"") -> None:
         if self.feed is None:

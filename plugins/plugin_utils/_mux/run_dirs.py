@@ -16,6 +16,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import capped
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.core_compat import TASK_TMP
@@ -89,12 +90,17 @@ class RunDirs:
         """Remove run dirs left by crashed runs of this controller, and very old ones of any controller."""
         scratch = self.link.cfg.scratch_dir
         try:
-            listing = self.link.guest('cd -- "$1" 2>/dev/null && ls -1A || true', scratch).stdout
+            # only this controller's run dirs: the listing stays short (the mux keeps a few KiB of it, capped.py)
+            listing = self.link.guest('cd -- "$1" 2>/dev/null && ls -1Ad -- run."$2"-* 2>/dev/null || true',
+                                      scratch, host_tag)
         except Exception as e:
             log.warning("session %s: sweep: cannot list %s: %s", self.link.label, scratch, e)
             return
+        if listing.truncated:
+            log.info("session %s: sweep: more run dirs in %s than one listing holds: the rest go at the next sweep",
+                     self.link.label, scratch)
         stale = []
-        for name in listing.decode("utf-8", "replace").split("\n"):
+        for name in capped.complete_lines(listing):
             if not name.startswith("run.") or "/" in name:
                 continue
             parts = name[4:].split("-")
@@ -120,12 +126,12 @@ class RunDirs:
         tmp = posixpath.join(self.link.cfg.scratch_dir, "ansible-tmp")
         try:
             listing = self.link.guest('cd -- "$1" 2>/dev/null || exit 0; find . -mindepth 1 -maxdepth 1 -type d -empty '
-                                      '-name "ansible-tmp-*"', tmp).stdout.decode("utf-8", "replace")
+                                      '-name "ansible-tmp-*"', tmp)
         except Exception as e:
             log.warning("session %s: sweep: cannot list %s: %s", self.link.label, tmp, e)
             return
-        abandoned = []
-        for line in listing.split("\n"):
+        abandoned = []  # a listing past the mux's few KiB is cut at a whole line: the next sweep takes the rest
+        for line in capped.complete_lines(listing):
             m = TASK_TMP.match(line[2:] if line.startswith("./") else line)
             if m and not mp.process_alive(int(m.group(1)), None):
                 abandoned.append(posixpath.join(tmp, m.group(0)))

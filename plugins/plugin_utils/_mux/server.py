@@ -54,6 +54,7 @@ log = logging.getLogger("microvm.mux")
 WATCH_INTERVAL = 1.0          # idle and run-liveness checks
 EMPTY_LINGER = 3.0            # seconds without links or workers before the process exits
 MAINTENANCE_THREADS = 8       # links maintained at once (REST checks, run reaping): one slow session never stalls all
+GIL_SWITCH_INTERVAL = 0.0005   # seconds: see main()
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -370,6 +371,9 @@ class MuxServer:
 
 
 def main() -> int:
+    # One process carries every session: a thread waiting for the GIL behind a session streaming at full speed
+    # waited up to the default 5 ms at each hand-over, and a small command needs several (2-3x slower next to a flood).
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     cfg = ProcessConfig(**json.loads(sys.stdin.readline()))
     sys.stdin.close()
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,

@@ -23,6 +23,7 @@ from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, WaitTimeout
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_road
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import capped
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.http_stdlib import stdlib_open
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
@@ -349,13 +350,13 @@ class SessionLink:
         """Run a small sh script in the guest (the mux's own helpers); raise on failure.
 
         The script says what failed by its exit code: RC_NOT_FOUND, RC_DENIED (HELPER_EXIT_CODES); any
-        other code is a plain failure with the script's stderr as its message.
+        other code is a plain failure with the script's stderr as its message. Only the first few KiB of
+        its output are kept (capped.py): a guest's tools cannot grow the mux.
         """
         self.ensure_ready()
         result = self.client.exec(["/bin/sh", "-c", script, "sh"] + list(args), deadline=self.cfg.connect_timeout + 60)
         if result.exit_code != 0:
-            err = result.stderr.decode("utf-8", "replace").strip()
-            raise HELPER_EXIT_CODES.get(result.exit_code, errors.SandboxError)(err or "exit code %d" % result.exit_code)
+            raise HELPER_EXIT_CODES.get(result.exit_code, errors.SandboxError)(capped.message(result))
         return result
 
     # -- housekeeping (the mux's watch thread calls this every second or so) ---------------------
