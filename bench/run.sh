@@ -29,4 +29,6 @@ echo "== load: 50 sessions x 30 tasks, forks 25 (bench/load_bench.py)"
 "$PY" bench/load_bench.py
 echo "== fleet: 100 sessions vs SSH to 100 hosts, 10 tasks, forks 50 (bench/fleet_bench.py)"
 "$PY" bench/fleet_bench.py
+echo "== fairness: one mux, a session flooding output and helper output next to one running small commands (bench/fairness_bench.py)"
+"$PY" bench/fairness_bench.py --repeat "$REPEAT"
 echo "results: bench/results/"
