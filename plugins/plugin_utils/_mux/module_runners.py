@@ -24,6 +24,7 @@ from typing import Any
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import core_compat
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import module_runner as wr
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import source_of
 
@@ -57,10 +58,6 @@ def runner_source() -> str:
     return source_of(wr)
 
 
-class RunnerBroke(errors.CommandLost):
-    """The runner broke its protocol (an oversized or malformed frame): its stream is cut, its task is lost."""
-
-
 class FrameReader:
     """The runner's frames out of its stdout chunks, in linear time, none longer than `max_body`.
 
@@ -77,7 +74,7 @@ class FrameReader:
         self.copied = 0
 
     def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
-        """The (request id, kind, body) of every frame `data` completes; RunnerBroke on an oversized one."""
+        """The (request id, kind, body) of every frame `data` completes; frames.ProtocolError on an oversized one."""
         self.buf += data
         self.copied += len(data)
         frames = []
@@ -85,7 +82,7 @@ class FrameReader:
         while len(self.buf) - self.pos >= size:
             length, rid, kind = wr.HEADER.unpack_from(self.buf, self.pos)
             if length > self.max_body:
-                raise RunnerBroke("the warm runner sent a frame of %d bytes, past the %d bytes (%d KiB) any frame of its "
+                raise mp.ProtocolError("the warm runner sent a frame of %d bytes, past the %d bytes (%d KiB) any frame of its "
                                   "protocol may have: something in the guest wrote into the runner's protocol pipe. The "
                                   "runner was stopped and the task is not re-run; the next task starts a new runner "
                                   "(set the connection's warm_runner option to false to run modules without one)"
@@ -150,7 +147,7 @@ class ModuleRunner:
                     break
                 for rid, fkind, body in frames.feed(data):
                     self._dispatch(rid, fkind, body)
-        except RunnerBroke as e:
+        except mp.ProtocolError as e:
             # a frame no runner sends (a module or process in the guest wrote into the runner's protocol pipe):
             # nothing more it says can be trusted, so its stream is cut now and the next task starts a new one
             why = str(e)
@@ -178,7 +175,7 @@ class ModuleRunner:
         try:
             self._take(rid, kind, body)
         except (ValueError, KeyError, TypeError) as e:  # JSON that is not the runner's (UnicodeDecodeError is a ValueError)
-            raise RunnerBroke("the warm runner sent a malformed frame (kind %d: %s: %s)" % (kind, type(e).__name__, e)) from e
+            raise mp.ProtocolError("the warm runner sent a malformed frame (kind %d: %s: %s)" % (kind, type(e).__name__, e)) from e
 
     def _take(self, rid: int, kind: int, body: bytes) -> None:
         q = self.pending.get(rid)
