@@ -227,6 +227,8 @@ options:
     description:
       - Local directory of the multiplexers' sockets, pid files and logs (0700; sockets 0600, reachable only
         by the user who runs the play).
+      - It must be the user's own directory (created 0700 when missing); a symlink or a directory of another user
+        is refused, naming the path. Any length works.
     type: path
     default: ~/.ansible/microvm
     env:

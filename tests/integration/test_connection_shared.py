@@ -13,6 +13,7 @@ import tempfile
 import pytest
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import process_dir
 from microvm_plane_testing import mux_pids, stop_muxes
 
 from test_connection import inventory, mux_dir, new_session  # noqa: F401  (fixtures are re-used)
@@ -170,7 +171,7 @@ def test_an_idle_link_closes_while_another_sessions_stays_open(pair, env, mux_di
     """a's link closes after its own persist time; b's (a longer persist) stays open through it, and both
     sessions' next tasks work: a's on a fresh link, b's on the same one."""
     a, b = pair
-    log_path = os.path.join(mp.process_dir(mux_dir, 0), "mux.log")
+    log_path = os.path.join(process_dir(mux_dir, 0), "mux.log")
     pb = """
 - hosts: sbx
   gather_facts: false
@@ -289,9 +290,8 @@ def test_a_peer_of_another_uid_is_refused_by_the_mux_itself(sandbox, plane, play
         res = playbook_runner(pb, inventory({"box": sandbox["name"]}), env)
         assert res.rc == 0, res
         assert len(mux_pids(base)) == 1
-        proc_dir = mp.process_dir(base, 0)
-        sock = mp.socket_path(proc_dir)
-        assert sock.startswith(proc_dir + "/"), sock  # the test relaxes only its own dirs
+        proc_dir = process_dir(base, 0)
+        sock = os.path.join(proc_dir, mp.SOCKET_NAME)
         for path, mode in ((base, 0o711), (proc_dir, 0o711), (sock, 0o666)):
             os.chmod(path, mode)
         ours = subprocess.run(["/usr/bin/python3", "-c", PEER, sock], capture_output=True, text=True, cwd="/",

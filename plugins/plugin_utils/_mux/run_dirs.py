@@ -10,8 +10,12 @@ and sweeps the dirs of crashed runs of this controller (and very old ones of any
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import posixpath
+import selectors
+import socket
 import threading
 from typing import TYPE_CHECKING
 
@@ -142,3 +146,83 @@ class RunDirs:
                          self.link.label, len(abandoned), tmp)
             except Exception as e:
                 log.warning("session %s: sweep: cannot remove task dirs in %s: %s", self.link.label, tmp, e)
+
+
+class RunWatch:
+    """Wakes the mux's watch thread when a run's ansible-playbook ends, or when poked; sleeps otherwise.
+
+    Each run's process is watched through a pidfd (Linux 5.3+), which becomes readable when it exits: no
+    polling. A run that cannot be watched so (another OS, an old kernel, an exited process its parent has not
+    reaped yet) is polled instead: polled_links() names the links to look at every watch interval. Used by the
+    watch thread only, but for poke().
+    """
+
+    def __init__(self) -> None:
+        self.selector = selectors.DefaultSelector()
+        self._wake_rx, self._wake_tx = socket.socketpair()  # a closed socket object never writes to a reused fd
+        self._wake_rx.setblocking(False)
+        self._wake_tx.setblocking(False)
+        self.selector.register(self._wake_rx, selectors.EVENT_READ, None)
+        self.fds: dict[tuple[SessionLink, str], int] = {}   # (link, run id) -> pidfd
+        self.polled: set[tuple[SessionLink, str]] = set()
+
+    def poke(self) -> None:
+        with contextlib.suppress(OSError):  # full (a wake-up is pending anyway) or closed (stopping)
+            self._wake_tx.send(b"\0")
+
+    def wait(self, timeout: float) -> set[SessionLink]:
+        """Sleep until poked, a watched run ends, or `timeout`; the links whose run ended."""
+        ended = set()
+        for key, _events in self.selector.select(timeout):
+            if key.data is None:
+                with contextlib.suppress(OSError):
+                    while self._wake_rx.recv(4096):
+                        pass
+            else:  # polled from now on: reap() may still see a zombie as alive
+                self._drop(key.data)
+                self.polled.add(key.data)
+                ended.add(key.data[0])
+        return ended
+
+    def sync(self, links: list[SessionLink]) -> set[SessionLink]:
+        """Watch the runs of `links` (and no others); the links with a run already over."""
+        current = {(link, run_id): run for link in links for run_id, run in list(link.runs.runs.items())}
+        for known in [k for k in self.fds if k not in current]:
+            self._drop(known)
+        self.polled &= set(current)
+        over = set()
+        for known, run in current.items():
+            if known in self.fds or known in self.polled:
+                continue
+            try:
+                fd = os.pidfd_open(int(run["pid"]))
+            except ProcessLookupError:
+                fd = -1
+            except (AttributeError, OSError, KeyError, TypeError, ValueError):  # no pidfd here: poll it
+                self.polled.add(known)
+                continue
+            if fd < 0 or not mp.process_alive(run["pid"], run.get("start")):  # gone, or its pid reused
+                if fd >= 0:
+                    os.close(fd)
+                self.polled.add(known)
+                over.add(known[0])
+                continue
+            self.fds[known] = fd
+            self.selector.register(fd, selectors.EVENT_READ, known)
+        return over
+
+    def polled_links(self) -> set[SessionLink]:
+        return {link for link, _run in self.polled}
+
+    def _drop(self, known: tuple[SessionLink, str]) -> None:
+        fd = self.fds.pop(known, None)
+        if fd is not None:
+            self.selector.unregister(fd)
+            os.close(fd)
+
+    def close(self) -> None:
+        for known in list(self.fds):
+            self._drop(known)
+        self.selector.close()
+        self._wake_rx.close()
+        self._wake_tx.close()

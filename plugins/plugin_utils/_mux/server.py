@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import ctypes
 import json
 import logging
@@ -42,6 +43,7 @@ from typing import Any
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import exec_ops
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.run_dirs import RunWatch
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import transfer_ops
@@ -51,7 +53,12 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link 
 
 log = logging.getLogger("microvm.mux")
 
-WATCH_INTERVAL = 1.0          # idle and run-liveness checks
+# The watch thread sleeps until the next thing it has to do (an idle close, a session check, the exit), a run's
+# ansible-playbook ends (run_dirs.RunWatch), or a request, connection or link changes something: an idle mux
+# makes no wake-ups but these.
+WATCH_INTERVAL = 1.0          # run-liveness polls where a run cannot be watched; the most the heap is trimmed
+WATCH_BACKSTOP = 30.0         # the longest the watch thread (and the accept loop) sleeps whatever it expects
+WATCH_GAP = 0.2               # passes come at most this often, however busy the mux
 EMPTY_LINGER = 3.0            # seconds without links or workers before the process exits
 MAINTENANCE_THREADS = 8       # links maintained at once (REST checks, run reaping): one slow session never stalls all
 GIL_SWITCH_INTERVAL = 0.0005   # seconds: see main()
@@ -108,7 +115,7 @@ class MuxServer:
     def __init__(self, cfg: ProcessConfig) -> None:
         self.cfg = cfg
         self.dir = cfg.dir
-        self.socket_path = mp.socket_path(self.dir)
+        self.socket_path = os.path.join(self.dir, mp.SOCKET_NAME)  # where it is (bound through self.sockets)
         self.links: dict[str, SessionLink] = {}
         self.generations: dict[str, int] = {}
         self.lock = threading.Lock()
@@ -123,20 +130,24 @@ class MuxServer:
         self.listener: socket.socket | None = None
         self.stopped = threading.Event()
         self.maintenance = concurrent.futures.ThreadPoolExecutor(MAINTENANCE_THREADS, thread_name_prefix="maintain")
+        self.run_watch = RunWatch()
+        self.sockets: mp.SocketDir | None = None  # the process dir, held open: the socket is bound through it
 
     # -- the socket ----------------------------------------------------------------------
     def listen(self) -> None:
+        self.sockets = mp.SocketDir(mp.private_dir(self.dir))
+        address = self.sockets.address(mp.SOCKET_NAME)
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
         self.listener = listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)  # the socket is born 0600
         try:
-            listener.bind(self.socket_path)
+            listener.bind(address)
         finally:
             os.umask(old)
         os.chmod(self.socket_path, 0o600)
         listener.listen(256)
-        listener.settimeout(WATCH_INTERVAL)
+        listener.settimeout(WATCH_BACKSTOP)  # stop() wakes accept() by shutting the socket down
         with open(os.path.join(self.dir, mp.PID_NAME), "w") as f:
             f.write(str(os.getpid()))
 
@@ -174,7 +185,7 @@ class MuxServer:
             if link is None or link.closed.is_set():
                 generation = self.generations.get(key, 0) + 1
                 self.generations[key] = generation
-                link = SessionLink(cfg, os.path.join(self.dir, "t-" + key[:16]), generation)
+                link = SessionLink(cfg, os.path.join(self.dir, "t-" + key[:16]), generation, on_close=self.poke)
                 self.links[key] = link
             return link
 
@@ -185,6 +196,7 @@ class MuxServer:
                 del self.links[link.key]
             self.last_activity = time.monotonic()
         link.close(why, clean=clean, because=because)
+        self.poke()
 
     def attach(self, cfg: LinkConfig) -> SessionLink:
         """The session's link, opened (resolved, tunnel up, agent answering); a clear MuxFailure otherwise."""
@@ -201,28 +213,58 @@ class MuxServer:
                 raise
 
     # -- housekeeping ----------------------------------------------------------------------
+    def poke(self) -> None:
+        """Wake the watch thread: a request, connection or link changed, which may bring a deadline forward."""
+        self.run_watch.poke()
+
     def watch(self) -> None:
-        trimmed_at = 0
-        while not self.stopping.wait(WATCH_INTERVAL):
-            now = time.monotonic()
-            if MALLOC_TRIM is not None and self.requests_done != trimmed_at:
-                trimmed_at = self.requests_done
-                MALLOC_TRIM(0)
-            with self.lock:
-                for key, link in list(self.links.items()):
-                    if link.torn_down:  # closed by its own ops (session gone)
-                        del self.links[key]
-                        self.last_activity = now
-                links = list(self.links.values())
-                empty = not links and self.connections == 0 and now - self.last_activity >= EMPTY_LINGER
-            if empty:
-                log.info("no session and no worker left: exiting")
-                self.stop()
-                return
-            for link in links:
-                if link.opened and not link.maintaining:
-                    link.maintaining = True
-                    self.maintenance.submit(self._maintain, link, now)
+        trimmed_at, trim_time = 0, 0.0
+        last_pass = -WATCH_GAP
+        timeout: float = 0.0
+        due: set[SessionLink] = set()  # links to maintain at once: one of their runs ended
+        try:
+            while not self.stopping.is_set():
+                due |= self.run_watch.wait(timeout)
+                rest = last_pass + WATCH_GAP - time.monotonic()
+                if self.stopping.wait(max(rest, 0.0)):
+                    return
+                now = last_pass = time.monotonic()
+                if MALLOC_TRIM is not None and self.requests_done != trimmed_at and now - trim_time >= WATCH_INTERVAL:
+                    trimmed_at, trim_time = self.requests_done, now
+                    MALLOC_TRIM(0)
+                with self.lock:
+                    for key, link in list(self.links.items()):
+                        if link.torn_down:  # closed by its own ops (session gone)
+                            del self.links[key]
+                            self.last_activity = now
+                    links = list(self.links.values())
+                    exit_at = self.last_activity + EMPTY_LINGER if not links and self.connections == 0 else float("inf")
+                if now >= exit_at:
+                    log.info("no session and no worker left: exiting")
+                    self.stop()
+                    return
+                due |= self.run_watch.sync(links)
+                polled = self.run_watch.polled_links()
+                wake_at = min(exit_at, now + WATCH_BACKSTOP)
+                if MALLOC_TRIM is not None and self.requests_done != trimmed_at:
+                    wake_at = min(wake_at, trim_time + WATCH_INTERVAL)  # the trim put off above
+                busy = set()
+                for link in links:
+                    if not link.opened or link.maintaining:
+                        busy.add(link)  # its request or its maintenance pokes when done
+                        continue
+                    at = link.next_due()
+                    if link in polled:
+                        at = min(at, link.maintained_at + WATCH_INTERVAL)
+                    if link in due or at <= now:
+                        link.maintaining, link.maintained_at = True, now
+                        self.maintenance.submit(self._maintain, link, now)
+                    else:
+                        wake_at = min(wake_at, at)
+                due &= busy  # a run ended under a maintenance already running: maintain again after it
+                timeout = max(0.0, wake_at - time.monotonic())
+        finally:
+            self.run_watch.close()
 
     def _maintain(self, link: SessionLink, now: float) -> None:
         try:
@@ -233,6 +275,7 @@ class MuxServer:
             log.exception("session %s: housekeeping failed", link.label)
         finally:
             link.maintaining = False
+            self.poke()
 
     def stop(self, clean: bool = True) -> None:
         with self.lock:
@@ -246,10 +289,13 @@ class MuxServer:
         except OSError:
             pass
         if self.listener is not None:
-            try:
+            with contextlib.suppress(OSError):
+                self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() of serve_forever (Linux)
+            with contextlib.suppress(OSError):
                 self.listener.close()
-            except OSError:
-                pass
+        if self.sockets is not None:
+            self.sockets.close()
+        self.poke()
         threads = [threading.Thread(target=link.close, args=("the mux is stopping",), kwargs={"clean": clean}, daemon=True)
                    for link in links]
         for t in threads:
@@ -278,6 +324,7 @@ class MuxServer:
                     result = self.dispatch(conn, req, link)
                 finally:
                     self.requests_done += 1
+                    self.poke()  # the link's idle deadline moved; a new run or link may need watching
                 if result is False:
                     return
                 if isinstance(result, SessionLink):
@@ -289,6 +336,7 @@ class MuxServer:
             with self.lock:
                 self.connections -= 1
                 self.last_activity = time.monotonic()
+            self.poke()
 
     def dispatch(self, conn: socket.socket, req: dict[str, Any], link: SessionLink | None) -> SessionLink | bool | None:
         """Serve one request: a SessionLink after an attach, False to end the connection, else None."""
@@ -387,6 +435,8 @@ def main() -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         server.listen()
+    except errors.UnusableDirectory as e:
+        reply = dict(e.to_frame(), ok=False)
     except OSError as e:
         reply = dict(errors.Unreachable("the connection multiplexer cannot listen on %s: %s"
                                         % (server.socket_path, e)).to_frame(), ok=False)

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, WaitTimeout
@@ -27,6 +26,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import capped
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.http_stdlib import stdlib_open
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import LinkConfig
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.run_dirs import RunDirs
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.tunnel import Tunnel
@@ -49,10 +49,27 @@ class LinkClosed(Exception):
     """The link was closed before the request began: the request may go to a fresh link."""
 
 
+def connectivity(channel: grpc.Channel | None) -> grpc.ChannelConnectivity | None:
+    """The channel's state now, without making it connect; None when it cannot be told.
+
+    Asked when a request needs it: grpc's subscribe() runs a thread per channel that wakes five times a
+    second, which kept an idle mux busy.
+    """
+    inner = getattr(channel, "_channel", None)
+    if inner is None:
+        return None
+    try:
+        from grpc import _common  # grpc's own table of its C core's states
+        return _common.CYGRPC_CONNECTIVITY_STATE_TO_CHANNEL_CONNECTIVITY[inner.check_connectivity_state(False)]
+    except Exception:  # another grpc's internals: the caller then checks the slow way
+        return None
+
+
 class SessionLink:
     """The channel to one session's guest agent, shared by every worker attached to it."""
 
-    def __init__(self, cfg: LinkConfig, socket_dir: str, generation: int = 1) -> None:
+    def __init__(self, cfg: LinkConfig, socket_dir: str, generation: int = 1,
+                 on_close: Callable[[], None] | None = None) -> None:
         self.cfg = cfg
         self.key = cfg.key
         self.generation = generation  # how many links this mux process opened for this key so far
@@ -66,7 +83,6 @@ class SessionLink:
         self.road = "agent"  # or "api": the documented exec and file API (api_road.attach)
         self._runners: Runners | None = None
         self.runs = RunDirs(self)
-        self.state: grpc.ChannelConnectivity | None = None
         self.opened = False
         self.closed = threading.Event()   # set: no new request is taken
         self.torn_down = False
@@ -78,6 +94,8 @@ class SessionLink:
         self.last_activity = time.monotonic()
         self.next_check = time.monotonic() + SESSION_CHECK_INTERVAL
         self.maintaining = False          # a watch pass of this link is running
+        self.maintained_at = 0.0          # when the last one started
+        self.on_close = on_close          # the mux's watch thread is told (it sleeps until something is due)
 
     def __repr__(self) -> str:
         return "SessionLink(%r, generation=%d)" % (self.label, self.generation)
@@ -134,10 +152,7 @@ class SessionLink:
         auto = self.cfg.transport == "auto"
         if auto:
             self.wake_if_paused()  # a paused session is woken first, so its quiet agent is not mistaken for none
-        try:
-            os.makedirs(self.socket_dir, mode=0o700, exist_ok=True)
-        except OSError as e:
-            raise errors.Unreachable("cannot make the tunnel directory %s: %s" % (self.socket_dir, e)) from e
+        mp.private_dir(self.socket_dir)
         self.tunnel = Tunnel(self.cfg.api_url, self.cfg.prefix, self.session_id or self.cfg.session, self.cfg.token,
                              port=self.cfg.agent_port, label=self.label, connect_timeout=self.cfg.connect_timeout,
                              validate_certs=self.cfg.validate_certs, socket_dir=self.socket_dir)
@@ -169,6 +184,8 @@ class SessionLink:
             self.runs.reap()
         self._teardown()
         log.info("session %s: link %d closed (%s)", self.label, self.generation, why)
+        if self.on_close is not None:
+            self.on_close()
 
     def _teardown(self) -> None:
         if self._runners is not None:
@@ -202,6 +219,12 @@ class SessionLink:
             with self.lock:
                 self.users -= 1
                 self.last_activity = time.monotonic()
+
+    def next_due(self) -> float:
+        """When maintain() has work next: the idle close (while no request runs) or the session check."""
+        with self.lock:
+            idle_at = self.last_activity + self.cfg.persist if not self.users else float("inf")
+        return min(idle_at, self.next_check)
 
     def idle_for(self, now: float) -> float:
         with self.lock:
@@ -262,21 +285,14 @@ class SessionLink:
         return self._client.channel if self._client is not None else None
 
     def _dial(self) -> grpc.Channel:
-        """A gRPC channel through the tunnel; its connectivity feeds self.state while it is the agent's."""
+        """A gRPC channel through the tunnel (its state is asked when needed: connectivity())."""
         if self.tunnel is None:
             raise errors.Unreachable("the tunnel to session %s is closed" % self.label)
-        channel = ac.open_channel("unix:" + self.tunnel.socket_path)
-        self.state = None
-
-        def on_state(state: grpc.ChannelConnectivity) -> None:
-            if self._client is None or self._client.channel is channel:
-                self.state = state
-        channel.subscribe(on_state, try_to_connect=False)
-        return channel
+        return ac.open_channel("unix:" + self.tunnel.socket_path)
 
     def usable_now(self) -> bool:
         """Whether guest helpers may run without waking the session (for housekeeping only)."""
-        if self.state == grpc.ChannelConnectivity.READY:
+        if connectivity(self.channel) == grpc.ChannelConnectivity.READY:
             return True
         try:
             return profile.short_status(self.check_session().get("status")) in profile.USABLE
@@ -288,7 +304,7 @@ class SessionLink:
 
         On the api road there is no channel: the data plane wakes a paused session by itself.
         """
-        if self.road == "api" or self.state == grpc.ChannelConnectivity.READY:
+        if self.road == "api" or connectivity(self.channel) == grpc.ChannelConnectivity.READY:
             return
         tunnel = self.tunnel
         if tunnel is None:
@@ -359,7 +375,7 @@ class SessionLink:
             raise HELPER_EXIT_CODES.get(result.exit_code, errors.SandboxError)(capped.message(result))
         return result
 
-    # -- housekeeping (the mux's watch thread calls this every second or so) ---------------------
+    # -- housekeeping (the mux's watch thread calls this when next_due() comes, or a run ended) -----------
     def maintain(self, now: float) -> tuple[str, bool, errors.SandboxError | None] | None:
         """Reap ended runs, check the session now and then.
 

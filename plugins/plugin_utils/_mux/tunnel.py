@@ -27,7 +27,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import advice, profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.frames import socket_path as short_socket_path
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 
 WEBSOCKETS_IMPORT_ERROR: ImportError | None
 try:
@@ -108,9 +108,13 @@ class Tunnel:
                 self._ssl.check_hostname = False
                 self._ssl.verify_mode = ssl.CERT_NONE
         self._own_dir = socket_dir is None
-        self._dir = socket_dir or tempfile.mkdtemp(prefix="microvm-tunnel-")
-        os.chmod(self._dir, 0o700)
-        self.socket_path = short_socket_path(self._dir, "tunnel.sock")  # a long mux dir must not break the bind
+        self._dir = socket_dir or tempfile.mkdtemp(prefix="microvm-tunnel-")  # a fresh name of our own, 0700
+        # The socket is reached through the checked dir's descriptor (frames.SocketDir), held until stop(): a long
+        # mux dir cannot break the bind. Named after its dir, so an address never reaches another link's socket.
+        self._socket_dir = mp.SocketDir(mp.private_dir(self._dir))
+        name = os.path.basename(os.path.normpath(self._dir)) + ".sock"
+        self.path = os.path.join(self._dir, name)  # where it is, for messages
+        self.socket_path = self._socket_dir.address(name)  # what to bind and connect (gRPC's target)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
         self._thread: threading.Thread | None = None
@@ -147,8 +151,9 @@ class Tunnel:
         thread.start()
         ready.wait()
         if failure:
+            self._socket_dir.close()
             raise errors.Unreachable("cannot serve the tunnel socket of session %s at %s: %s"
-                                     % (self.label, self.socket_path, failure[0])) from failure[0]
+                                     % (self.label, self.path, failure[0])) from failure[0]
         return self.socket_path
 
     def stop(self) -> None:
@@ -169,8 +174,9 @@ class Tunnel:
             loop.call_soon_threadsafe(loop.stop)
             if self._thread is not None:  # set with the loop, by start()
                 self._thread.join(5)
-        if os.path.exists(self.socket_path):  # it may live outside the dir (a short path for a long dir)
-            os.unlink(self.socket_path)
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+        self._socket_dir.close()
         if self._own_dir:
             shutil.rmtree(self._dir, ignore_errors=True)
 

@@ -9,7 +9,10 @@ Stdlib only (it is imported by every task's worker, see _shared/frames.py).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+import re
+from collections.abc import Iterable
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
@@ -89,3 +92,23 @@ class ProcessConfig:
 
     def to_wire(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def protocol_digest(version: int = mp.PROTOCOL_VERSION, fields: Iterable[str] | None = None) -> str:
+    """A short digest of the protocol a worker speaks: its version and the attach request's settings.
+
+    It names the mux dir, so a collection that adds a setting (or bumps the version) starts its own mux next to
+    a running older one, which refuses what it does not know, and leaves that one to idle out.
+    """
+    names = sorted(f.name for f in dataclasses.fields(LinkConfig)) if fields is None else sorted(fields)
+    return hashlib.sha256(("%d:%s" % (version, ",".join(names))).encode("utf-8")).hexdigest()[:10]
+
+
+PROTOCOL_DIGEST = protocol_digest()
+# mux-<uid>-<slot>-p<digest>; the muxes of collections before protocol 4 live in mux-<uid>-<slot>
+PROCESS_DIR_NAME = re.compile(r"^mux-(\d+)-(\d+)(?:-p([0-9a-f]+))?$")
+
+
+def process_dir(base_dir: str, slot: int, uid: int | None = None, digest: str = PROTOCOL_DIGEST) -> str:
+    """The private directory of one mux process: <base>/mux-<uid>-<slot>-p<protocol digest>."""
+    return os.path.join(base_dir, "mux-%d-%d-p%s" % (os.getuid() if uid is None else uid, slot, digest))

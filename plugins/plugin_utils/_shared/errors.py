@@ -81,6 +81,11 @@ class SessionGone(Unreachable):
     kind = ERR_GONE
 
 
+class UnusableDirectory(Unreachable):
+    """A local directory of the multiplexer (mux_dir, a mux's own dir, a tunnel's) is not this user's private one:
+    a symlink, another user's, a mode that cannot be made 0700. Nothing was started; the message names the fix."""
+
+
 class CommandLost(SandboxError):
     """A command, module or transfer started and its stream was lost: it may have partly run; never re-run."""
 

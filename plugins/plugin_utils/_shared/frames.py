@@ -41,7 +41,6 @@ connection stays in step for the next request.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -52,7 +51,9 @@ from typing import Any
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 
-PROTOCOL_VERSION = 3  # 3: the "tmp" op; a worker uses it only with a mux that says 3 or more
+# 3: the "tmp" op; a worker uses it only with a mux that says 3 or more. 4: muxes live in versioned dirs
+# (_shared/config.py process_dir): a worker only ever talks to a mux of its own protocol.
+PROTOCOL_VERSION = 4
 TMP_OP_VERSION = 3
 
 HEADER = struct.Struct("!IB")
@@ -170,28 +171,6 @@ def pool_slot(key: str, pool_size: int | str) -> int:
     return int(key, 16) % max(1, int(pool_size))
 
 
-def process_dir(base_dir: str, slot: int, uid: int | None = None) -> str:
-    """The private directory of one mux process: <base>/mux-<uid>-<slot>."""
-    return os.path.join(base_dir, "mux-%d-%d" % (os.getuid() if uid is None else uid, slot))
-
-
-# sun_path holds 108 bytes: a mux dir under a long HOME cannot hold its socket, which then lives in a
-# private per-user dir with a short name derived from the mux dir.
-SUN_PATH_MAX = 100
-
-
-def socket_path(proc_dir: str, name: str = SOCKET_NAME) -> str:
-    """Where a socket of `proc_dir` lives: <proc_dir>/<name>, or a short private path when that is too long."""
-    path = os.path.join(proc_dir, name)
-    if len(os.fsencode(path)) <= SUN_PATH_MAX:
-        return path
-    runtime = os.environ.get("XDG_RUNTIME_DIR") or ""
-    base = runtime if runtime and os.path.isdir(runtime) and os.stat(runtime).st_uid == os.getuid() else "/tmp"
-    short_dir = private_dir(os.path.join(base, "microvm-mux-%d" % os.getuid()))
-    digest = hashlib.sha256(os.fsencode(os.path.join(os.path.realpath(proc_dir), name))).hexdigest()[:24]
-    return os.path.join(short_dir, digest + ".sock")
-
-
 def process_start_time(pid: int | str) -> int | None:
     """The start time (clock ticks since boot) of a local process, or None when it is gone.
 
@@ -216,20 +195,94 @@ def process_alive(pid: int | str, start: int | str | None) -> bool:
     return current is not None and (not start or str(current) == str(start))
 
 
+# sun_path holds 108 bytes: a socket whose path is longer is bound and reached through an opened descriptor of
+# its directory (/proc/self/fd/<fd>/<name>, Linux), never through a short shared name another user could take first.
+SUN_PATH_MAX = 100
+PROC_FD = "/proc/self/fd"
+FIX_DIR = "set the connection option mux_dir (env MICROVM_MUX_DIR) to a directory of your own"
+
+
+def _refuse(path: str, why: str) -> errors.UnusableDirectory:
+    return errors.UnusableDirectory("the connection multiplexer cannot use %s: %s; remove it, or %s" % (path, why, FIX_DIR))
+
+
+def _check_private(path: str, st: os.stat_result) -> None:
+    """Refuse a directory that is not this user's own: a symlink, a file, another owner, a mode other than 0700."""
+    if stat.S_ISLNK(st.st_mode):
+        raise _refuse(path, "it is a symbolic link")
+    if not stat.S_ISDIR(st.st_mode):
+        raise _refuse(path, "it is not a directory")
+    if st.st_uid != os.getuid():
+        raise _refuse(path, "it is owned by uid %d, not by this user (uid %d)" % (st.st_uid, os.getuid()))
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        raise _refuse(path, "its mode is %04o, not 0700" % stat.S_IMODE(st.st_mode))
+
+
 def private_dir(path: str) -> str:
-    """Create (or fix) a directory only its owner can use; refuse one owned by someone else."""
+    """Create (or tighten to 0700) a directory only this user can use; anything else is an UnusableDirectory."""
     try:
         os.makedirs(path, mode=0o700)
     except FileExistsError:
         pass
+    except OSError as e:
+        raise _refuse(path, "it cannot be created (%s)" % (e.strerror or e)) from e
     st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise OSError(errno.ENOTDIR, "not a directory", path)
-    if st.st_uid != os.getuid():
-        raise PermissionError(errno.EPERM, "directory is owned by uid %d, not us" % st.st_uid, path)
-    if stat.S_IMODE(st.st_mode) != 0o700:
-        os.chmod(path, 0o700)
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != 0o700:
+        try:
+            os.chmod(path, 0o700, follow_symlinks=False)
+        except OSError as e:
+            raise _refuse(path, "its mode %04o cannot be made 0700 (%s)" % (stat.S_IMODE(st.st_mode), e.strerror or e)) from e
+        st = os.lstat(path)
+    _check_private(path, st)
     return path
+
+
+class SocketDir:
+    """An opened private directory (checked through the descriptor itself): where its sockets are bound and reached.
+
+    On Linux a socket's address goes through the descriptor (/proc/self/fd/<fd>/<name>), so it is short whatever
+    the directory's path and names exactly the directory that was checked. The address stays valid while the
+    SocketDir is open: close it only after the socket's last bind or connect. FileNotFoundError when the
+    directory does not exist.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        try:
+            self.fd: int | None = os.open(path, flags)
+        except FileNotFoundError:
+            raise
+        except OSError as e:  # ELOOP: a symlink; ENOTDIR: a file
+            raise _refuse(path, "it cannot be opened as a directory of its own (%s)" % (e.strerror or e)) from e
+        try:
+            _check_private(path, os.fstat(self.fd))
+        except errors.UnusableDirectory:
+            self.close()
+            raise
+
+    def address(self, name: str) -> str:
+        """The address to bind or connect the socket `name` of this directory with."""
+        if self.fd is None:
+            raise ValueError("the directory %s is closed" % self.path)
+        if os.path.isdir(PROC_FD):
+            return "%s/%d/%s" % (PROC_FD, self.fd, name)
+        path = os.path.join(self.path, name)
+        if len(os.fsencode(path)) > SUN_PATH_MAX:
+            raise errors.UnusableDirectory("the socket path %s is too long for a unix socket (%d bytes, at most %d "
+                                           "here); %s with a shorter path" % (path, len(os.fsencode(path)), SUN_PATH_MAX, FIX_DIR))
+        return path
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> SocketDir:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def connect(path: str, timeout: float | None = None) -> socket.socket:
@@ -242,6 +295,12 @@ def connect(path: str, timeout: float | None = None) -> socket.socket:
         raise
     sock.settimeout(None)
     return sock
+
+
+def connect_in(directory: str, name: str = SOCKET_NAME, timeout: float | None = None) -> socket.socket:
+    """Connect to the socket `name` of the private `directory` (checked first; FileNotFoundError if either is missing)."""
+    with SocketDir(directory) as d:
+        return connect(d.address(name), timeout)
 
 
 def peer_uid(sock: socket.socket) -> int | None:

@@ -27,7 +27,7 @@ from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import (
-    DEFAULT_MAX_OUTPUT, DEFAULT_POOL_SIZE, LinkConfig, ProcessConfig)
+    DEFAULT_MAX_OUTPUT, DEFAULT_POOL_SIZE, PROCESS_DIR_NAME, PROTOCOL_DIGEST, LinkConfig, ProcessConfig, process_dir)
 
 MUX_MODULE = "ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.server"
 PYTHON_START_GRACE = 20.0  # python + grpc start-up on a loaded machine, on top of connect_timeout
@@ -93,8 +93,8 @@ class MuxClient:
         self.key = cfg.key
         self.base_dir = base_dir
         self.slot = mp.pool_slot(self.key, pool_size)
-        self.dir = mp.process_dir(base_dir, self.slot)
-        self.socket_path = mp.socket_path(self.dir)
+        self.dir = process_dir(base_dir, self.slot)  # named by the protocol: never a mux of another version
+        self.socket_path = os.path.join(self.dir, mp.SOCKET_NAME)
         self.connect_timeout = float(cfg.connect_timeout)
         self._log = log or (lambda msg: None)
         self.sock: socket.socket | None = None
@@ -150,19 +150,19 @@ class MuxClient:
         mp.private_dir(self.base_dir)
         mp.private_dir(self.dir)
         try:
-            self.sock = mp.connect(self.socket_path, timeout=5)
+            self.sock = mp.connect_in(self.dir, timeout=5)
             return
         except (FileNotFoundError, ConnectionRefusedError):
             pass
         with open(os.path.join(self.dir, mp.LOCK_NAME), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one starter per mux; the others find its socket
             try:
-                self.sock = mp.connect(self.socket_path, timeout=5)
+                self.sock = mp.connect_in(self.dir, timeout=5)
                 return
             except (FileNotFoundError, ConnectionRefusedError):
                 self._clear_stale()
             self._spawn()
-            self.sock = mp.connect(self.socket_path, timeout=5)
+            self.sock = mp.connect_in(self.dir, timeout=5)
             self.started = True
 
     def _clear_stale(self) -> None:
@@ -190,7 +190,7 @@ class MuxClient:
         now = time.time()
         for name in os.listdir(self.base_dir):
             path = os.path.join(self.base_dir, name)
-            if path == self.dir or os.path.exists(mp.socket_path(path)):
+            if path == self.dir or os.path.exists(os.path.join(path, mp.SOCKET_NAME)):
                 continue
             try:
                 if now - os.stat(path).st_mtime > OLD_MUX_DIR_SECONDS:
@@ -449,8 +449,8 @@ class MuxClient:
     def reset(self) -> dict[str, Any] | None:
         """meta: reset_connection: close this session's link in the mux, if one runs; never starts one."""
         try:
-            sock = mp.connect(self.socket_path, timeout=5)
-        except OSError:
+            sock = mp.connect_in(self.dir, timeout=5)
+        except (OSError, errors.UnusableDirectory):  # no mux could run there
             return None
         try:
             mp.send_frame(sock, mp.REQUEST, {"op": "reset", "key": self.key})
@@ -463,30 +463,33 @@ class MuxClient:
             sock.close()
 
 
-def pool_status(base_dir: str, uid: int | None = None) -> dict[int, dict[str, Any]]:
-    """The "hello" answer of every running mux process of `base_dir` (the user's pool): {slot: RESULT}.
+def pool_status(base_dir: str, uid: int | None = None) -> dict[str, dict[str, Any]]:
+    """The "hello" answer of every running mux process of `base_dir` (the user's pool): {dir name: RESULT}.
 
-    Never starts a mux; a slot whose socket does not answer is left out. Each answer counts what its
-    process served (see mux_protocol: "served"), which tests and benches read.
+    Never starts a mux; a dir whose socket does not answer is left out. Muxes of other protocol versions
+    (an older collection's, still running until they idle out) are listed too: each answer gets its "slot"
+    and whether it is "current" (of this collection's protocol). Each answer counts what its process
+    served (see mux_protocol: "served"), which tests and benches read.
     """
-    found: dict[int, dict[str, Any]] = {}
-    prefix = "mux-%d-" % (os.getuid() if uid is None else uid)
+    found: dict[str, dict[str, Any]] = {}
+    uid = os.getuid() if uid is None else uid
     try:
         names = sorted(os.listdir(base_dir))
     except OSError:
         return found
     for name in names:
-        if not name.startswith(prefix) or not name[len(prefix):].isdigit():
+        m = PROCESS_DIR_NAME.match(name)
+        if not m or int(m.group(1)) != uid:
             continue
         try:
-            sock = mp.connect(mp.socket_path(os.path.join(base_dir, name)), timeout=5)
-        except OSError:
+            sock = mp.connect_in(os.path.join(base_dir, name), timeout=5)
+        except (OSError, errors.UnusableDirectory):
             continue
         try:
             mp.send_frame(sock, mp.REQUEST, {"op": "hello"})
             ack, reply = mp.recv_frame(sock), mp.recv_frame(sock)
             if ack and ack[0] == mp.ACK and reply and reply[0] == mp.RESULT:
-                found[int(name[len(prefix):])] = reply[1]
+                found[name] = dict(reply[1], slot=int(m.group(2)), current=m.group(3) == PROTOCOL_DIGEST)
         except (OSError, mp.ProtocolError):
             pass
         finally:

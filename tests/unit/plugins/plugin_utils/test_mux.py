@@ -5,7 +5,6 @@ import stat
 import threading
 import time
 
-import grpc
 import pytest
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
@@ -15,7 +14,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import mux
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import ProcessConfig, LinkConfig
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import ProcessConfig, LinkConfig, process_dir
 
 
 class NoTunnel:
@@ -36,7 +35,6 @@ def fake_link(server, channel, cfg=CFG):
     link.tunnel = NoTunnel()
     link.client = ac.AgentClient(channel, link.label)
     link.runners = module_runners.ModuleRunners(link.client)
-    link.state = grpc.ChannelConnectivity.READY
     link.check_session = lambda: {"status": "SESSION_STATUS_READY"}
     link.opened = True
     return link
@@ -48,7 +46,7 @@ def served(fake_agent, tmp_path):
     agent, channel = fake_agent
     base = str(tmp_path / "mux")
     mp.private_dir(base)
-    server = mux_mod.MuxServer(ProcessConfig(dir=mp.private_dir(mp.process_dir(base, 0))))
+    server = mux_mod.MuxServer(ProcessConfig(dir=mp.private_dir(process_dir(base, 0))))
     fake_link(server, channel)
     server.listen()
     t = threading.Thread(target=server.serve_forever, daemon=True)
@@ -179,10 +177,10 @@ class OneShotServer:
 
 def test_a_request_never_acknowledged_is_retried_once(tmp_path):
     base = str(tmp_path / "m")
-    mp.private_dir(mp.private_dir(base) and mp.process_dir(base, 0))
-    server = OneShotServer(os.path.join(mp.process_dir(base, 0), mp.SOCKET_NAME))
+    mp.private_dir(mp.private_dir(base) and process_dir(base, 0))
+    server = OneShotServer(os.path.join(process_dir(base, 0), mp.SOCKET_NAME))
     client = mc.MuxClient(base, CFG, pool_size=1)
-    client.sock = mp.connect(client.socket_path)  # this connection will be dropped unacknowledged
+    client.sock = mp.connect_in(client.dir)  # this connection will be dropped unacknowledged
     assert client.request("hello") == {"op": "hello"}
     assert server.requests == 2  # the attach of the new connection, then the request
 
@@ -195,26 +193,6 @@ def test_collections_root_contains_the_collection():
 def test_token_is_not_in_reprs():
     client = mc.MuxClient("/tmp/x", CFG)
     assert "s3cr3t" not in repr(client) and "s3cr3t" not in repr(CFG) and "s3cr3t" not in client.key
-
-
-def test_a_mux_dir_too_long_for_a_unix_socket_gets_a_short_private_path(tmp_path, monkeypatch):
-    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    short = mp.process_dir(str(tmp_path), 0)
-    assert mp.socket_path(short) == os.path.join(short, mp.SOCKET_NAME)
-    long_dir = mp.process_dir(str(tmp_path / ("h" * 90) / ".ansible" / "microvm"), 0)
-    path = mp.socket_path(long_dir)
-    assert len(path.encode()) <= mp.SUN_PATH_MAX
-    assert mp.socket_path(long_dir) == path  # server and client agree
-    assert mp.socket_path(mp.process_dir(str(tmp_path / ("h" * 90) / ".ansible" / "microvm"), 1)) != path
-    assert mp.socket_path(long_dir, "tunnel.sock") != path  # each socket of the dir its own name
-    st = os.stat(os.path.dirname(path))
-    assert st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        listener.bind(path)  # would raise "AF_UNIX path too long" at the long dir itself
-    finally:
-        listener.close()
-        os.unlink(path)
 
 
 def test_an_unresolved_link_never_asks_the_api_about_no_session_id(tmp_path):

@@ -1,4 +1,5 @@
 """Framing and mux placement: the stdlib-only protocol between worker and mux."""
+import dataclasses
 import os
 import socket
 import stat
@@ -7,6 +8,7 @@ import threading
 
 import pytest
 
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import config, errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 
 
@@ -80,12 +82,26 @@ def test_session_key_is_per_url_prefix_session_port_and_token():
     assert len(base) == 24 and "token" not in mp.link_key("http://h:1", "/v2/agents", "s1", 8443, "token")
 
 
-def test_one_process_dir_per_user_and_slot():
-    assert mp.process_dir("/b", 0, uid=7) == "/b/mux-7-0"
-    assert mp.process_dir("/b", 1, uid=7) != mp.process_dir("/b", 0, uid=7) != mp.process_dir("/b", 0, uid=8)
+def test_one_process_dir_per_user_slot_and_protocol():
+    digest = config.PROTOCOL_DIGEST
+    assert config.process_dir("/b", 0, uid=7) == "/b/mux-7-0-p" + digest
+    assert config.process_dir("/b", 1, uid=7) != config.process_dir("/b", 0, uid=7) != config.process_dir("/b", 0, uid=8)
+    assert config.PROCESS_DIR_NAME.match("mux-7-0-p" + digest).groups() == ("7", "0", digest)
+    assert config.PROCESS_DIR_NAME.match("mux-7-0").groups() == ("7", "0", None)  # a mux of an older collection
     keys = [mp.link_key("http://h", "/v2/agents", "s%d" % i, 8443, "t") for i in range(64)]
     assert {mp.pool_slot(k, 4) for k in keys} == {0, 1, 2, 3}
     assert {mp.pool_slot(k, 1) for k in keys} == {0}
+
+
+def test_the_protocol_digest_changes_with_the_version_and_the_session_settings():
+    """A collection that adds a LinkConfig field, or bumps the version, gets its own mux dir (an older mux would
+    refuse the new attach request), without anyone remembering to bump anything."""
+    fields = [f.name for f in dataclasses.fields(config.LinkConfig)]
+    assert config.protocol_digest() == config.protocol_digest(mp.PROTOCOL_VERSION, reversed(fields)) == config.PROTOCOL_DIGEST
+    assert config.protocol_digest(fields=fields + ["new_setting"]) != config.PROTOCOL_DIGEST
+    assert config.protocol_digest(fields=fields[:-1]) != config.PROTOCOL_DIGEST
+    assert config.protocol_digest(mp.PROTOCOL_VERSION + 1) != config.PROTOCOL_DIGEST
+    assert config.process_dir("/b", 0, digest=config.protocol_digest(fields=fields + ["x"])) != config.process_dir("/b", 0)
 
 
 def test_private_dir_is_0700_and_fixed_when_loose(tmp_path):
@@ -97,8 +113,72 @@ def test_private_dir_is_0700_and_fixed_when_loose(tmp_path):
     assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
 
 
-def test_private_dir_refuses_a_file(tmp_path):
+def _refused(path, *words):
+    with pytest.raises(errors.UnusableDirectory) as e:
+        mp.private_dir(path)
+    text = str(e.value)
+    assert path in text and "MICROVM_MUX_DIR" in text and all(w in text for w in words), text
+    assert e.value.kind == errors.ERR_UNREACHABLE  # the task says it; never "the mux hung up"
+    return text
+
+
+def test_private_dir_refuses_a_file_and_a_symlink(tmp_path):
     f = tmp_path / "f"
     f.write_text("x")
-    with pytest.raises(OSError):
-        mp.private_dir(str(f))
+    _refused(str(f), "not a directory")
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    _refused(str(link), "symbolic link")
+    with pytest.raises(errors.UnusableDirectory, match="cannot be opened as a directory of its own"):
+        mp.SocketDir(str(link))  # O_NOFOLLOW: a symlink swapped in after the check is refused too
+
+
+def test_a_dir_of_another_user_is_refused_naming_the_fix(tmp_path, monkeypatch):
+    """Another local user made the dir first (a name it could guess): refused with the path, the cause and the fix."""
+    d = tmp_path / "theirs"
+    d.mkdir(mode=0o700)
+    if os.getuid() == 0:
+        os.chown(d, 12345, 12345)
+    else:  # not root: we are "another user" to our own dir
+        monkeypatch.setattr(os, "getuid", lambda: os.stat(d).st_uid + 1)
+    text = _refused(str(d), "owned by uid")
+    assert "set the connection option mux_dir" in text
+    with pytest.raises(errors.UnusableDirectory, match="owned by uid"):
+        mp.connect_in(str(d))  # a worker never connects into it either
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700  # and it is not touched
+
+
+def test_a_mode_that_cannot_be_fixed_is_refused(tmp_path, monkeypatch):
+    d = tmp_path / "loose"
+    d.mkdir()
+    os.chmod(d, 0o755)
+
+    def no_chmod(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(os, "chmod", no_chmod)
+    _refused(str(d), "0755", "cannot be made 0700")
+
+
+def test_a_socket_in_a_very_long_dir_is_bound_and_reached_through_the_dir(tmp_path):
+    """sun_path holds 108 bytes: a long dir is reached through its descriptor, never a shared short name in /tmp."""
+    long_dir = str(tmp_path / ("h" * 120) / ("i" * 120))
+    mp.private_dir(long_dir)
+    with mp.SocketDir(long_dir) as d:
+        address = d.address(mp.SOCKET_NAME)
+        assert address.startswith(mp.PROC_FD + "/") and len(address.encode()) <= mp.SUN_PATH_MAX
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(address)
+        listener.listen(1)
+    try:
+        assert os.path.exists(os.path.join(long_dir, mp.SOCKET_NAME))
+        peer = mp.connect_in(long_dir, timeout=5)
+        conn = listener.accept()[0]
+        peer.sendall(b"x")
+        assert conn.recv(1) == b"x"
+        peer.close()
+        conn.close()
+    finally:
+        listener.close()
+
