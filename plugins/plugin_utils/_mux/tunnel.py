@@ -44,6 +44,11 @@ if TYPE_CHECKING:
 
 PING_INTERVAL = 30.0
 READ_SIZE = 1024 * 1024
+# What one port-forward connection may hold in the mux: no page gives the platform's frame size (our reading:
+# it relays TCP reads, KiB each), so a message over WS_MESSAGE_MAX is refused (close code 1009) and at most
+# WS_QUEUE_MAX messages wait unread; one mux carries every session of its user.
+WS_MESSAGE_MAX = 8 * 1024 * 1024
+WS_QUEUE_MAX = 8
 USER_AGENT = "microvm.sandbox-tunnel/0.1"
 
 
@@ -87,6 +92,9 @@ def close_error(code: int, reason: str, label: str, port: int) -> errors.TunnelF
                                     close_code=code)
     if code in (1000, 1001):
         return None  # the guest hung up: an ordinary end of the connection
+    if code == 1009:
+        return errors.TunnelFailure("the port-forward to session %s sent a message over %d MiB, the most one connection may "
+                                    "hold in the mux (close code 1009%s)" % (label, WS_MESSAGE_MAX >> 20, why), close_code=code)
     return errors.TunnelFailure("the port-forward to session %s closed with code %s%s" % (label, code, why), close_code=code)
 
 
@@ -196,7 +204,7 @@ class Tunnel:
         try:
             return await ws_connect(
                 self.url, additional_headers={"Authorization": "Bearer " + self._token},
-                user_agent_header=USER_AGENT, compression=None, max_size=None, max_queue=64,
+                user_agent_header=USER_AGENT, compression=None, max_size=WS_MESSAGE_MAX, max_queue=WS_QUEUE_MAX,
                 ping_interval=PING_INTERVAL, ping_timeout=PING_INTERVAL, open_timeout=self.connect_timeout,
                 close_timeout=2, ssl=self._ssl, write_limit=4 * READ_SIZE)
         except InvalidStatus as e:
@@ -254,8 +262,10 @@ class Tunnel:
             except Exception:  # already gone
                 pass
             writer.close()
-        code = ws.close_code
-        reason = ws.close_reason or ""
+        code, reason = ws.close_code, ws.close_reason or ""
+        sent = ws.protocol.close_sent
+        if sent is not None and sent.code == 1009:  # our own refusal of an oversized message: no close frame comes back
+            code, reason = 1009, ""
         error = close_error(code, reason, self.label, self.port) if code is not None else None
         if error is not None:
             self._record(error)

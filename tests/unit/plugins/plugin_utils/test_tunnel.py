@@ -101,6 +101,8 @@ class Server:
         async for message in ws:
             if isinstance(message, bytes):
                 await ws.send(message[::-1])
+                if message == b"big":  # a hostile or broken endpoint: one message past the tunnel's limit
+                    await ws.send(bytes(tn.WS_MESSAGE_MAX + 1))
                 if message == b"bye":
                     await ws.close(4001, "session paused")
                     return
@@ -191,6 +193,22 @@ def test_close_code_4001_is_recorded(server, tunnel):
     assert wait_for(lambda: tunnel.errors_since(since))
     e = tunnel.errors_since(since)[-1]
     assert e.close_code == 4001 and "box (sess-1) became unavailable" in str(e)
+
+
+def test_a_message_over_the_limit_closes_only_its_connection_naming_the_limit(server, tunnel):
+    since = time.monotonic()
+    s = dial(tunnel)
+    s.sendall(b"big")
+    got = read_all(s, tn.WS_MESSAGE_MAX + 16)
+    s.close()
+    assert got == b"gib"  # the echo before it came through; the oversized message never reached the local side
+    assert wait_for(lambda: tunnel.errors_since(since))
+    e = tunnel.errors_since(since)[-1]
+    assert e.close_code == 1009 and "over %d MiB" % (tn.WS_MESSAGE_MAX >> 20) in str(e) and "box (sess-1)" in str(e)
+    other = dial(tunnel)  # the tunnel itself goes on serving
+    other.sendall(b"ok")
+    assert read_all(other, 2) == b"ko"
+    other.close()
 
 
 def test_wrong_token_is_fatal(server):
