@@ -100,10 +100,10 @@ def op_warm(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> str 
         # the worker sends nothing until it has the EXIT: readable before that means it went away
         try:
             if not conn.recv(1, socket.MSG_PEEK) and not done.is_set():
-                runner.kill(rid)
+                runner.abandon(rid)
         except OSError:
             if not done.is_set():
-                runner.kill(rid)
+                runner.abandon(rid)
 
     threading.Thread(target=watch_hangup, name="warm-hangup", daemon=True).start()
     started = False
@@ -130,7 +130,7 @@ def op_warm(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> str 
                 mp.send_frame(conn, mp.ERROR, link.report(lost))
                 return None
     except OSError:
-        runner.kill(rid)
+        runner.abandon(rid)
         raise
 
 

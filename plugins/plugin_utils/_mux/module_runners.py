@@ -15,6 +15,7 @@ it started and then lost is reported as failed and never re-run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
@@ -36,6 +37,9 @@ HELD_MAX = 256
 # The runner sends a module's output in OUT/ERR frames of at most one 64 KiB pipe read (module_runner.on_pipe), and
 # small JSON otherwise: any output size is legal, streamed. 16x that is a margin no honest frame reaches.
 FRAME_MAX = 1024 * 1024
+# Events of one task waiting for its worker to read them: while they are this many, the runner's stream waits (and so
+# does the guest), so a worker that lags (loaded controller, stopped process) never makes the mux hold its output.
+EVENTS_QUEUED_MAX = 16
 STDERR_KEPT = 2000     # the tail of the runner's own stderr, for the message when it ends
 CORE_CONFIG = core_compat.runner_config()
 CORE = wr.CoreConfig(CORE_CONFIG)
@@ -113,6 +117,7 @@ class ModuleRunner:
         self.info: dict[str, Any] | None = None
         self.held: set[str] = set()  # zip keys the runner has taken: later payloads send only a reference
         self.whole: dict[int, tuple[str | None, bytes]] = {}  # request id -> (zip key, the whole RUN body) until answered
+        self.abandoned: set[int] = set()  # requests whose worker went away: nobody reads their events
 
     def start(self) -> None:
         self.call, self.feed = self.client.exec_stream(runner_argv(self.interpreter), env={}, workdir="", timeout=0,
@@ -158,7 +163,7 @@ class ModuleRunner:
             why += "; stderr: %s" % stderr.decode("utf-8", "replace").strip()[-500:]
         with self.lock:
             self.alive = False
-            waiting = list(self.pending.values())
+            waiting = list(self.pending.items())
             self.pending.clear()
             self.whole.clear()
         if waiting:
@@ -168,8 +173,9 @@ class ModuleRunner:
             # lost, and the next task starts a new runner. The stream's own error would say a command was lost.
             log.info("session %s: warm runner for %s ended while no module ran in it", self.client.label,
                      self.interpreter)
-        for q in waiting:
-            q.put(("dead", why))
+        for rid, q in waiting:
+            self._deliver(rid, q, ("dead", why), last=True)
+        self.abandoned.clear()
 
     def _dispatch(self, rid: int, kind: int, body: bytes) -> None:
         try:
@@ -182,35 +188,50 @@ class ModuleRunner:
         if q is None:
             return
         if kind == wr.READY:
-            q.put(("ready", json.loads(body.decode("utf-8"))))
+            self._deliver(rid, q, ("ready", json.loads(body.decode("utf-8"))))
         elif kind == wr.STARTED:
             sent = self.whole.pop(rid, None)
             if sent is not None and sent[0] is not None:
                 if len(self.held) >= HELD_MAX:  # the runner keeps fewer: a stale guess only costs a MISS
                     self.held.clear()
                 self.held.add(sent[0])
-            q.put(("started", None))
+            self._deliver(rid, q, ("started", None))
         elif kind == wr.MISS:  # the runner no longer holds that zip: send the payload whole
             key, whole = self.whole[rid]
             self.held.discard(key)
             self._send(rid, wr.RUN, whole)
         elif kind == wr.OUT:
-            q.put(("stdout", body))
+            self._deliver(rid, q, ("stdout", body))
         elif kind == wr.ERR:
-            q.put(("stderr", body))
+            self._deliver(rid, q, ("stderr", body))
         elif kind == wr.EXIT:
             rc = json.loads(body.decode("utf-8"))["rc"]  # parsed first: a malformed frame leaves the task waiting, told
             self.pending.pop(rid, None)
-            q.put(("exit", rc))
+            self._deliver(rid, q, ("exit", rc), last=True)
         elif kind == wr.REFUSE:
             reason = json.loads(body.decode("utf-8"))["reason"]
             self.pending.pop(rid, None)
             self.whole.pop(rid, None)
-            q.put(("refuse", reason))
+            self._deliver(rid, q, ("refuse", reason), last=True)
         elif kind == wr.DONE:
             done = json.loads(body.decode("utf-8"))
             self.pending.pop(rid, None)
-            q.put(("done", done))
+            self._deliver(rid, q, ("done", done), last=True)
+
+    def _deliver(self, rid: int, q: queue.Queue[Event], event: Event, last: bool = False) -> None:
+        """Hand an event to its task, waiting while EVENTS_QUEUED_MAX are unread; never for a task whose worker left."""
+        while rid not in self.abandoned:
+            try:
+                q.put(event, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+        if last:  # the task's own thread may still wait for its end: make room for it, dropping unread output
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    q.get_nowait()
+            q.put_nowait(event)
+            self.abandoned.discard(rid)
 
     def _send(self, rid: int, kind: int, body: bytes = b"") -> None:
         if self.feed is None:
@@ -238,7 +259,7 @@ class ModuleRunner:
         return rid, q
 
     def _new_request(self) -> tuple[int, queue.Queue[Event]]:
-        q: queue.Queue[Event] = queue.Queue()
+        q: queue.Queue[Event] = queue.Queue(maxsize=EVENTS_QUEUED_MAX)
         with self.lock:
             if not self.alive:
                 raise errors.WarmRefused("the warm runner is not running")
@@ -268,6 +289,11 @@ class ModuleRunner:
     def kill(self, rid: int) -> None:
         if self.alive:
             self._send(rid, wr.KILL)
+
+    def abandon(self, rid: int) -> None:
+        """The task's worker went away: stop its module and drop what it still sends."""
+        self.abandoned.add(rid)
+        self.kill(rid)
 
     def stop(self) -> None:
         self.alive = False
