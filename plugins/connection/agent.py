@@ -365,6 +365,7 @@ core_compat.cache_collection_code()  # first: the modules below are then compile
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import become_scan  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import command_stream  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import option_defs  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import outcomes  # noqa: E402
@@ -762,28 +763,31 @@ class Connection(ConnectionBase):
         As ansible-core's ssh and local connections do: the plugin's "incorrect password" text fails with
         "Incorrect <method> password", its "missing password" text with "Missing <method> password", and a prompt
         seen again after the answer with "Duplicate become password prompt encountered". Prompts are looked for
-        only in output that arrived after the last answered one.
+        only in output that arrived after the last answered one; each call looks only at the output new since the
+        previous call and a bounded tail before it (become_scan), so much output before a prompt costs O(n).
         """
         become = self.become
         if become is None:  # exec_command asks for an interaction only when a become plugin is set
             raise AnsibleError("microvm.sandbox.agent: a become password interaction needs a become plugin")
-        offsets = [0, 0]  # where the output after the last answered prompt begins (stdout, stderr)
+        tails = (become_scan.Tail(), become_scan.Tail())  # stdout, stderr: only new output and a bounded tail
 
-        def interact(out: bytes, err: bytes) -> bytes | bool | None:
-            if become.check_success(out):
+        def interact(out: bytes | bytearray, err: bytes | bytearray) -> bytes | bool | None:
+            looks = (tails[0].look(out), tails[1].look(err))
+            windows = [w for w in looks if w is not None]
+            if looks[0] is not None and become.check_success(looks[0][0]):
                 succeeded.append(True)
                 return True
-            new_out, new_err = out[offsets[0]:], err[offsets[1]:]
-            if prompted and (become.check_incorrect_password(new_out) or become.check_incorrect_password(new_err)):
+            if prompted and any(become.check_incorrect_password(new) for _, new in windows):
                 raise AnsibleError("Incorrect %s password" % become.name)
-            if become.check_missing_password(out) or become.check_missing_password(err):
+            if any(become.check_missing_password(window) for window, _ in windows):
                 raise AnsibleError("Missing %s password" % become.name)
-            if become.check_password_prompt(new_out) or become.check_password_prompt(new_err):
+            if any(become.check_password_prompt(new) for _, new in windows):
                 if prompted:
-                    raise AnsibleError(become_error_message("Duplicate become password prompt encountered", out, err,
-                                                            prompted, become))
+                    raise AnsibleError(become_error_message("Duplicate become password prompt encountered", bytes(out),
+                                                            bytes(err), prompted, become))
                 prompted.append(True)
-                offsets[:] = [len(out), len(err)]
+                tails[0].answered(out)
+                tails[1].answered(err)
                 return to_bytes(become.get_option("become_pass") or "") + b"\n"
             return None
         return interact

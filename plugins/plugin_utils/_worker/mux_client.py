@@ -37,7 +37,7 @@ T = TypeVar("T")
 # (rc, stdout, stderr, the EXIT payload) of one command
 ExecReply = tuple[int, bytes, bytes, dict[str, Any]]
 # interact(stdout so far, stderr so far): None (wait), bytes (send them), True (release stdin); see exec()
-Interact = Callable[[bytes, bytes], "bytes | bool | None"]
+Interact = Callable[[bytearray, bytearray], "bytes | bool | None"]
 
 
 def collections_root() -> str:
@@ -326,11 +326,13 @@ class MuxClient:
         """Run a command; returns (rc, stdout, stderr, exit info).
 
         `interact(stdout_so_far, stderr_so_far)` (optional) is called as output arrives while
-        stdin is held back. It returns None (keep waiting), bytes (send them now, keep holding:
-        a become password) or True (release stdin); an exception it raises ends the command.
-        With `interact_timeout`, stdin held back longer than that many seconds raises
-        InteractTimeout(stdout_so_far, stderr_so_far). Either way the connection to the mux is
-        closed, which stops the command in the guest.
+        stdin is held back, with the growing output buffers themselves (not copied: it must only
+        read them, and look only at what is new, or much output costs O(n^2)). It returns None
+        (keep waiting), bytes (send them now, keep holding: a become password) or True (release
+        stdin); an exception it raises ends the command. With `interact_timeout`, stdin still held
+        back that many seconds after the start raises InteractTimeout(stdout_so_far, stderr_so_far),
+        whether output keeps coming or not. Either way the connection to the mux is closed, which
+        stops the command in the guest.
         """
         request = {"op": "exec", "argv": list(argv), "env": env or {}, "workdir": workdir, "timeout": timeout,
                    "run": run}
@@ -376,8 +378,7 @@ class MuxClient:
                 try:
                     kind, payload = next(frames)
                 except (TimeoutError, socket.timeout) as e:
-                    self.close()  # the mux sees the worker go and stops the command in the guest
-                    raise InteractTimeout(bytes(out), bytes(err)) from e
+                    self._interact_timed_out(out, err, e)
                 finally:
                     if sock.gettimeout() is not None and self.sock is sock:
                         sock.settimeout(None)
@@ -393,7 +394,7 @@ class MuxClient:
                     raise errors.ProtocolMismatch("unexpected frame %d from the mux" % kind)
                 if not state["released"] and interact is not None:
                     try:
-                        answer = interact(bytes(out), bytes(err))
+                        answer = interact(out, err)
                     except Exception:
                         self.close()  # a refused become: stop the command rather than wait for it
                         raise
@@ -401,6 +402,8 @@ class MuxClient:
                         release()
                     elif answer:
                         mp.send_frame(sock, mp.STDIN, answer)
+                    if not state["released"] and deadline is not None and time.monotonic() >= deadline:
+                        self._interact_timed_out(out, err)  # output that never stops does not hold it off
         finally:
             if not state["released"] and self.sock is sock:
                 try:  # the command ended before stdin was released: end it so the connection stays in step
@@ -409,6 +412,10 @@ class MuxClient:
                     pass
             for t in sender:
                 t.join()
+
+    def _interact_timed_out(self, out: bytearray, err: bytearray, cause: BaseException | None = None) -> NoReturn:
+        self.close()  # the mux sees the worker go and stops the command in the guest
+        raise InteractTimeout(bytes(out), bytes(err)) from cause
 
     def _output_over_limit(self, held: int) -> NoReturn:
         """A command printed more than this task may hold in memory: hang up (the mux stops the command in the

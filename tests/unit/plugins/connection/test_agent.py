@@ -245,6 +245,65 @@ def test_a_refused_su_password_is_an_incorrect_su_password(conn):
         interact(b"Password: ", b"su: Authentication failure\n")
 
 
+class Frames:
+    """Output fed to an interaction as the mux client does: growing buffers, one call per arriving frame."""
+
+    def __init__(self, interact):
+        self.interact, self.out, self.err = interact, bytearray(), bytearray()
+
+    def __call__(self, *chunks):
+        answers = []
+        for stream, chunk in chunks:
+            (self.out if stream == "out" else self.err).extend(chunk)
+            answers.append(self.interact(self.out, self.err))
+        return answers
+
+
+def test_a_sudo_prompt_and_success_marker_split_across_frames_are_found(conn):
+    bp = become(conn, "ansible.builtin.sudo", "pw")
+    prompt, success = enc("[sudo via ansible, key=%s] password:" % bp._id), enc("\n%s\n" % bp.success)
+    feed = Frames(conn._become_interaction([], []))
+    assert feed(("err", b"motd line\n" * 1000), ("err", prompt[:9]), ("err", prompt[9:])) == [None, None, b"pw\n"]
+    answers = feed(*[("out", success[i:i + 5]) for i in range(0, len(success), 5)])
+    assert answers[-1] is True and set(answers[:-1]) == {None}
+
+
+def test_a_su_prompt_after_megabytes_of_output_is_found_looking_at_new_output_only(conn, monkeypatch):
+    """Each look covers what arrived since the last one plus a bounded tail, not the whole output (O(n^2))."""
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import become_scan
+    bp = become(conn, "ansible.builtin.su", "pw")
+    looked = []
+    check = bp.check_password_prompt
+    monkeypatch.setattr(bp, "check_password_prompt", lambda data: looked.append(len(data)) or check(data))
+    feed = Frames(conn._become_interaction([], []))
+    answers = feed(*[("out", b"x" * 65536)] * 64 + [("out", b"Pass"), ("out", b"word: ")])
+    assert answers[-1] == b"pw\n" and set(answers[:-1]) == {None}
+    assert max(looked) <= 65536 + become_scan.OVERLAP
+    # the answered prompt is not seen again, in output that follows it either
+    assert feed(("out", b"y" * 100000), ("err", b"z")) == [None, None]
+
+
+def test_a_prompt_cut_at_the_tails_edge_is_not_taken_for_one_at_a_line_start(conn):
+    """sudo's prompt counts only at the start of a line: a look's tail begins at a line start when one is in reach."""
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import become_scan
+    bp = become(conn, "ansible.builtin.sudo", "pw")
+    prompt = enc("[sudo via ansible, key=%s] password:" % bp._id)
+    # the next look's tail, OVERLAP bytes back, would begin right at the prompt in the middle of this line
+    first = b"not a prompt: " + prompt + b"\n" + b"m" * (become_scan.OVERLAP - len(prompt) - 1)
+    feed = Frames(conn._become_interaction([], []))
+    assert feed(("err", first), ("err", b"more\n")) == [None, None]
+    assert feed(("err", prompt)) == [b"pw\n"]  # a real one, at a line start
+
+
+def test_sorry_before_the_answered_prompt_is_not_an_incorrect_password_but_after_it_is(conn):
+    bp = become(conn, "ansible.builtin.sudo", "pw")
+    prompt = enc("[sudo via ansible, key=%s] password:" % bp._id)
+    feed = Frames(conn._become_interaction([], []))
+    assert feed(("err", b"Sorry, try again.\n" + prompt), ("err", b"\n")) == [b"pw\n", None]
+    with pytest.raises(AnsibleError, match="^Incorrect sudo password$"):
+        feed(("err", b"Sorry, try"), ("err", b" again.\n"))
+
+
 def test_a_become_command_that_ends_before_success_fails_with_its_output(conn):
     become(conn, "ansible.builtin.su", "pw")
     mux = FakeMux(result=(1, b"Passwort: ", b"su: Fehler bei der Authentifizierung\n", {"rc": 1}))
