@@ -101,6 +101,26 @@ def test_interactive_exec_holds_stdin_until_released(served):
     assert rc == 0 and out.endswith(b"module") and seen
 
 
+def test_held_stdin_times_out_at_its_deadline_while_output_keeps_coming(served):
+    """interact_timeout is a deadline from the start, not a silence: output always waiting to be read (here the
+    interaction is slower than the guest) does not hold it off, and the command is stopped."""
+    agent, client = served[:2]
+    agent.mode = "chatter"
+
+    def slow(out, err):
+        time.sleep(0.005)
+
+    with pytest.raises(mc.InteractTimeout) as e:
+        client.exec(["su"], stdin=b"x", interact=slow, interact_timeout=0.5)
+    assert e.value.stdout.startswith(b"argv=su\n")
+    assert e.value.stdout.count(b".") < 1000  # 2000 wait to be read
+    for _ in range(100):
+        if ("chatter stopped", ["su"]) in agent.calls:
+            break
+        time.sleep(0.1)
+    assert ("chatter stopped", ["su"]) in agent.calls
+
+
 def test_lost_command_is_reported_lost(served):
     agent, client = served[:2]
     agent.mode = "no-exit"
