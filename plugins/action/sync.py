@@ -31,13 +31,13 @@ import uuid
 from typing import Any
 
 from ansible.errors import AnsibleError
-from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.archive_check import ArchiveRefused, check_archive, link_problem
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.untrusted import shown
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import source_of
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import sync_tree as st
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import outcomes
@@ -215,7 +215,7 @@ class ActionModule(ActionBase):
     def _guest_failed(self, stream: ExecStream, reader: ManifestReader, what: str) -> SyncFailed:
         reader.finish()
         rc = (stream.exit or {}).get("rc")
-        err = to_text(stream.stderr, errors="surrogate_or_replace").strip()
+        err = shown(stream.stderr, text=True).strip()
         return SyncFailed("%s (the guest side ended with rc %s): %s" % (what, rc, err[-2000:] or "no message"))
 
     def _outcome(self, planner: Planner, args: dict[str, Any], src: str, dest: str) -> dict[str, Any]:
@@ -228,10 +228,10 @@ class ActionModule(ActionBase):
         if planner.skipped.count:
             self._display.warning("sync: %d entr%s left out (links that leave the tree, or special files): %s"
                                   % (planner.skipped.count, "y" if planner.skipped.count == 1 else "ies",
-                                     ", ".join(planner.skipped.paths[:10])))
+                                     ", ".join(shown(p) for p in planner.skipped.paths[:10])))
         if self._task.diff and planner.changed:
-            lines = ["+ %s" % p for p in planner.added.paths] + ["~ %s" % p for p in planner.updated.paths] + \
-                    ["- %s" % p for p in planner.deleted.paths]
+            lines = ["%s %s" % (sign, shown(p)) for sign, listing in (("+", planner.added), ("~", planner.updated),
+                                                                      ("-", planner.deleted)) for p in listing.paths]
             hidden = sum(x.count - len(x.paths) for x in (planner.added, planner.updated, planner.deleted))
             if hidden:
                 lines.append("... and %d more" % hidden)
@@ -428,7 +428,7 @@ def judge_links(links: "list[tuple[bytes, bytes]]", stage_fd: int, dest_fd: int,
     for rel, target in links:
         problem = link_problem(st.rel_text(rel), st.rel_text(target), view, dest)
         if problem:
-            offending.append("%s (%s)" % (st.rel_text(rel), problem))
+            offending.append(shown("%s (%s)" % (st.rel_text(rel), problem)))  # the guest's names
     if offending:
         raise SyncFailed("refused the sandbox's tree, nothing was changed in %s: through the links already there, "
                          "these links would lead outside it: %s" % (dest, "; ".join(offending[:20])))

@@ -26,6 +26,7 @@ from ansible_collections.microvm.sandbox.plugins.module_utils.archive_check impo
     ArchiveRefused, check_archive, sha256_file)
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import outcomes
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.sandbox_connection import sandbox_connection
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.untrusted import shown
 
 WORKSPACE = "/workspace"
 
@@ -116,7 +117,7 @@ class ActionModule(ActionBase):
         if args["clean"]:
             cmd = clean_command(dest, args["keep"])
             res = self._low_level_execute_command(cmd)
-            stderr = to_text(res.get("stderr", "")).strip()
+            stderr = shown(res.get("stderr") or "", text=True).strip()  # the guest's words, shown to the user
             if res.get("rc") == OUTSIDE_RC:
                 return dict(result, failed=True, changed=False,
                             msg="workspace_archive: dest %s resolves to %s in the sandbox (through a symbolic link), "

@@ -376,6 +376,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client
     Interact, InteractTimeout, MuxClient, host_tag, run_identity)
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.core_compat import command_argv  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import DEFAULT_POOL_SIZE, LinkConfig  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.untrusted import shown  # noqa: E402
 
 display = Display()
 T = TypeVar("T")
@@ -414,7 +415,7 @@ def become_error_message(reason: str, stdout: bytes, stderr: bytes, prompted: li
     for title, data in (("Standard Output", stdout), ("Standard Error", stderr)):
         if become is not None:
             data = become.strip_become_prompt(data)
-        text = to_text(data, errors="surrogate_or_replace").strip()
+        text = shown(data, text=True).strip()  # the guest's text: no escape sequences onto the user's terminal
         if text:
             message += "\n>>> %s\n%s" % (title, text[-2000:])
     return message
@@ -630,7 +631,7 @@ class Connection(ConnectionBase):
                 "which it lacks; add it to the template, or leave ansible_user unset. Nothing was run." % (user, session))
         if rc != 0 or len(fields) < 3:
             raise AnsibleConnectionFailure("microvm.sandbox.agent: cannot look up user %r in session %s: %s"
-                                           % (user, session, to_text(stderr or stdout).strip()[-300:]))
+                                           % (user, session, shown(stderr or stdout, text=True).strip()[-300:]))
         display.vvv("RUN AS guest user %s (uid %s, gid %s)" % (user, fields[0], fields[1]), host=session)
         return {"name": user, "uid": fields[0], "gid": fields[1], "home": ":".join(fields[2:])}
 

@@ -297,3 +297,20 @@ def test_random_trees_of_links_pushed_and_pulled_change_nothing_outside(plane, b
 
     run()
     assert worked == {"push", "pull"}, "no push or no pull of the random trees went through: the test proved nothing"
+
+
+def test_guest_names_reach_the_screen_escaped_in_the_warning_and_the_diff(plane, box, tmp_path):
+    """A guest chooses its file names: the left-out warning and the --diff show an escape sequence or a bidi override
+    in one as visible escapes, never raw on the user's terminal; the task's result keeps the names as they are."""
+    root = "/workspace/escaped-names"
+    guest_sh(plane, box["sid"], "rm -rf {r} && mkdir -p {r} && cd {r} && mkfifo \"$(printf 'pipe\\033[2J')\" && "
+             "printf x > \"$(printf 'clear\\033[2J\\342\\200\\256txt.exe')\"".format(r=root))
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    run = sync(plane, box, tmp_path, {"mode": "pull", "src": root, "dest": out}, diff=True)
+    res = result(run)
+    assert res["left_out"] == ["pipe\x1b[2J"] and res["added"] == ["clear\x1b[2J\u202etxt.exe"]
+    screen = run.stdout + run.stderr
+    assert "1 entry left out" in screen and "pipe\\x1b[2J" in screen, run
+    assert "+ clear\\x1b[2J\\u202etxt.exe" in screen, run
+    assert "\x1b" not in screen and "\u202e" not in screen, run

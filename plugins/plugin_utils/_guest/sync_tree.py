@@ -804,9 +804,9 @@ def extract_checked(fileobj: "BinaryIO", stage_fd: int, wanted: "Iterator[bytes]
             rel = os.fsencode(member.name.rstrip("/"))
             parents, name = split_rel(rel)
             if wanted is not None and next((p for p in wanted if p == rel), None) is None:
-                raise SyncError("refused archive member %s: not asked for (or out of order)" % member.name)
+                raise SyncError("refused archive member %r: not asked for (or out of order)" % member.name)
             if member.issym() and not link_is_safe(rel, os.fsencode(member.linkname)):
-                raise SyncError("refused archive member %s: a link to %s, which may lead out of the tree"
+                raise SyncError("refused archive member %r: a link to %r, which may lead out of the tree"
                                 % (member.name, member.linkname))
             dir_fd = open_dir_at(stage_fd, parents)
             try:
@@ -832,7 +832,7 @@ def extract_checked(fileobj: "BinaryIO", stage_fd: int, wanted: "Iterator[bytes]
                     finally:
                         os.close(fd)
                 else:
-                    raise SyncError("refused archive member %s: not a file, directory or link" % member.name)
+                    raise SyncError("refused archive member %r: not a file, directory or link" % member.name)
             finally:
                 os.close(dir_fd)
     for rel, mode, mtime in reversed(dirs):

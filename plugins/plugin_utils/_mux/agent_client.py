@@ -24,6 +24,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Sequence
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import capped
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.untrusted import shown
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_pb import sandbox_agent_pb2 as pb
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_pb import sandbox_agent_pb2_grpc as pb_grpc
 
@@ -170,7 +171,7 @@ def is_absent(error: grpc.RpcError) -> bool:
 def transfer_error(error: grpc.RpcError, path: str, label: str, verb: str) -> errors.SandboxError:
     """Map a gRPC error of Upload/Download to a clear SandboxError naming the path and session."""
     code = error.code()
-    details = error.details() or ""
+    details = shown(error.details() or "")  # the guest agent's words, shown to the user
     where = "%s on session %s" % (path, label)
     if is_absent(error):
         return errors.NotFound("cannot %s %s: no such file (%s)" % (verb, where, details))
@@ -334,7 +335,7 @@ class AgentClient:
 
     def _exec_error(self, e: grpc.RpcError) -> errors.SandboxError:
         code = e.code()
-        details = e.details() or ""
+        details = shown(e.details() or "")
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.CANCELLED,
                     grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.ABORTED):
             return errors.CommandLost("lost the command on session %s: %s (%s); it may have partly run and is not re-run"
@@ -376,7 +377,7 @@ class AgentClient:
                 self._drop_if_lost(e, line)
                 if e.code() == grpc.StatusCode.INVALID_ARGUMENT and "sha" in (e.details() or "").lower():
                     raise errors.ChecksumMismatch("upload of %s to %s on session %s failed its checksum: %s" % (
-                        local_path, remote_path, self.label, e.details())) from e
+                        local_path, remote_path, self.label, shown(e.details() or ""))) from e
                 raise transfer_error(e, remote_path, self.label, "extract an archive into" if is_archive else "upload to") from e
             finally:
                 self._give_back(line)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable
 
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.untrusted import shown
+
 if TYPE_CHECKING:  # agent_client imports this module: the name only
     from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_client import ExecResult
 
@@ -67,5 +69,5 @@ def complete_lines(result: ExecResult) -> list[str]:
 
 def message(result: ExecResult) -> str:
     """A failed helper's stderr as an error message, saying so when it was cut."""
-    err = result.stderr.decode("utf-8", "replace").strip() or "exit code %d" % result.exit_code
+    err = shown(result.stderr, text=True).strip() or "exit code %d" % result.exit_code  # the guest's words, for the user
     return "%s %s" % (err, CUT_NOTE) if result.truncated else err
