@@ -194,6 +194,9 @@ options:
         a C(ansible_su_prompt_l10n) that does not fit the guest's language) fails after this many seconds, the
         command stopped, like C(ssh)'s O(ansible.builtin.ssh#connection:timeout) and C(local)'s
         C(become_success_timeout).
+      - A deadline, not a silence - a become command that keeps printing without prompting or succeeding fails at
+        it too. Each piece of output is searched for the prompt and the success marker once (with the 4 KiB before
+        it), so much output before the prompt costs time linear in its size.
       - Only used when the become plugin expects a password prompt. Values below 1 mean the default.
     type: int
     default: 10
