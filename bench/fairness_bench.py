@@ -43,7 +43,7 @@ def main():
         small_tasks(client, 3)
         idle_kib = status_kib(pid, "VmRSS")
         alone, elsewhere, shared, peaks = [], [], [], []
-        for _ in range(args.repeat):
+        for _dummy in range(args.repeat):
             alone.append(statistics.median(small_tasks(client, TASKS)))
             elsewhere.append(flooding(plane, loud["name"], apart, lambda: statistics.median(small_tasks(client, TASKS))))
             reset_peak(pid)
@@ -61,8 +61,8 @@ def main():
         benchlib.print_rows([
             ("b's median `true`, alone", "%.1f ms" % result["b_median_ms"]["alone"]),
             ("... a flooding from its own mux", "%.1f ms" % result["b_median_ms"]["a_flooding_elsewhere"]),
-            ("... a flooding in b's mux", "%.1f ms (x%.2f of the line above)" % (result["b_median_ms"]["a_flooding_in_the_same_mux"],
-                                                                          result["sharing_cost_ratio"])),
+            ("... a flooding in b's mux", "%.1f ms (x%.2f of the line above)" % (
+                result["b_median_ms"]["a_flooding_in_the_same_mux"], result["sharing_cost_ratio"])),
             ("mux RSS, idle with 2 sessions", benchlib.mib(idle_kib)),
             ("mux peak RSS during the flood", "%s (%s per session)" % (benchlib.mib(max(peaks)), benchlib.mib(max(peaks) / 2))),
         ])

@@ -781,11 +781,11 @@ class Connection(ConnectionBase):
             if looks[0] is not None and become.check_success(looks[0][0]):
                 succeeded.append(True)
                 return True
-            if prompted and any(become.check_incorrect_password(new) for _, new in windows):
+            if prompted and any(become.check_incorrect_password(new) for _window, new in windows):
                 raise AnsibleError("Incorrect %s password" % become.name)
-            if any(become.check_missing_password(window) for window, _ in windows):
+            if any(become.check_missing_password(window) for window, _new in windows):
                 raise AnsibleError("Missing %s password" % become.name)
-            if any(become.check_password_prompt(new) for _, new in windows):
+            if any(become.check_password_prompt(new) for _window, new in windows):
                 if prompted:
                     raise AnsibleError(become_error_message("Duplicate become password prompt encountered", bytes(out),
                                                             bytes(err), prompted, become))

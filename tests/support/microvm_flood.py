@@ -71,7 +71,7 @@ def stream_and_drop(client, argv, progress):
 def small_tasks(client, count):
     """Seconds each of `count` small commands takes, one after the other."""
     took = []
-    for _ in range(count):
+    for _dummy in range(count):
         start = time.monotonic()
         assert client.exec(["true"])[0] == 0
         took.append(time.monotonic() - start)

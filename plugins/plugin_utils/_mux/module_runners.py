@@ -87,10 +87,10 @@ class FrameReader:
             length, rid, kind = wr.HEADER.unpack_from(self.buf, self.pos)
             if length > self.max_body:
                 raise mp.ProtocolError("the warm runner sent a frame of %d bytes, past the %d bytes (%d KiB) any frame of its "
-                                  "protocol may have: something in the guest wrote into the runner's protocol pipe. The "
-                                  "runner was stopped and the task is not re-run; the next task starts a new runner "
-                                  "(set the connection's warm_runner option to false to run modules without one)"
-                                  % (length, self.max_body, self.max_body // 1024))
+                                       "protocol may have: something in the guest wrote into the runner's protocol pipe. The "
+                                       "runner was stopped and the task is not re-run; the next task starts a new runner "
+                                       "(set the connection's warm_runner option to false to run modules without one)"
+                                       % (length, self.max_body, self.max_body // 1024))
             end = self.pos + size + length
             if len(self.buf) < end:
                 break

@@ -31,7 +31,7 @@ class FakeAgent(pb_grpc.SandboxAgentServiceServicer):
         yield pb.ExecOutput(stdout=b"argv=" + " ".join(start.argv).encode() + b"\n")
         if self.mode == "chatter":  # a become that prints much and never asks; then waits for stdin till stopped
             context.add_callback(lambda: self.calls.append(("chatter stopped", list(start.argv))))
-            for _ in range(2000):
+            for _dummy in range(2000):
                 yield pb.ExecOutput(stdout=b".")
         stdin = b"".join(r.stdin for r in request_iterator if r.WhichOneof("request") == "stdin")
         yield pb.ExecOutput(stdout=stdin)

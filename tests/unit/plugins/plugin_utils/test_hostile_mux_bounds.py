@@ -18,7 +18,7 @@ MIB = 1024 * 1024
 def flood(total, chunk, rc=0):
     """A helper's events: `total` bytes on each stream in `chunk`-byte pieces (one shared piece: no allocation)."""
     piece = b"x" * chunk
-    for _ in range(total // chunk):
+    for _dummy in range(total // chunk):
         yield "stdout", piece
         yield "stderr", piece
     yield "exit", ac.ExecResult(rc)
@@ -151,7 +151,7 @@ def test_a_lagging_worker_holds_back_the_runner_not_the_mux_and_a_gone_one_frees
     """A task's events wait in the mux at most EVENTS_QUEUED_MAX deep: the runner's stream waits while its worker lags;
     once the worker is gone (abandon) the rest is dropped and the runner goes on."""
     import threading
-    out = [wr.HEADER.pack(65536, 1, wr.OUT) + b"o" * 65536 for _ in range(200)]  # 12.5 MiB of one task's output
+    out = [wr.HEADER.pack(65536, 1, wr.OUT) + b"o" * 65536 for _dummy in range(200)]  # 12.5 MiB of one task's output
     r, _unused = broken_runner(out + [wr.HEADER.pack(8, 1, wr.EXIT) + b'{"rc":0}'])
     _rid, events = r._new_request()  # request 1 is the runner's first: a real queue, bounded
     r.feed = queue.Queue()
@@ -159,8 +159,8 @@ def test_a_lagging_worker_holds_back_the_runner_not_the_mux_and_a_gone_one_frees
     reader.start()
     reader.join(1.0)
     assert reader.is_alive() and events.qsize() == module_runners.EVENTS_QUEUED_MAX  # held back, not buffered
-    assert [events.get_nowait()[0] for _ in range(3)] == ["stdout"] * 3  # a worker that reads gets it in order
+    assert [events.get_nowait()[0] for _dummy in range(3)] == ["stdout"] * 3  # a worker that reads gets it in order
     r.abandon(1)  # the worker went away
     reader.join(10.0)
     assert not reader.is_alive() and not r.abandoned
-    assert [events.get_nowait() for _ in range(events.qsize())] == [("exit", 0)]  # its end still reaches the task
+    assert [events.get_nowait() for _dummy in range(events.qsize())] == [("exit", 0)]  # its end still reaches the task

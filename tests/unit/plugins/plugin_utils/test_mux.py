@@ -114,7 +114,7 @@ def test_held_stdin_times_out_at_its_deadline_while_output_keeps_coming(served):
         client.exec(["su"], stdin=b"x", interact=slow, interact_timeout=0.5)
     assert e.value.stdout.startswith(b"argv=su\n")
     assert e.value.stdout.count(b".") < 1000  # 2000 wait to be read
-    for _ in range(100):
+    for _dummy in range(100):
         if ("chatter stopped", ["su"]) in agent.calls:
             break
         time.sleep(0.1)

@@ -181,4 +181,3 @@ def test_a_socket_in_a_very_long_dir_is_bound_and_reached_through_the_dir(tmp_pa
         conn.close()
     finally:
         listener.close()
-
