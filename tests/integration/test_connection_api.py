@@ -59,12 +59,21 @@ BECOME = r"""
   tasks:
     - ansible.builtin.command: id -un
       become: true
-      become_method: ansible.builtin.sudo
+      become_method: "{{ method }}"
+      vars: {ansible_become_password: "{{ user_password }}"}
+      register: r
+    - ansible.builtin.debug: {msg: "BECAME={{ r.stdout }}"}
+    - name: a pipelined module through sudo -S gets its whole stdin after the password line
+      ansible.builtin.copy: {content: "{{ 'p' * 2000 }}\n", dest: /root/become-one-shot}
+      become: true
+      become_method: "{{ method }}"
       vars: {ansible_become_password: "{{ user_password }}"}
 """
 
 
-def test_become_with_a_password_names_the_team_setting_without_interactive_stdin(plane, env, playbook_runner):
+def test_become_with_a_password_without_interactive_stdin_sudo_works_and_su_names_what_to_use(plane, env, playbook_runner):
+    """A team without interactive stdin: sudo takes its password first on the one-shot stdin; su, which cannot,
+    fails at once (before anything runs), naming sudo and the team setting; the password is never printed."""
     client = plane.client()
     password = "pw-%s" % os.urandom(6).hex()
     session = client.create_session({"name": "api-become-%s" % os.urandom(4).hex(), "agent": "custom",
@@ -73,10 +82,17 @@ def test_become_with_a_password_names_the_team_setting_without_interactive_stdin
         client.wait_session(session["session_id"], timeout=120)
         inv = inventory({"box": session["session_id"]}, ansible_user="sandbox")
         with team(plane, interactive_stdin=False, closed_ports=[8443]):
-            res = playbook_runner(BECOME, inv, env, extra_args=["-e", "user_password=%s" % password])
+            res = playbook_runner(BECOME, inv, env, extra_args=["-e", "user_password=%s" % password,
+                                                                "-e", "method=ansible.builtin.sudo"])
+            assert res.rc == 0 and "BECAME=root" in res.stdout, res
+            res = playbook_runner(BECOME, inv, env, extra_args=["-e", "user_password=wrong-%s" % password,
+                                                                "-e", "method=ansible.builtin.sudo"])
+            assert res.rc != 0 and "Incorrect sudo password" in res.stdout, res
+            res = playbook_runner(BECOME, inv, env, extra_args=["-e", "user_password=%s" % password,
+                                                                "-e", "method=ansible.builtin.su"])
         assert res.rc != 0, res
-        assert "interactive stdin (keep_stdin_open)" in res.stdout and "Nothing was run" in res.stdout, res
-        assert password not in res.stdout + res.stderr
+        assert "interactive stdin (keep_stdin_open)" in res.stdout and "become_method sudo" in res.stdout, res
+        assert "Nothing was run" in res.stdout and password not in res.stdout + res.stderr
     finally:
         client.delete_session(session["session_id"])
 
