@@ -90,9 +90,9 @@ wait|kill|drop)
   else
     p=$(cat "$d/pid" 2>/dev/null)
     if [ ! -e "$d/rc" ] && [ -n "$p" ]; then
-      kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null
-      i=0; while kill -0 -- "-$p" 2>/dev/null && [ $i -lt 20 ]; do sleep 0.1; i=$((i + 1)); done
-      kill -KILL -- "-$p" 2>/dev/null
+      kill -TERM "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null
+      i=0; while kill -0 "-$p" 2>/dev/null && [ $i -lt 20 ]; do sleep 0.1; i=$((i + 1)); done
+      kill -KILL "-$p" 2>/dev/null
       [ -e "$d/rc" ] || echo 143 >"$d/rc"
     fi
     if [ "$m" = drop ]; then rm -rf -- "$d"; printf '\n%%s absent\n' "$M" >&2; exit 0; fi
@@ -167,7 +167,7 @@ class Jobs:
             body["stdin"] = base64.b64encode(stdin).decode()
         try:
             conn, resp = self.http.send("POST", "/sandbox/exec", json.dumps(body).encode(),
-                                        {"Content-Type": "application/json", "Accept": "application/json"})
+                                        {"Content-Type": "application/json", "Accept": "application/json"}, call=call)
         except errors.HttpRefused as e:
             if e.status in (404, 410):
                 raise errors.CommandLost("session %s cannot run the command: %s" % (self.label, e)) from e
@@ -179,8 +179,6 @@ class Jobs:
         except (OSError, http.client.HTTPException) as e:
             raise errors.CommandLost("lost the command on session %s before its answer: %s; it may have partly run "
                                      "and is not re-run" % (self.label, e)) from e
-        if call is not None:
-            call.conn = conn
         try:
             if conn.sock is not None:
                 conn.sock.settimeout(max(READ_TIMEOUT, timeout + SLICE_MARGIN))

@@ -76,12 +76,20 @@ class Http:
         return http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout, blocksize=COPY_CHUNK)
 
     def send(self, method: str, path: str, body: bytes | BinaryIO | None = None, headers: dict | None = None,
-             query: dict | None = None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        """(connection, response) of one call; an error status raises HttpRefused (the connection is closed)."""
+             query: dict | None = None, call: Call | None = None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """(connection, response) of one call; an error status raises HttpRefused (the connection is closed).
+
+        With `call`, the connection is the call's from the start: its cancel() hangs up a call still waiting
+        for its answer (a buffered exec says nothing until its command is over)."""
         if self.closed:
             raise errors.GuestUnavailable("the link to session %s was closed" % self.label)
         url = self.base + path + ("?" + urllib.parse.urlencode(query) if query else "")
         conn = self._connection()
+        if call is not None:
+            call.conn = conn
+            if call.cancelled.is_set():
+                conn.close()
+                raise ConnectionAbortedError("the call was cancelled")
         all_headers = {"Authorization": "Bearer " + self._token, "User-Agent": USER_AGENT}
         all_headers.update(headers or {})
         try:
