@@ -47,10 +47,13 @@ def leftovers(client):
 
 
 def test_output_past_the_cap_arrives_whole(client):
-    """3 MB of stdout and 1.5 MB of stderr, each past the answer's 1 MiB, arrive byte for byte."""
+    """3 MB of stdout and 1.5 MB of stderr, each past the answer's 1 MiB, arrive byte for byte; so do bytes the
+    answer's text could not carry."""
     script = "head -c 3000000 /dev/urandom | od -An -v -tx1 | head -c 3000000; head -c 1500000 /dev/zero | tr '\\0' e >&2"
     exit_, out, err = run(client, ["sh", "-c", script])
     assert exit_.exit_code == 0 and len(out) == 3000000 and err == b"e" * 1500000
+    exit_, out, err = run(client, ["sh", "-c", "printf 'caf\\303\\251\\n'; printf '\\377\\000bin' >&2"])
+    assert (out, err) == ("café\n".encode(), b"\xff\x00bin"), "bytes that are not UTF-8 text come exact too"
     assert leftovers(client) == []
 
 

@@ -51,6 +51,7 @@ ONE_SHOT_MAX = 512 * 1024             # stdin bytes sent inline; base64 of more 
 INLINE_MAX = STREAM_CAP - 4096        # output the script sends inline (room for its trailer under the cap)
 WAIT_SLICE = 20                       # seconds one exec waits for a job: well under idle cuts of proxies on the way
 SLICE_MARGIN = 10                     # the exec's timeout_seconds is its slice plus this
+STDIN_INLINE, STDIN_STAGED, STDIN_NONE = "0", "1", "2"  # how the job script gets the command's stdin
 HELPER_TIMEOUT = 60                   # the documented default, for the road's own short commands
 JOBS_DIR = ".api-jobs"                # under the session's scratch dir
 TRAILER = b"@@microvm-api-job@@"
@@ -58,12 +59,17 @@ TRAILER = b"@@microvm-api-job@@"
 # present"); these are the local plane's. Never the only witness: a stream as long as the cap is taken as cut too.
 TRUNCATED_HEADERS = {"stdout": "X-Exec-Stdout-Truncated", "stderr": "X-Exec-Stderr-Truncated"}
 
-# $1 mode (run, wait, kill, drop), $2 job dir, $3 seconds to wait; run: $4 1 if stdin is staged, then argv.
+# $1 mode (run, wait, kill, drop), $2 job dir, $3 seconds to wait; run: $4 how stdin comes (STDIN_*), then argv.
+# Output goes inline only when it is small and UTF-8 text (the answer carries text: other bytes could change).
 JOB_SCRIPT = r"""m=$1 d=$2 w=$3; shift 3
 M='%(trailer)s'
+text() {
+  if command -v iconv >/dev/null 2>&1; then iconv -f UTF-8 -t UTF-8 "$d/out" "$d/err" >/dev/null 2>&1
+  else ! LC_ALL=C grep -q "$(printf '[\200-\377]')" "$d/out" "$d/err" 2>/dev/null; fi
+}
 emit() {
   os=$(($(wc -c <"$d/out"))) es=$(($(wc -c <"$d/err"))) rc=$(cat "$d/rc")
-  if [ "$os" -lt %(inline)d ] && [ "$es" -lt %(inline)d ]; then
+  if [ "$os" -lt %(inline)d ] && [ "$es" -lt %(inline)d ] && text; then
     cat "$d/out"; cat "$d/err" >&2; rm -rf -- "$d"; k=0
   else k=1; fi
   printf '\n%%s done %%s %%s %%s %%s\n' "$M" "$rc" "$os" "$es" "$k" >&2
@@ -72,7 +78,7 @@ case $m in
 run)
   s=$1; shift
   mkdir -p -- "$d" || exit 1
-  if [ "$s" != 1 ]; then cat >"$d/in" || exit 1; fi
+  case $s in 0) cat >"$d/in" || exit 1 ;; 2) : >"$d/in" || exit 1 ;; esac
   : >"$d/out" && : >"$d/err" || exit 1
   S=; command -v setsid >/dev/null 2>&1 && S=setsid
   $S /bin/sh -c 'd=$1; shift; "$@" <"$d/in" >"$d/out" 2>"$d/err"; echo $? >"$d/rc.t" && mv -f "$d/rc.t" "$d/rc"' \
@@ -182,7 +188,7 @@ class Jobs:
         try:
             if conn.sock is not None:
                 conn.sock.settimeout(max(READ_TIMEOUT, timeout + SLICE_MARGIN))
-            raw = resp.read(8 * STREAM_CAP)
+            raw = resp.read(16 * STREAM_CAP)  # two capped streams, escaped in JSON at worst
             return parse_answer(json.loads(raw.decode("utf-8") or "{}"), resp.headers)
         except (OSError, http.client.HTTPException, ValueError) as e:
             raise errors.CommandLost("lost the answer of a command on session %s: %s; it may have partly run and is "
@@ -215,7 +221,8 @@ class Jobs:
             staged = len(stdin) > ONE_SHOT_MAX
             if staged:
                 self._stage(stdin, job)
-            answer = self._script("run", job, self._wait(deadline), ["1" if staged else "0"] + list(call.argv),
+            how = STDIN_STAGED if staged else STDIN_INLINE if stdin else STDIN_NONE  # none: never wait on an open stdin
+            answer = self._script("run", job, self._wait(deadline), [how] + list(call.argv),
                                   stdin=b"" if staged else stdin, workdir=call.workdir, call=call)
             probed = False
             while True:
@@ -291,8 +298,8 @@ class Jobs:
             got = {"stdout": answer.stdout, "stderr": stderr}
             for name, data in got.items():
                 if len(data) != sizes[name]:
-                    log.warning("session %s: the platform changed the %s of a command (%d bytes, %d in the guest): it "
-                                "carries text, and this was not UTF-8", self.label, name, len(data), sizes[name])
+                    log.warning("session %s: the %s of a command came as %d bytes, %d in the guest", self.label, name,
+                                len(data), sizes[name])
                 if data:
                     yield name, data
             return

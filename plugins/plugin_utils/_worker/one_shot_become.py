@@ -6,10 +6,10 @@
 The documented exec delivers stdin whole, then closes it; a password prompt cannot be answered as it
 appears (that needs the team's interactive stdin). sudo -S (ansible.builtin.sudo's default flags) reads its
 password from stdin before the command reads anything, so the password goes FIRST on the one-shot stdin,
-and the rest of stdin is the command's. Where sudo will not prompt (the user is root, or sudo -n succeeds:
-NOPASSWD, a cached ticket), a small guest-side script takes the password line off again, so it never
-reaches the command. What sudo printed is then judged after the fact, as the interaction would have:
-its prompt seen, its success marker, its "incorrect password" text (the caller's checks).
+and the rest of stdin is the command's. Where sudo will not prompt (`<become_exe> -n true` succeeds: root,
+NOPASSWD), a small guest-side script takes the password line off again, so it never reaches the command.
+What sudo printed is then judged after the fact, as the interaction would have: its prompt seen, its
+success marker, its "incorrect password" text (the caller's checks).
 
 su has no -S: with a password on the api road it is left to interactive stdin, which the mux refuses at
 once, naming sudo and the team setting, when the team does not have it.
@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 # $1 the become exe; then the become command. The password line is taken off stdin when sudo will not ask.
-PASSWORD_FIRST = 'e=$1; shift; if [ "$(id -u)" = 0 ] || "$e" -n true </dev/null >/dev/null 2>&1; then IFS= read -r _ || :; fi; exec "$@"'
+# $e unquoted: a become_exe of several words ("sudo -u dev sudo") is split as the become command splits it.
+PASSWORD_FIRST = 'e=$1; shift; if $e -n true </dev/null >/dev/null 2>&1; then IFS= read -r _ || :; fi; exec "$@"'
 SUDO_NAMES = ("sudo", "ansible.builtin.sudo")
 
 
