@@ -11,18 +11,19 @@ Every command runs as a JOB so that neither bound reaches it:
 - a small sh script (JOB_SCRIPT; argv has no shell, so it is ["/bin/sh", "-c", script, "sh", ...]) keeps the
   one-shot stdin in a file of the job's scratch dir, starts the command in its own session (setsid) with its
   stdout and stderr in files there, and waits for it at most one slice (WAIT_SLICE, under the clamp);
-- a command that ends within the slice answers in that same exec: its output inline when both streams fit
-  well under the cap (the job dir is then removed by the script), else the files are downloaded through the
-  documented file API and removed; a cut is never taken for the whole;
-- a longer one is polled with short execs (each waits one slice) until it ends, and stopped (its process group
-  killed) at its timeout, when its worker goes away, or when the road gives up on it;
+- a command that ends within the slice answers in that same exec, its output inline (base64: the answer's
+  text would not carry every byte) when the rest fits well under the cap, else the files are downloaded
+  through the documented file API and removed; a cut is never taken for the whole;
+- a longer one is polled with short execs (each waits at most one slice, less once STEP new bytes of output
+  are there, which it brings), so output flows while it runs; it is stopped (its process group killed) at its
+  timeout, when its worker goes away (a worker over its output limit hangs up too), or when the road gives up;
 - stdin bigger than one request body carries is uploaded into the job dir first (staged).
 
 What the script says about the job comes on the last line of stderr, after a marker (TRAILER): `done <rc>
-<stdout bytes> <stderr bytes> <kept>`, `running`, or `absent`. An answer without it (the exec was cut by the
-platform's clamp, say) is followed by a probe of the job; a job that never started is reported with what the
-script printed. The truncation headers are OUR READING (no page names them): TRUNCATED_HEADERS, used only as a
-second witness beside a stream's length reaching the cap.
+<stdout bytes> <stderr bytes> <kept>`, `running <stdout bytes> <stderr bytes>` (read so far), or `absent`. An
+answer without it (the exec was cut by the platform's clamp, say) is followed by a probe of the job; a job that
+never started is reported with what the script printed. The truncation headers are OUR READING (no page names
+them): TRUNCATED_HEADERS, used only as a second witness beside a stream's length reaching the cap.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ log = logging.getLogger("microvm.mux")
 EXEC_MAX_TIMEOUT = 240                # "Clamped server-side (default 60, maximum 240)" (post_session_sandbox_exec)
 STREAM_CAP = 1024 * 1024              # "capped at 1 MiB each"
 ONE_SHOT_MAX = 512 * 1024             # stdin bytes sent inline; base64 of more would pass a 1 MiB request body
-INLINE_MAX = STREAM_CAP - 4096        # output the script sends inline (room for its trailer under the cap)
+INLINE_MAX = 640 * 1024               # output bytes the script sends inline at the end: as base64, under the cap
+STEP = 512 * 1024                     # output bytes a poll of a running job brings, per stream (base64: under the cap)
 WAIT_SLICE = 20                       # seconds one exec waits for a job: well under idle cuts of proxies on the way
 SLICE_MARGIN = 10                     # the exec's timeout_seconds is its slice plus this
 STDIN_INLINE, STDIN_STAGED, STDIN_NONE = "0", "1", "2"  # how the job script gets the command's stdin
@@ -59,20 +61,31 @@ TRAILER = b"@@microvm-api-job@@"
 # present"); these are the local plane's. Never the only witness: a stream as long as the cap is taken as cut too.
 TRUNCATED_HEADERS = {"stdout": "X-Exec-Stdout-Truncated", "stderr": "X-Exec-Stderr-Truncated"}
 
-# $1 mode (run, wait, kill, drop), $2 job dir, $3 seconds to wait; run: $4 how stdin comes (STDIN_*), then argv.
-# Output goes inline only when it is small and UTF-8 text (the answer carries text: other bytes could change).
-JOB_SCRIPT = r"""m=$1 d=$2 w=$3; shift 3
+# $1 mode (run, wait, kill, drop), $2 job dir, $3 seconds to wait at most, $4 $5 the stdout and stderr bytes the road
+# has already; run: $6 how stdin comes (STDIN_*), then argv. A wait ends early once STEP new bytes are there, so output
+# flows while the command runs (a worker over its output limit hangs up, which stops the job). Output travels base64
+# (the answer carries text: other bytes could change); without base64(1) in the guest it is downloaded instead.
+JOB_SCRIPT = r"""m=$1 d=$2 w=$3 oo=$4 eo=$5; shift 5
 M='%(trailer)s'
-text() {
-  if command -v iconv >/dev/null 2>&1; then iconv -f UTF-8 -t UTF-8 "$d/out" "$d/err" >/dev/null 2>&1
-  else ! LC_ALL=C grep -q "$(printf '[\200-\377]')" "$d/out" "$d/err" 2>/dev/null; fi
-}
+S=%(step)d
+size() { os=$(($(wc -c <"$d/out"))) es=$(($(wc -c <"$d/err"))); }
+fresh() { size; [ $((os - oo + es - eo)) -ge $S ]; }
+b64() { tail -c +$(($2 + 1)) "$1" | head -c "$3" | base64; }
 emit() {
-  os=$(($(wc -c <"$d/out"))) es=$(($(wc -c <"$d/err"))) rc=$(cat "$d/rc")
-  if [ "$os" -lt %(inline)d ] && [ "$es" -lt %(inline)d ] && text; then
-    cat "$d/out"; cat "$d/err" >&2; rm -rf -- "$d"; k=0
-  else k=1; fi
-  printf '\n%%s done %%s %%s %%s %%s\n' "$M" "$rc" "$os" "$es" "$k" >&2
+  size
+  if [ -e "$d/rc" ]; then
+    rc=$(cat "$d/rc")
+    if command -v base64 >/dev/null 2>&1 && [ $((os - oo)) -le %(inline)d ] && [ $((es - eo)) -le %(inline)d ]; then
+      b64 "$d/out" "$oo" $((os - oo)); b64 "$d/err" "$eo" $((es - eo)) >&2; rm -rf -- "$d"; k=0
+    else k=1; fi
+    printf '\n%%s done %%s %%s %%s %%s\n' "$M" "$rc" "$os" "$es" "$k" >&2
+  else
+    if command -v base64 >/dev/null 2>&1; then
+      no=$((os - oo)) ne=$((es - eo)); [ $no -le $S ] || no=$S; [ $ne -le $S ] || ne=$S
+      b64 "$d/out" "$oo" $no; b64 "$d/err" "$eo" $ne >&2; oo=$((oo + no)) eo=$((eo + ne))
+    fi
+    printf '\n%%s running %%s %%s\n' "$M" "$oo" "$eo" >&2
+  fi
 }
 case $m in
 run)
@@ -80,19 +93,19 @@ run)
   mkdir -p -- "$d" || exit 1
   case $s in 0) cat >"$d/in" || exit 1 ;; 2) : >"$d/in" || exit 1 ;; esac
   : >"$d/out" && : >"$d/err" || exit 1
-  S=; command -v setsid >/dev/null 2>&1 && S=setsid
-  $S /bin/sh -c 'd=$1; shift; "$@" <"$d/in" >"$d/out" 2>"$d/err"; echo $? >"$d/rc.t" && mv -f "$d/rc.t" "$d/rc"' \
+  X=; command -v setsid >/dev/null 2>&1 && X=setsid
+  $X /bin/sh -c 'd=$1; shift; "$@" <"$d/in" >"$d/out" 2>"$d/err"; echo $? >"$d/rc.t" && mv -f "$d/rc.t" "$d/rc"' \
     sh "$d" "$@" </dev/null >/dev/null 2>&1 &
   p=$!; echo "$p" >"$d/pid"
   trap : USR1
-  (sleep "$w"; kill -USR1 $$) </dev/null >/dev/null 2>&1 &
+  (i=0; while [ $i -lt $((w * 10)) ] && ! fresh; do sleep 0.1; i=$((i + 1)); done; kill -USR1 $$) </dev/null >/dev/null 2>&1 &
   t=$!
   wait "$p"
   kill "$t" 2>/dev/null ;;
 wait|kill|drop)
   if [ ! -d "$d" ]; then printf '\n%%s absent\n' "$M" >&2; exit 0; fi
   if [ "$m" = wait ]; then
-    i=0; while [ ! -e "$d/rc" ] && [ $i -lt $((w * 10)) ]; do sleep 0.1; i=$((i + 1)); done
+    i=0; while [ ! -e "$d/rc" ] && [ $i -lt $((w * 10)) ] && ! fresh; do sleep 0.1; i=$((i + 1)); done
   else
     p=$(cat "$d/pid" 2>/dev/null)
     if [ ! -e "$d/rc" ] && [ -n "$p" ]; then
@@ -104,8 +117,8 @@ wait|kill|drop)
     if [ "$m" = drop ]; then rm -rf -- "$d"; printf '\n%%s absent\n' "$M" >&2; exit 0; fi
   fi ;;
 esac
-if [ -e "$d/rc" ]; then emit; else printf '\n%%s running\n' "$M" >&2; fi
-""" % {"trailer": TRAILER.decode(), "inline": INLINE_MAX}
+emit
+""" % {"trailer": TRAILER.decode(), "inline": INLINE_MAX, "step": STEP}
 
 
 class Answer:
@@ -198,10 +211,11 @@ class Jobs:
                 call.conn = None
             conn.close()
 
-    def _script(self, mode: str, job: str, wait: int, args: Sequence[str] = (), stdin: bytes = b"", workdir: str = "",
-                call: Call | None = None) -> Answer:
-        answer = self.raw(["/bin/sh", "-c", JOB_SCRIPT, "sh", mode, job, str(wait)] + list(args), stdin=stdin,
-                          timeout=wait + SLICE_MARGIN, workdir=workdir, call=call)
+    def _script(self, mode: str, job: str, wait: int, have: tuple[int, int] = (0, 0), args: Sequence[str] = (),
+                stdin: bytes = b"", workdir: str = "", call: Call | None = None) -> Answer:
+        """One run of JOB_SCRIPT; `have` is the stdout and stderr bytes already read."""
+        answer = self.raw(["/bin/sh", "-c", JOB_SCRIPT, "sh", mode, job, str(wait), str(have[0]), str(have[1])] + list(args),
+                          stdin=stdin, timeout=wait + SLICE_MARGIN, workdir=workdir, call=call)
         if trailer(answer) is None and 1000 <= answer.duration_ms < wait * 1000:
             # the platform ended the exec before its slice: it clamps harder than documented; wait less per exec
             self.slice = max(1, min(self.slice, answer.duration_ms // 1000 - 1))
@@ -211,18 +225,20 @@ class Jobs:
 
     # -- a command as a job -----------------------------------------------------------------
     def run(self, call: Call, stdin: bytes) -> Iterator[tuple[str, Any]]:
-        """('stdout'|'stderr', bytes) and last ('exit', ExecResult) of call.argv run as a job; CommandLost otherwise."""
+        """('stdout'|'stderr', bytes) as they come and last ('exit', ExecResult) of call.argv run as a job;
+        CommandLost otherwise."""
         job = posixpath.join(self.jobs_dir, uuid.uuid4().hex)
         started = time.monotonic()
         deadline = started + call.timeout if call.timeout else None
         finished = False
         timed_out = False
+        have = [0, 0]  # stdout and stderr bytes read so far
         try:
             staged = len(stdin) > ONE_SHOT_MAX
             if staged:
                 self._stage(stdin, job)
             how = STDIN_STAGED if staged else STDIN_INLINE if stdin else STDIN_NONE  # none: never wait on an open stdin
-            answer = self._script("run", job, self._wait(deadline), [how] + list(call.argv),
+            answer = self._script("run", job, self._wait(deadline), (0, 0), [how] + list(call.argv),
                                   stdin=b"" if staged else stdin, workdir=call.workdir, call=call)
             probed = False
             while True:
@@ -233,25 +249,26 @@ class Jobs:
                                                  "partly run and is not re-run" % (self.label, job, _text(answer.stderr)))
                     probed = True
                     first = answer
-                    answer = self._script("wait", job, 0, call=call)
+                    answer = self._script("wait", job, 0, (have[0], have[1]), call=call)
                     if (trailer(answer) or [[""]])[0][:1] == ["absent"]:
                         raise errors.SandboxError("session %s: the command could not be started (exit code %d): %s"
                                                   % (self.label, first.exit_code, _text(first.stderr)))
                     continue
                 probed = False
-                state = said[0][:1]
-                if state == ["done"]:
+                words, b64err = said
+                if words[:1] == ["done"] and len(words) == 5:
                     break
-                if state != ["running"]:
+                if words[:1] != ["running"] or len(words) != 3:
                     raise errors.CommandLost("session %s: the command's job at %s is gone before its end was read (%s); "
-                                             "it may have partly run and is not re-run" % (self.label, job, " ".join(said[0])))
+                                             "it may have partly run and is not re-run" % (self.label, job, " ".join(words)))
+                yield from self._inline(answer.stdout, b64err, have, int(words[1]), int(words[2]))
                 self._check_cancelled(call)
                 if deadline is not None and time.monotonic() >= deadline:
                     timed_out = True
-                    answer = self._script("kill", job, 0, call=call)
+                    answer = self._script("kill", job, 0, (have[0], have[1]), call=call)
                 else:
-                    answer = self._script("wait", job, self._wait(deadline), call=call)
-            yield from self._output(answer, job)
+                    answer = self._script("wait", job, self._wait(deadline), (have[0], have[1]), call=call)
+            yield from self._output(answer, job, have)
             finished = True
         except errors.SandboxError:
             self._check_cancelled(call)
@@ -259,8 +276,22 @@ class Jobs:
         finally:
             if not finished:
                 self._drop(job)
-        words = (trailer(answer) or [["done", "-1"]])[0]
         yield "exit", ac.ExecResult(int(words[1]), timed_out, int((time.monotonic() - started) * 1000))
+
+    def _inline(self, b64out: bytes, b64err: bytes, have: list[int], out_to: int, err_to: int) -> Iterator[tuple[str, bytes]]:
+        """The output an answer carried (base64), checked against the offsets the script says it reached."""
+        try:
+            out, err = base64.b64decode(b64out), base64.b64decode(b64err)
+        except ValueError as e:
+            raise errors.CommandLost("session %s: the output of a command came garbled (%s); it is not re-run" % (self.label, e)) from e
+        if len(out) != out_to - have[0] or len(err) != err_to - have[1]:
+            raise errors.CommandLost("session %s: the output of a command came cut (%d and %d bytes, %d and %d sent); it "
+                                     "is not re-run" % (self.label, len(out), len(err), out_to - have[0], err_to - have[1]))
+        have[0], have[1] = out_to, err_to
+        if out:
+            yield "stdout", out
+        if err:
+            yield "stderr", err
 
     def _wait(self, deadline: float | None) -> int:
         if deadline is None:
@@ -284,33 +315,28 @@ class Jobs:
         finally:
             os.unlink(local)
 
-    def _output(self, answer: Answer, job: str) -> Iterator[tuple[str, bytes]]:
-        """The command's stdout and stderr, whole: inline when the script sent them, else downloaded from the job."""
+    def _output(self, answer: Answer, job: str, have: list[int]) -> Iterator[tuple[str, bytes]]:
+        """The rest of the command's stdout and stderr, whole: inline when the script sent it, else downloaded."""
         said = trailer(answer)
         if said is None:  # never: only a done answer comes here
             raise errors.CommandLost("session %s: the end of the command was not read" % self.label)
-        words, stderr = said
-        sizes = {"stdout": int(words[2]), "stderr": int(words[3])}
+        words, b64err = said
+        sizes = (int(words[2]), int(words[3]))
         if words[4] == "0":
             if answer.cut:
                 raise errors.CommandLost("session %s: the platform cut the %s of a command the road sent whole; its "
                                          "output is lost (not re-run)" % (self.label, " and ".join(answer.cut)))
-            got = {"stdout": answer.stdout, "stderr": stderr}
-            for name, data in got.items():
-                if len(data) != sizes[name]:
-                    log.warning("session %s: the %s of a command came as %d bytes, %d in the guest", self.label, name,
-                                len(data), sizes[name])
-                if data:
-                    yield name, data
+            yield from self._inline(answer.stdout, b64err, have, sizes[0], sizes[1])
             return
         try:
-            for name in ("stdout", "stderr"):
-                if sizes[name]:
-                    yield from self._fetch(posixpath.join(job, "out" if name == "stdout" else "err"), name, sizes[name])
+            for i, name in enumerate(("stdout", "stderr")):
+                if sizes[i] > have[i]:
+                    yield from self._fetch(posixpath.join(job, "out" if i == 0 else "err"), name, sizes[i], have[i])
         finally:
             self._drop(job)
 
-    def _fetch(self, remote: str, name: str, size: int) -> Iterator[tuple[str, bytes]]:
+    def _fetch(self, remote: str, name: str, size: int, skip: int) -> Iterator[tuple[str, bytes]]:
+        """A job's output file through the file API, from byte `skip` on (what came before was read already)."""
         fd, local = tempfile.mkstemp(prefix=".microvm-%s." % name)
         os.close(fd)
         try:
@@ -319,6 +345,7 @@ class Jobs:
                 raise errors.CommandLost("session %s: the %s of the command is %d bytes in the guest, %d came; it is "
                                          "not re-run" % (self.label, name, size, got))
             with open(local, "rb") as f:
+                f.seek(skip)
                 for chunk in iter(lambda: f.read(STREAM_CAP), b""):
                     yield name, chunk
         finally:

@@ -67,9 +67,9 @@ def answer(exit_code=0, stdout="", stderr="", duration_ms=5, headers=None):
 
 
 def job_done(rc, out, err, kept=0, **kw):
-    """What the job script answers for a job that ended (api_exec.JOB_SCRIPT)."""
+    """What the job script answers for a job that ended (api_exec.JOB_SCRIPT): its output base64, then its word."""
     trailer = "\n%s done %d %d %d %d\n" % (api_exec.TRAILER.decode(), rc, len(out), len(err), kept)
-    return answer(0, out, err + trailer, **kw)
+    return answer(0, b64(out.encode()), b64(err.encode()) + trailer, **kw)
 
 
 def test_the_documented_answer_parses_exactly_as_the_pages_print_it():
@@ -94,7 +94,7 @@ def test_exec_is_one_buffered_job_and_carries_env_through_env1(fake):
     doc = json.loads(body)
     assert headers["Accept"] == "application/json" and headers["Authorization"] == "Bearer tok"
     assert doc["argv"][:5] == ["/bin/sh", "-c", api_exec.JOB_SCRIPT, "sh", "run"]
-    assert doc["argv"][6:] == [str(api_exec.WAIT_SLICE), "0", "/usr/bin/env", "--", "A=1 2", "printenv", "A"]
+    assert doc["argv"][6:] == [str(api_exec.WAIT_SLICE), "0", "0", "0", "/usr/bin/env", "--", "A=1 2", "printenv", "A"]
     assert doc["argv"][5].startswith("/workspace/.scratch/.api-jobs/")
     assert base64.b64decode(doc["stdin"]) == b"in" and doc["timeout_seconds"] <= api_exec.EXEC_MAX_TIMEOUT
     assert "keep_stdin_open" not in doc
@@ -102,14 +102,16 @@ def test_exec_is_one_buffered_job_and_carries_env_through_env1(fake):
 
 def test_a_job_that_outlives_one_exec_is_polled_and_a_cut_answer_probed(fake):
     server, client = fake
-    running = answer(0, "", "\n%s running\n" % api_exec.TRAILER.decode())
-    server.answers[("POST", route("/sandbox/exec"))] = [answer(137, "", "", duration_ms=3000), running, running,
-                                                        job_done(0, "late", "")]
+    running = answer(0, "", "\n%s running 0 0\n" % api_exec.TRAILER.decode())
+    early = answer(0, b64(b"early "), "\n%s running 6 0\n" % api_exec.TRAILER.decode())
+    done = answer(0, b64(b"late"), "\n%s done 0 10 0 0\n" % api_exec.TRAILER.decode())
+    server.answers[("POST", route("/sandbox/exec"))] = [answer(137, "", "", duration_ms=3000), running, early, done]
     result = client.exec(["sleep", "300"])
-    assert (result.exit_code, result.stdout) == (0, b"late")
+    assert (result.exit_code, result.stdout) == (0, b"early late")
     modes = [json.loads(seen[3])["argv"][4] for seen in server.seen]
     assert modes == ["run", "wait", "wait", "wait"]
     assert json.loads(server.seen[2][3])["argv"][6] == "2"  # the exec cut at 3 s taught the road to wait less
+    assert json.loads(server.seen[3][3])["argv"][7:9] == ["6", "0"]  # a poll says what the road has read
 
 
 def test_a_job_that_never_started_says_why(fake):
