@@ -51,6 +51,7 @@ STREAM_CAP = 1024 * 1024              # "capped at 1 MiB each"
 ONE_SHOT_MAX = 512 * 1024             # stdin bytes sent inline; base64 of more would pass a 1 MiB request body
 INLINE_MAX = 640 * 1024               # output bytes the script sends inline at the end: as base64, under the cap
 STEP = 512 * 1024                     # output bytes a poll of a running job brings, per stream (base64: under the cap)
+BACKLOG = 4 * 1024 * 1024             # output not yet read past which a job is paused (SIGSTOP) until the road catches up
 WAIT_SLICE = 20                       # seconds one exec waits for a job: well under idle cuts of proxies on the way
 SLICE_MARGIN = 10                     # the exec's timeout_seconds is its slice plus this
 STDIN_INLINE, STDIN_STAGED, STDIN_NONE = "0", "1", "2"  # how the job script gets the command's stdin
@@ -63,7 +64,8 @@ TRUNCATED_HEADERS = {"stdout": "X-Exec-Stdout-Truncated", "stderr": "X-Exec-Stde
 
 # $1 mode (run, wait, kill, drop), $2 job dir, $3 seconds to wait at most, $4 $5 the stdout and stderr bytes the road
 # has already; run: $6 how stdin comes (STDIN_*), then argv. A wait ends early once STEP new bytes are there, so output
-# flows while the command runs (a worker over its output limit hangs up, which stops the job). Output travels base64
+# flows while the command runs (a worker over its output limit hangs up, which stops the job), and a job more than
+# BACKLOG bytes ahead of the road is paused until it catches up, as a pipe would hold it. Output travels base64
 # (the answer carries text: other bytes could change); without base64(1) in the guest it is downloaded instead.
 JOB_SCRIPT = r"""m=$1 d=$2 w=$3 oo=$4 eo=$5; shift 5
 M='%(trailer)s'
@@ -83,6 +85,9 @@ emit() {
     if command -v base64 >/dev/null 2>&1; then
       no=$((os - oo)) ne=$((es - eo)); [ $no -le $S ] || no=$S; [ $ne -le $S ] || ne=$S
       b64 "$d/out" "$oo" $no; b64 "$d/err" "$eo" $ne >&2; oo=$((oo + no)) eo=$((eo + ne))
+      p=$(cat "$d/pid" 2>/dev/null)
+      if [ $((os - oo)) -gt %(backlog)d ] || [ $((es - eo)) -gt %(backlog)d ]; then kill -STOP "-$p" 2>/dev/null
+      else kill -CONT "-$p" 2>/dev/null; fi
     fi
     printf '\n%%s running %%s %%s\n' "$M" "$oo" "$eo" >&2
   fi
@@ -110,6 +115,7 @@ wait|kill|drop)
     p=$(cat "$d/pid" 2>/dev/null)
     if [ ! -e "$d/rc" ] && [ -n "$p" ]; then
       kill -TERM "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null
+      kill -CONT "-$p" 2>/dev/null
       i=0; while kill -0 "-$p" 2>/dev/null && [ $i -lt 20 ]; do sleep 0.1; i=$((i + 1)); done
       kill -KILL "-$p" 2>/dev/null
       [ -e "$d/rc" ] || echo 143 >"$d/rc"
@@ -118,7 +124,7 @@ wait|kill|drop)
   fi ;;
 esac
 emit
-""" % {"trailer": TRAILER.decode(), "inline": INLINE_MAX, "step": STEP}
+""" % {"trailer": TRAILER.decode(), "inline": INLINE_MAX, "step": STEP, "backlog": BACKLOG}
 
 
 class Answer:
