@@ -120,10 +120,11 @@ options:
     description:
       - The road into the sandbox.
       - V(agent) is the gRPC guest agent on O(agent_port) through the port-forward (the fast road, every feature).
-      - V(api) is the platform's documented exec (Server-Sent Events) and workspace file API only, for templates
-        without the agent or networks that block the port-forward. Each command is limited to 240 seconds by the
-        platform, there is no warm runner, and stdin while a command runs (become with a password,
-        M(microvm.sandbox.sync)) needs the team's interactive stdin; see docs/connection.md.
+      - V(api) is the platform's documented exec (its buffered answer) and workspace file API only, for templates
+        without the agent or networks that block the port-forward. Each command runs as a job in the scratch dir, so
+        neither the answer's 1 MiB per stream nor the platform's 240 second exec limit cuts it; there is no warm
+        runner; C(sudo) with a password sends it first on the command's stdin; stdin while a command runs (C(su)
+        with a password, M(microvm.sandbox.sync)) needs the team's interactive stdin; see docs/connection.md.
       - V(auto) tries the agent and falls back to V(api) when the agent port does not answer within 5 seconds of the
         session being usable.
     type: str
