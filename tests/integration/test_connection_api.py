@@ -164,12 +164,12 @@ def test_big_files_past_the_streaming_bounds_go_staged_both_ways(plane, sandbox,
 def test_a_staged_download_corrupted_in_object_storage_never_lands(plane, sandbox, env, tmp_path, monkeypatch):
     """The real plane and guest, the object flipped by one byte in the plane's store once the export completed:
     the api road refuses it on its sha256 and leaves nothing at the destination."""
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_road
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_road, api_transfer
     client = api_road.ApiRoadClient(plane.url, "/v2/harness-runtime", plane.token, sandbox["session_id"], "box")
     distinct_mebibytes(tmp_path / "src", 3)
     client.upload(str(tmp_path / "src"), "/workspace/corrupt.bin")
-    monkeypatch.setattr(api_road, "STREAM_DOWNLOAD_MAX", 1 << 20)  # 3 MiB go staged
-    real = api_road.ApiRoadClient._await_transfer
+    monkeypatch.setattr(api_transfer, "STREAM_DOWNLOAD_MAX", 1 << 20)  # 3 MiB go staged
+    real = api_transfer.Transfers._await_transfer
 
     def corrupt_after(self, tid, remote_path, verb):
         doc = real(self, tid, remote_path, verb)
@@ -180,10 +180,10 @@ def test_a_staged_download_corrupted_in_object_storage_never_lands(plane, sandbo
             f.write(bytes([byte[0] ^ 1]))
         return doc
 
-    monkeypatch.setattr(api_road.ApiRoadClient, "_await_transfer", corrupt_after)
+    monkeypatch.setattr(api_transfer.Transfers, "_await_transfer", corrupt_after)
     with pytest.raises(errors.ChecksumMismatch, match="sha256"):
         client.download("/workspace/corrupt.bin", str(tmp_path / "dest"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
-    monkeypatch.setattr(api_road.ApiRoadClient, "_await_transfer", real)
+    monkeypatch.setattr(api_transfer.Transfers, "_await_transfer", real)
     assert client.download("/workspace/corrupt.bin", str(tmp_path / "dest")) == 3 << 20
     assert sha1(tmp_path / "dest") == sha1(tmp_path / "src")
