@@ -77,10 +77,10 @@ def main():
             if os.path.getsize(os.path.join(tmp, name)) != args.size_mib << 20:
                 raise RuntimeError("%s has the wrong size" % name)
         seconds = {name: statistics.median(r) for name, r in runs.items()}
-        from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_road
+        from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_transfer
         size = args.size_mib << 20
-        api_ways = {"in": "staged" if size > api_road.MAX_UPLOAD else "streaming",
-                    "out": "staged" if size > api_road.STREAM_DOWNLOAD_MAX else "streaming"}
+        api_ways = {"in": "staged" if size > api_transfer.MAX_UPLOAD else "streaming",
+                    "out": "staged" if size > api_transfer.STREAM_DOWNLOAD_MAX else "streaming"}
         mib = float(args.size_mib)
         result = {
             "tasks": 30, "repeat": args.repeat, "runs_seconds": times, "per_task_seconds": per_task,

@@ -16,9 +16,11 @@ import os
 import posixpath
 import shutil
 import tempfile
+import time
 import uuid
 
 import grpc
+from aiohttp import web
 
 from . import contract
 from .bridge import pipe
@@ -91,7 +93,15 @@ def rpc_failure(e, what):
 
 
 # -- REST exec ------------------------------------------------------------------
-def parse_exec(doc):
+# Our reading of "truncation is indicated via response headers when present" (no page names them): these two,
+# "true" on a stream the 1 MiB cap cut. The collection never relies on them alone (_mux/api_exec.py).
+TRUNCATED_HEADERS = {"stdout": "X-Exec-Stdout-Truncated", "stderr": "X-Exec-Stderr-Truncated"}
+
+
+def parse_exec(doc, max_timeout=contract.EXEC_MAX_TIMEOUT):
+    """(argv, workdir, timeout, stdin) of an exec body; timeout_seconds is "clamped server-side (default 60, maximum
+    240) regardless of the value sent": a missing, zero or negative one is the default, a bigger one the maximum
+    (the plane's exec_max_timeout setting, dataplane.py)."""
     argv = doc.get("argv")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise ApiFailure(400, "argv must be a non-empty list of strings (there is no implicit shell)")
@@ -99,11 +109,11 @@ def parse_exec(doc):
     if not isinstance(workdir, str) or not workdir.startswith("/"):
         raise ApiFailure(400, "workdir must be an absolute path, got %r" % (workdir,))
     timeout = doc.get("timeout_seconds")
-    if timeout is None or timeout == 0:
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int)):
+        raise ApiFailure(400, "timeout_seconds must be a whole number, got %r" % (timeout,))
+    if timeout is None or timeout <= 0:
         timeout = contract.EXEC_DEFAULT_TIMEOUT
-    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
-        raise ApiFailure(400, "timeout_seconds must be a positive whole number, got %r" % (timeout,))
-    timeout = min(timeout, contract.EXEC_MAX_TIMEOUT)
+    timeout = min(timeout, max_timeout)
     stdin = doc.get("stdin")
     data = b""
     if stdin is not None:
@@ -116,32 +126,41 @@ def parse_exec(doc):
     return argv, workdir, timeout, data
 
 
-async def rest_exec(guest, doc):
-    argv, workdir, timeout, stdin = parse_exec(doc)
+async def rest_exec(guest, doc, max_timeout=contract.EXEC_MAX_TIMEOUT):
+    """The documented buffered answer {exit_code, stdout, stderr, duration_ms}: each stream capped at 1 MiB (a cut
+    one named in its header), a non-zero exit still HTTP 200."""
+    argv, workdir, timeout, stdin = parse_exec(doc, max_timeout)
 
     async def requests():
         yield pb2.ExecRequest(start=pb2.ExecStart(argv=argv, workdir=workdir, timeout_seconds=timeout))
         for i in range(0, len(stdin), contract.TRANSFER_CHUNK):
             yield pb2.ExecRequest(stdin=stdin[i:i + contract.TRANSFER_CHUNK])
 
-    out, err, exit_frame = bytearray(), bytearray(), None
+    streams = {"stdout": bytearray(), "stderr": bytearray()}
+    cut = set()
+    exit_frame = None
+    started = time.monotonic()
     async with agent_stub(guest) as stub:
         try:
             call = stub.Exec(requests(), timeout=timeout + 30)
             async for frame in call:
                 kind = frame.WhichOneof("output")
-                if kind == "stdout":
-                    out += frame.stdout[:contract.EXEC_STREAM_CAP - len(out)]
-                elif kind == "stderr":
-                    err += frame.stderr[:contract.EXEC_STREAM_CAP - len(err)]
+                if kind in streams:
+                    data, kept = getattr(frame, kind), streams[kind]
+                    room = contract.EXEC_STREAM_CAP - len(kept)
+                    if len(data) > room:
+                        cut.add(kind)
+                    kept += data[:max(room, 0)]
                 elif kind == "exit":
                     exit_frame = frame.exit
         except grpc.aio.AioRpcError as e:
             raise rpc_failure(e, "exec") from e
     if exit_frame is None:
         raise ApiFailure(502, "exec: the command was lost (the agent's stream ended without an exit status)")
-    return {"exit_code": exit_frame.exit_code, "stdout": out.decode("utf-8", "replace"),
-            "stderr": err.decode("utf-8", "replace")}
+    doc = {"exit_code": exit_frame.exit_code, "stdout": streams["stdout"].decode("utf-8", "replace"),
+           "stderr": streams["stderr"].decode("utf-8", "replace"),
+           "duration_ms": exit_frame.duration_ms or int((time.monotonic() - started) * 1000)}
+    return web.json_response(doc, headers={TRUNCATED_HEADERS[k]: "true" for k in sorted(cut)})
 
 
 # -- workspace transfer -----------------------------------------------------------

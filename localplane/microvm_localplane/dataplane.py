@@ -1,10 +1,13 @@
-"""The documented data plane beside the port-forward: exec as Server-Sent Events, interactive stdin.
+"""The documented data plane beside the port-forward: the buffered exec, and for a team with it, events and stdin.
 
-`POST .../sandbox/exec` answers the buffered JSON of the pydo/DoTs pages, or, when the client
-asks for `text/event-stream`, streams the command's output as events (page "How to Send
-Interactive Stdin to a Sandbox Command", 18 Nov 2026). `keep_stdin_open: true` keeps stdin open
-for writes to `.../sandbox/exec/{exec_id}/stdin`; it is enabled per team, a plane setting here
-(403 otherwise). Commands run in the guest through the same agent as the REST exec (agentrpc).
+`POST .../sandbox/exec` answers the buffered JSON of the pydo/DoTs pages: {exit_code, stdout, stderr,
+duration_ms}, each stream capped at 1 MiB (a cut one named in a header, our reading: agentrpc.TRUNCATED_HEADERS),
+timeout_seconds clamped (default 60, at most the plane's exec_max_timeout, 240 as documented). Only for a team
+with interactive stdin (a plane setting here) does a client that asks for `text/event-stream` get the command's
+output as events (page "How to Send Interactive Stdin to a Sandbox Command", 18 Nov 2026; the event names and
+shapes are OUR READING, docs/platform-contract.md, section 0), and `keep_stdin_open: true` keep stdin open for
+writes to `.../sandbox/exec/{exec_id}/stdin` (403 for any other team). Commands run in the guest through the same
+agent as the REST exec (agentrpc).
 
 Plane settings (the team's switches, `docs/platform-contract.md`, "Data plane"): the environment
 gives the defaults, a `team-settings.json` in the state dir overrides them while the plane runs.
@@ -30,8 +33,9 @@ from .pb import pb2
 
 INTERACTIVE_STDIN_ENV = "MICROVM_LOCALPLANE_INTERACTIVE_STDIN"
 CLOSED_PORTS_ENV = "MICROVM_LOCALPLANE_CLOSED_PORTS"
+EXEC_MAX_TIMEOUT_ENV = "MICROVM_LOCALPLANE_EXEC_MAX_TIMEOUT"
 SETTINGS_FILE = "team-settings.json"
-SETTINGS_KEYS = frozenset(["interactive_stdin", "closed_ports"])
+SETTINGS_KEYS = frozenset(["interactive_stdin", "closed_ports", "exec_max_timeout"])
 
 EVENT_STREAM = "text/event-stream"
 EXEC_EVENT_KEYS = contract.EXEC_KEYS | frozenset(["keep_stdin_open"])
@@ -48,6 +52,19 @@ class Settings:
 
     interactive_stdin: bool = False
     closed_ports: frozenset = field(default_factory=frozenset)
+    exec_max_timeout: int = contract.EXEC_MAX_TIMEOUT  # the exec clamp; lower in tests of long tasks
+
+
+def _clamp(value) -> int:
+    if isinstance(value, str):
+        value = value.strip() or contract.EXEC_MAX_TIMEOUT
+    try:
+        n = int(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError("exec_max_timeout must be a whole number of seconds, got %r" % (value,)) from e
+    if n < 1:
+        raise ValueError("exec_max_timeout must be at least 1 second, got %r" % (value,))
+    return n
 
 
 def _truthy(text: str | None) -> bool:
@@ -67,6 +84,7 @@ def read_settings(state_dir: str) -> Settings:
     """The team's settings: the environment's, then the state dir's team-settings.json over them."""
     interactive = _truthy(os.environ.get(INTERACTIVE_STDIN_ENV))
     closed = _ports(os.environ.get(CLOSED_PORTS_ENV, ""))
+    clamp = _clamp(os.environ.get(EXEC_MAX_TIMEOUT_ENV, ""))
     path = os.path.join(state_dir, SETTINGS_FILE)
     with contextlib.suppress(FileNotFoundError):
         with open(path) as f:
@@ -77,7 +95,9 @@ def read_settings(state_dir: str) -> Settings:
             interactive = doc["interactive_stdin"] is True
         if "closed_ports" in doc:
             closed = _ports(doc["closed_ports"])
-    return Settings(interactive, closed)
+        if "exec_max_timeout" in doc:
+            clamp = _clamp(doc["exec_max_timeout"])
+    return Settings(interactive, closed, clamp)
 
 
 def write_settings(state_dir: str, **values) -> None:
@@ -163,19 +183,20 @@ class DataPlane:
         keep = doc.pop("keep_stdin_open", False)
         if not isinstance(keep, bool):
             raise ApiFailure(400, "keep_stdin_open must be true or false, got %r" % (keep,))
-        if keep and not self.settings().interactive_stdin:
+        settings = self.settings()
+        if keep and not settings.interactive_stdin:
             raise ApiFailure(403, "interactive stdin (keep_stdin_open) is not enabled for this team")
-        events = wants_events(request)
+        events = settings.interactive_stdin and wants_events(request)  # other teams get the buffered answer
         if keep and not events:
             raise ApiFailure(400, "keep_stdin_open needs the event stream: send Accept: %s" % EVENT_STREAM)
         agentrpc.parse_exec(doc)  # refuse a bad body before waking anything
+        clamp = settings.exec_max_timeout
         if not events:
-            return await self.routes._with_guest(rec, "exec", lambda guest: agentrpc.rest_exec(guest, doc),
-                                                 json_result=True)
-        return await self.routes._with_guest(rec, "exec", lambda guest: self._stream(request, guest, rec, doc, keep))
+            return await self.routes._with_guest(rec, "exec", lambda guest: agentrpc.rest_exec(guest, doc, clamp))
+        return await self.routes._with_guest(rec, "exec", lambda guest: self._stream(request, guest, rec, doc, keep, clamp))
 
-    async def _stream(self, request, guest, rec, doc, keep):
-        argv, workdir, timeout, stdin = agentrpc.parse_exec(doc)
+    async def _stream(self, request, guest, rec, doc, keep, clamp):
+        argv, workdir, timeout, stdin = agentrpc.parse_exec(doc, clamp)
         state = ExecState(str(uuid.uuid4()), rec["session_id"], keep, stdin)
 
         async def requests():

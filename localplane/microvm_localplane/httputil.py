@@ -219,9 +219,7 @@ def page_size(request):
         n = int(raw)
     except ValueError as e:
         raise ApiFailure(400, "page_size must be a positive integer, got %r" % raw) from e
-    if n < 0:
-        raise ApiFailure(400, "page_size must be a positive integer, got %r" % raw)
-    if n == 0:
+    if n <= 0:  # clamped, not refused, like the platform's own bounds
         return contract.DEFAULT_PAGE_SIZE
     return min(n, contract.MAX_PAGE_SIZE)
 

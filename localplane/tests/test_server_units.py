@@ -153,6 +153,8 @@ def test_rest_exec_clamps_and_defaults():
     assert parse_exec({"argv": ["true"]}) == (["true"], "/workspace", 60, b"")
     assert parse_exec({"argv": ["true"], "timeout_seconds": 999})[2] == 240
     assert parse_exec({"argv": ["true"], "timeout_seconds": 0})[2] == 60
+    assert parse_exec({"argv": ["true"], "timeout_seconds": -5})[2] == 60  # clamped, not refused
+    assert parse_exec({"argv": ["true"], "timeout_seconds": 30}, max_timeout=8)[2] == 8  # the plane's lowered clamp
     assert parse_exec({"argv": ["cat"], "stdin": "aGk="})[3] == b"hi"
     for bad in ({"argv": ["x"], "timeout_seconds": 1.5}, {"argv": ["x"], "workdir": "rel"}, {"argv": [1]}):
         with pytest.raises(ApiFailure):

@@ -120,10 +120,11 @@ options:
     description:
       - The road into the sandbox.
       - V(agent) is the gRPC guest agent on O(agent_port) through the port-forward (the fast road, every feature).
-      - V(api) is the platform's documented exec (Server-Sent Events) and workspace file API only, for templates
-        without the agent or networks that block the port-forward. Each command is limited to 240 seconds by the
-        platform, there is no warm runner, and stdin while a command runs (become with a password,
-        M(microvm.sandbox.sync)) needs the team's interactive stdin; see docs/connection.md.
+      - V(api) is the platform's documented exec (its buffered answer) and workspace file API only, for templates
+        without the agent or networks that block the port-forward. Each command runs as a job in the scratch dir, so
+        neither the answer's 1 MiB per stream nor the platform's 240 second exec limit cuts it; there is no warm
+        runner; C(sudo) with a password sends it first on the command's stdin; stdin while a command runs (C(su)
+        with a password, M(microvm.sandbox.sync)) needs the team's interactive stdin; see docs/connection.md.
       - V(auto) tries the agent and falls back to V(api) when the agent port does not answer within 5 seconds of the
         session being usable.
     type: str
@@ -370,6 +371,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import err
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import become_scan  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import command_stream  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import one_shot_become  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import option_defs  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import outcomes  # noqa: E402
 
@@ -677,16 +679,21 @@ class Connection(ConnectionBase):
                 warm = self._exec_tmp_op(argv, run)
             if warm is not None:
                 return warm
-        argv = self._as_user(argv)
         interact = None
         become = None  # the become plugin when it answers a prompt in this command
         prompted: list[bool] = []
         succeeded: list[bool] = []
         become_timeout = 0
+        one_shot = False  # sudo's password first on the api road's one-shot stdin (one_shot_become.py)
         if sudoable and self.become and self.become.expect_prompt():
             become = self.become
-            interact = self._become_interaction(prompted, succeeded)
-            become_timeout = self._become_timeout()
+            one_shot = one_shot_become.applies(become, self._attached().attached)
+            if one_shot:
+                argv, stdin = one_shot_become.wrap(become, argv, stdin, to_bytes(become.get_option("become_pass") or ""))
+            else:
+                interact = self._become_interaction(prompted, succeeded)
+                become_timeout = self._become_timeout()
+        argv = self._as_user(argv)  # after the one-shot wrapper: it asks sudo as the task's user
         try:
             rc, stdout, stderr, info = self._call("a command", self._attached().exec, argv,
                                                   env={} if self._keeps_tmp() else {"TMPDIR": run["dir"]},
@@ -704,6 +711,8 @@ class Connection(ConnectionBase):
                                % (session, limit))
         if info.get("hitl_rejected"):
             raise AnsibleError("microvm.sandbox.agent: %s" % profile.hitl_rejected_message(session))
+        if one_shot:
+            one_shot_become.judge(become, stdout, stderr, prompted, succeeded)
         if become is not None and not succeeded:
             # the become command gave up before its success marker (su exits after a refused password, in
             # whatever language): nothing ran as the target user

@@ -1,5 +1,6 @@
 """The microvm.sandbox.agent connection through the real stack: ansible-playbook -> worker -> mux ->
 gRPC -> port-forward WebSocket -> local control plane -> guest agent."""
+import contextlib
 import glob
 import hashlib
 import os
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from microvm_plane_testing import mux_pids, stop_muxes
+from microvm_plane_testing import mux_pids, run_transport, stop_muxes, team
 
 
 def sha1(path):
@@ -256,13 +257,19 @@ def test_become_with_passwords_as_the_unprivileged_user(plane, env, playbook_run
     user_password, root_password = "pw-%s" % os.urandom(6).hex(), "root-%s" % os.urandom(6).hex()
     session = client.create_session({"name": "become-%s" % os.urandom(4).hex(), "agent": "custom", "secrets": {
         "SANDBOX_USER_PASSWORD": user_password, "SANDBOX_ROOT_PASSWORD": root_password}})
+    # su has no -S: on the api road its password prompt needs the team's interactive stdin (sudo's goes first on the
+    # one-shot stdin either way; test_connection_api.py has a team without it)
+    def streaming():
+        return team(plane, interactive_stdin=True, closed_ports=[8443]) if run_transport() == "api" else contextlib.nullcontext()
+
     try:
         client.wait_session(session["session_id"], timeout=120)
         inv = inventory({"box": session["session_id"]}, ansible_user="sandbox")
         for pipelining in ("true", "false"):
-            res = playbook_runner(BECOME_PASSWORD, inv, env, extra_args=[
-                "-e", "ansible_pipelining=%s" % pipelining, "-e", "user_password=%s" % user_password,
-                "-e", "root_password=%s" % root_password])
+            with streaming():
+                res = playbook_runner(BECOME_PASSWORD, inv, env, extra_args=[
+                    "-e", "ansible_pipelining=%s" % pipelining, "-e", "user_password=%s" % user_password,
+                    "-e", "root_password=%s" % root_password])
             assert res.rc == 0, res
             assert "failed=0" in res.stdout and "ignored=1" in res.stdout, res
             assert user_password not in res.stdout + res.stderr and root_password not in res.stdout + res.stderr

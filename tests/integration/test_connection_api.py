@@ -59,12 +59,21 @@ BECOME = r"""
   tasks:
     - ansible.builtin.command: id -un
       become: true
-      become_method: ansible.builtin.sudo
+      become_method: "{{ method }}"
+      vars: {ansible_become_password: "{{ user_password }}"}
+      register: r
+    - ansible.builtin.debug: {msg: "BECAME={{ r.stdout }}"}
+    - name: a pipelined module through sudo -S gets its whole stdin after the password line
+      ansible.builtin.copy: {content: "{{ 'p' * 2000 }}\n", dest: /root/become-one-shot}
+      become: true
+      become_method: "{{ method }}"
       vars: {ansible_become_password: "{{ user_password }}"}
 """
 
 
-def test_become_with_a_password_names_the_team_setting_without_interactive_stdin(plane, env, playbook_runner):
+def test_become_with_a_password_without_interactive_stdin_sudo_works_and_su_names_what_to_use(plane, env, playbook_runner):
+    """A team without interactive stdin: sudo takes its password first on the one-shot stdin; su, which cannot,
+    fails at once (before anything runs), naming sudo and the team setting; the password is never printed."""
     client = plane.client()
     password = "pw-%s" % os.urandom(6).hex()
     session = client.create_session({"name": "api-become-%s" % os.urandom(4).hex(), "agent": "custom",
@@ -73,10 +82,17 @@ def test_become_with_a_password_names_the_team_setting_without_interactive_stdin
         client.wait_session(session["session_id"], timeout=120)
         inv = inventory({"box": session["session_id"]}, ansible_user="sandbox")
         with team(plane, interactive_stdin=False, closed_ports=[8443]):
-            res = playbook_runner(BECOME, inv, env, extra_args=["-e", "user_password=%s" % password])
+            res = playbook_runner(BECOME, inv, env, extra_args=["-e", "user_password=%s" % password,
+                                                                "-e", "method=ansible.builtin.sudo"])
+            assert res.rc == 0 and "BECAME=root" in res.stdout, res
+            res = playbook_runner(BECOME, inv, env, extra_args=["-e", "user_password=wrong-%s" % password,
+                                                                "-e", "method=ansible.builtin.sudo"])
+            assert res.rc != 0 and "Incorrect sudo password" in res.stdout, res
+            res = playbook_runner(BECOME, inv, env, extra_args=["-e", "user_password=%s" % password,
+                                                                "-e", "method=ansible.builtin.su"])
         assert res.rc != 0, res
-        assert "interactive stdin (keep_stdin_open)" in res.stdout and "Nothing was run" in res.stdout, res
-        assert password not in res.stdout + res.stderr
+        assert "interactive stdin (keep_stdin_open)" in res.stdout and "become_method sudo" in res.stdout, res
+        assert "Nothing was run" in res.stdout and password not in res.stdout + res.stderr
     finally:
         client.delete_session(session["session_id"])
 
@@ -148,12 +164,12 @@ def test_big_files_past_the_streaming_bounds_go_staged_both_ways(plane, sandbox,
 def test_a_staged_download_corrupted_in_object_storage_never_lands(plane, sandbox, env, tmp_path, monkeypatch):
     """The real plane and guest, the object flipped by one byte in the plane's store once the export completed:
     the api road refuses it on its sha256 and leaves nothing at the destination."""
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_road
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_road, api_transfer
     client = api_road.ApiRoadClient(plane.url, "/v2/harness-runtime", plane.token, sandbox["session_id"], "box")
     distinct_mebibytes(tmp_path / "src", 3)
     client.upload(str(tmp_path / "src"), "/workspace/corrupt.bin")
-    monkeypatch.setattr(api_road, "STREAM_DOWNLOAD_MAX", 1 << 20)  # 3 MiB go staged
-    real = api_road.ApiRoadClient._await_transfer
+    monkeypatch.setattr(api_transfer, "STREAM_DOWNLOAD_MAX", 1 << 20)  # 3 MiB go staged
+    real = api_transfer.Transfers._await_transfer
 
     def corrupt_after(self, tid, remote_path, verb):
         doc = real(self, tid, remote_path, verb)
@@ -164,10 +180,10 @@ def test_a_staged_download_corrupted_in_object_storage_never_lands(plane, sandbo
             f.write(bytes([byte[0] ^ 1]))
         return doc
 
-    monkeypatch.setattr(api_road.ApiRoadClient, "_await_transfer", corrupt_after)
+    monkeypatch.setattr(api_transfer.Transfers, "_await_transfer", corrupt_after)
     with pytest.raises(errors.ChecksumMismatch, match="sha256"):
         client.download("/workspace/corrupt.bin", str(tmp_path / "dest"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
-    monkeypatch.setattr(api_road.ApiRoadClient, "_await_transfer", real)
+    monkeypatch.setattr(api_transfer.Transfers, "_await_transfer", real)
     assert client.download("/workspace/corrupt.bin", str(tmp_path / "dest")) == 3 << 20
     assert sha1(tmp_path / "dest") == sha1(tmp_path / "src")

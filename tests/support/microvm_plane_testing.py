@@ -8,8 +8,8 @@ Fixtures:
 - `sandbox` (function scope): a READY session with a unique name, deleted after.
 
 The road: with MICROVM_TEST_TRANSPORT=api (`make integration-api`) every playbook a suite runs with
-`plane.env` goes over `transport: api`, for a team with interactive stdin and the agent port closed
-(`team_defaults()`); a test marked `@pytest.mark.agent_road("why")` is skipped there, naming why.
+`plane.env` goes over `transport: api`, for a team WITHOUT interactive stdin (the platform's default: buffered
+exec only) and the agent port closed (`team_defaults()`); a test marked `@pytest.mark.agent_road("why")` is skipped there, naming why.
 """
 import contextlib
 import os
@@ -39,11 +39,12 @@ def run_transport():
 
 
 def team_defaults():
-    """The local plane's team switches for the run: on the api road, interactive stdin on and the agent port closed
-    (what proves that road needs no agent port); on the agent road, the plane's defaults."""
+    """The local plane's team switches for the run: on the api road, the agent port closed (what proves that road
+    needs no agent port) and no interactive stdin (what the platform gives a team by default); on the agent road,
+    the plane's defaults. The exec clamp is the documented 240 s on both."""
     if run_transport() == "api":
-        return {"interactive_stdin": True, "closed_ports": [contract.AGENT_PORT]}
-    return {"interactive_stdin": False, "closed_ports": []}
+        return {"interactive_stdin": False, "closed_ports": [contract.AGENT_PORT], "exec_max_timeout": contract.EXEC_MAX_TIMEOUT}
+    return {"interactive_stdin": False, "closed_ports": [], "exec_max_timeout": contract.EXEC_MAX_TIMEOUT}
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""The documented data plane: exec as Server-Sent Events, one-shot and interactive stdin, the team's switches.
+"""The documented data plane: the buffered exec; for a team with it, exec as Server-Sent Events (our reading of
+the stream) and interactive stdin; the team's switches.
 
 Pages: "How to Send Interactive Stdin to a Sandbox Command" (18 Nov 2026), the DoTs page of
 `.../sandbox/exec/{exec_id}/stdin` (v1.25.0), pydo `post_session_sandbox_exec`; docs/platform-contract.md,
@@ -45,12 +46,19 @@ def collect(events):
     return bytes(out), bytes(err), rest
 
 
+@pytest.fixture
+def streaming(plane):
+    """The team switch behind which the plane streams events at all (others get the documented buffered answer)."""
+    with team(plane, interactive_stdin=True):
+        yield
+
+
 def start(api, sid, body):
     return api.call("POST", "/sessions/%s/sandbox/exec" % sid, headers=EVENTS, json=body, stream=True)
 
 
 @pytest.mark.parametrize("prefix", [PREFIX, "/v2/harness-runtime"])
-def test_exec_streams_started_output_and_exit_events(plane, make_session, prefix):
+def test_exec_streams_started_output_and_exit_events(plane, make_session, prefix, streaming):
     sid = make_session()["session_id"]
     api = Api(plane, prefix=prefix)
     resp = start(api, sid, {"argv": ["/bin/sh", "-c", "printf out; printf err >&2; exit 3"]})
@@ -63,7 +71,7 @@ def test_exec_streams_started_output_and_exit_events(plane, make_session, prefix
     assert rest[-1][0] == "exit" and rest[-1][1]["exit_code"] == 3 and rest[-1][1]["timed_out"] is False
 
 
-def test_one_shot_stdin_is_delivered_then_closed(plane, api, make_session):
+def test_one_shot_stdin_is_delivered_then_closed(plane, api, make_session, streaming):
     sid = make_session()["session_id"]
     payload = bytes(range(256)) * 2048  # 512 KiB of every byte value (as base64, within a 1 MiB body)
     resp = start(api, sid, {"argv": ["sha256sum"], "stdin": base64.b64encode(payload).decode()})
@@ -73,14 +81,14 @@ def test_one_shot_stdin_is_delivered_then_closed(plane, api, make_session):
     assert rest[-1][1]["exit_code"] == 0
 
 
-def test_timeout_stops_the_command_and_says_so(plane, api, make_session):
+def test_timeout_stops_the_command_and_says_so(plane, api, make_session, streaming):
     sid = make_session()["session_id"]
     resp = start(api, sid, {"argv": ["sleep", "30"], "timeout_seconds": 1})
     _out, _err, rest = collect(list(read_events(resp))[1:])
     assert rest[-1][0] == "exit" and rest[-1][1]["timed_out"] is True
 
 
-def test_a_client_that_hangs_up_on_a_quiet_command_stops_it(plane, api, make_session):
+def test_a_client_that_hangs_up_on_a_quiet_command_stops_it(plane, api, make_session, streaming):
     """A command that writes nothing still stops soon after its client goes (not at the next keepalive)."""
     import time
     sid = make_session()["session_id"]
@@ -99,6 +107,38 @@ def test_a_client_that_hangs_up_on_a_quiet_command_stops_it(plane, api, make_ses
     time.sleep(5)
     check = api.call("POST", "/sessions/%s/sandbox/exec" % sid, json={"argv": ["test", "-e", "/workspace/hung-up-marker"]})
     assert check.json()["exit_code"] == 1, "the command ran on after its client hung up"
+
+
+def test_the_buffered_answer_is_the_documented_one_even_when_events_are_asked_for(plane, api, make_session):
+    """Without the team's switch the answer is {exit_code, stdout, stderr, duration_ms} (text), whatever Accept says;
+    a non-zero exit is still 200, and a negative timeout_seconds is clamped, not refused."""
+    sid = make_session()["session_id"]
+    resp = api.call("POST", "/sessions/%s/sandbox/exec" % sid, headers=EVENTS, timeout=60,
+                    json={"argv": ["/bin/sh", "-c", "printf out; printf err >&2; exit 3"], "timeout_seconds": -1})
+    assert resp.status_code == 200 and resp.headers["Content-Type"].startswith("application/json"), resp.text
+    doc = resp.json()
+    assert set(doc) == {"exit_code", "stdout", "stderr", "duration_ms"}
+    assert (doc["exit_code"], doc["stdout"], doc["stderr"]) == (3, "out", "err") and isinstance(doc["duration_ms"], int)
+
+
+@local_only
+def test_the_buffered_answer_caps_each_stream_and_says_so_in_a_header(plane, api, make_session):
+    sid = make_session()["session_id"]
+    resp = api.call("POST", "/sessions/%s/sandbox/exec" % sid, timeout=60,
+                    json={"argv": ["/bin/sh", "-c", "head -c 1100000 /dev/zero | tr '\\0' x; printf e >&2"]})
+    doc = resp.json()
+    assert len(doc["stdout"]) == 1024 * 1024 and doc["stderr"] == "e"
+    assert resp.headers.get("X-Exec-Stdout-Truncated") == "true" and "X-Exec-Stderr-Truncated" not in resp.headers
+
+
+@local_only
+def test_the_plane_clamp_is_a_setting(plane, api, make_session):
+    """exec_max_timeout (240 by default, as documented) lowered: a longer command is stopped at it."""
+    sid = make_session()["session_id"]
+    with team(plane, exec_max_timeout=2):
+        resp = api.call("POST", "/sessions/%s/sandbox/exec" % sid, timeout=60,
+                        json={"argv": ["sleep", "20"], "timeout_seconds": 30})
+    assert resp.status_code == 200 and resp.json()["exit_code"] != 0 and resp.json()["duration_ms"] < 10000
 
 
 @local_only

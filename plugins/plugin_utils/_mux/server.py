@@ -352,7 +352,8 @@ class MuxServer:
                 mp.send_frame(conn, mp.ERROR, e.to_frame())
                 return None
             mp.send_frame(conn, mp.RESULT, {"pid": os.getpid(), "session_id": link.session_id, "label": link.label,
-                                            "generation": link.generation, "version": mp.PROTOCOL_VERSION})
+                                            "generation": link.generation, "version": mp.PROTOCOL_VERSION,
+                                            "road": link.road})  # the api road takes sudo's password up front
             return link
         if op == "hello":
             with self.lock:

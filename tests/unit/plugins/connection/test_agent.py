@@ -102,10 +102,11 @@ def test_run_identity_is_shared_by_the_tasks_of_a_run():
 
 
 class FakeMux:
-    def __init__(self, result=None, error=None):
+    def __init__(self, result=None, error=None, road="agent"):
         self.result = result or (0, b"out", b"err", {"rc": 0})
         self.error = error
         self.calls = []
+        self.attached = {"road": road}  # the mux's attach answer
 
     def exec(self, argv, **kw):
         self.calls.append(("exec", argv, kw))
@@ -310,6 +311,32 @@ def test_a_become_command_that_ends_before_success_fails_with_its_output(conn):
     with pytest.raises(AnsibleError, match=r"(?s)^Premature end of stream waiting for become success\..*"
                                            r"Fehler bei der Authentifizierung"):
         connected(conn, mux).exec_command("su ...", in_data=b"x")
+
+
+def test_sudo_on_the_api_road_sends_its_password_first_on_the_one_shot_stdin(conn):
+    """No interaction (the api road has no stdin while a command runs): the password line, then the module's stdin,
+    through a guest-side script that drops the line where sudo will not ask; the output is judged afterwards."""
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import one_shot_become
+    bp = become(conn, "ansible.builtin.sudo", "pw")
+    prompt = "[sudo via ansible, key=%s] password:" % bp._id
+    mux = FakeMux(result=(0, enc("BECOME-SUCCESS-%s\nroot\n" % bp._id), enc(prompt), {"rc": 0}), road="api")
+    rc, out, err = connected(conn, mux).exec_command("sudo ...", in_data=b"payload")
+    _kind, argv, kw = mux.calls[0]
+    assert argv[:5] == ["/bin/sh", "-c", one_shot_become.PASSWORD_FIRST, "sh", "sudo"] and argv[5:] == ["/bin/sh", "-c", "sudo ..."]
+    assert kw["stdin"] == b"pw\npayload" and kw["interact"] is None
+    assert rc == 0 and prompt.encode() not in err  # judged as the interaction would: prompted, then stripped
+    mux = FakeMux(result=(1, b"", enc(prompt + "\nSorry, try again.\n" + prompt), {"rc": 1}), road="api")
+    with pytest.raises(AnsibleError, match="Incorrect sudo password"):
+        connected(conn, mux).exec_command("sudo ...", in_data=b"payload")
+
+
+def test_su_on_the_api_road_still_asks_for_stdin_while_it_runs(conn):
+    """su has no -S: its prompt needs the team's interactive stdin, which the mux refuses at once without it."""
+    become(conn, "ansible.builtin.su", "pw")
+    mux = FakeMux(road="api")
+    with pytest.raises(AnsibleError):
+        connected(conn, mux).exec_command("su ...", in_data=b"x")
+    assert mux.calls[0][2]["interact"] is not None
 
 
 def test_become_timeout_is_unreachable_in_cores_words(conn):

@@ -1,4 +1,4 @@
-"""The api road's client (plugin_utils/_mux/api_road.py) against a stand-in HTTP server: one layer, its edge cases.
+"""The api road's client (plugin_utils/_mux/api_road.py and its api_*.py parts) against a stand-in HTTP server: one layer, its edge cases.
 
 The whole road through the real stack (local plane, guest) is tests/integration/test_connection_api.py.
 """
@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_road
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_exec, api_road, api_transfer
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 
 SID = "a1b2c3d4-e5f6-7890-abcd-ef1234567890"
@@ -25,7 +25,8 @@ class Fake(http.server.BaseHTTPRequestHandler):
     def _answer(self):
         length = int(self.headers.get("Content-Length") or 0)
         self.server.seen.append((self.command, self.path, dict(self.headers), self.rfile.read(length) if length else b""))
-        status, headers, body = self.server.answers[(self.command, self.path.split("?")[0])]
+        answer = self.server.answers[(self.command, self.path.split("?")[0])]
+        status, headers, body = answer.pop(0) if isinstance(answer, list) else answer  # a list: one answer a call
         self.send_response(status)
         for k, v in headers.items():
             self.send_header(k, v)
@@ -59,27 +60,65 @@ def b64(data):
     return base64.b64encode(data).decode()
 
 
-def test_exec_collects_events_and_carries_env_through_env1(fake):
+def answer(exit_code=0, stdout="", stderr="", duration_ms=5, headers=None):
+    """A buffered exec answer, as the pages print it (stdout and stderr are text)."""
+    doc = {"exit_code": exit_code, "stdout": stdout, "stderr": stderr, "duration_ms": duration_ms}
+    return (200, dict({"Content-Type": "application/json"}, **(headers or {})), json.dumps(doc).encode())
+
+
+def job_done(rc, out, err, kept=0, **kw):
+    """What the job script answers for a job that ended (api_exec.JOB_SCRIPT): its output base64, then its word."""
+    trailer = "\n%s done %d %d %d %d\n" % (api_exec.TRAILER.decode(), rc, len(out), len(err), kept)
+    return answer(0, b64(out.encode()), b64(err.encode()) + trailer, **kw)
+
+
+def test_the_documented_answer_parses_exactly_as_the_pages_print_it():
+    """The response example of harness-post-session-sandbox-exec (DoTs v1.24.0), byte for byte."""
+    example = '{\n  "exit_code": 0,\n  "stdout": "Linux",\n  "stderr": "",\n  "duration_ms": 12\n}'
+    got = api_exec.parse_answer(json.loads(example), {})
+    assert (got.exit_code, got.stdout, got.stderr, got.duration_ms, got.cut) == (0, b"Linux", b"", 12, ())
+    assert api_exec.parse_answer({"exit_code": 1, "stdout": "x" * api_exec.STREAM_CAP, "stderr": ""}).cut == ("stdout",)
+    assert api_exec.parse_answer({"exit_code": 1, "stdout": "", "stderr": "e"},
+                                 {api_exec.TRUNCATED_HEADERS["stderr"]: "true"}).cut == ("stderr",)
+    with pytest.raises(errors.SandboxError, match="not"):
+        api_exec.parse_answer({"exit_code": "0", "stdout": "", "stderr": ""})
+
+
+def test_exec_is_one_buffered_job_and_carries_env_through_env1(fake):
     server, client = fake
-    server.answers[("POST", route("/sandbox/exec"))] = (200, {"Content-Type": "text/event-stream"}, events(
-        ("started", {"exec_id": "e1"}), ("stdout", {"data": b64(b"out")}), ("stderr", {"data": b64(b"err")}),
-        ("exit", {"exit_code": 3, "timed_out": False, "duration_ms": 5})))
+    server.answers[("POST", route("/sandbox/exec"))] = job_done(3, "out", "err")
     result = client.exec(["printenv", "A"], env={"A": "1 2"}, stdin=b"in")
-    assert (result.exit_code, result.stdout, result.stderr) == (3, b"out", b"err")
+    assert (result.exit_code, result.stdout, result.stderr, result.timed_out) == (3, b"out", b"err", False)
+    assert len(server.seen) == 1
     method, _path, headers, body = server.seen[0]
     doc = json.loads(body)
-    assert headers["Accept"] == "text/event-stream" and headers["Authorization"] == "Bearer tok"
-    assert doc["argv"] == ["/usr/bin/env", "--", "A=1 2", "printenv", "A"]
-    assert base64.b64decode(doc["stdin"]) == b"in" and doc["timeout_seconds"] == api_road.EXEC_MAX_TIMEOUT
+    assert headers["Accept"] == "application/json" and headers["Authorization"] == "Bearer tok"
+    assert doc["argv"][:5] == ["/bin/sh", "-c", api_exec.JOB_SCRIPT, "sh", "run"]
+    assert doc["argv"][6:] == [str(api_exec.WAIT_SLICE), "0", "0", "0", "/usr/bin/env", "--", "A=1 2", "printenv", "A"]
+    assert doc["argv"][5].startswith("/workspace/.scratch/.api-jobs/")
+    assert base64.b64decode(doc["stdin"]) == b"in" and doc["timeout_seconds"] <= api_exec.EXEC_MAX_TIMEOUT
     assert "keep_stdin_open" not in doc
 
 
-@pytest.mark.parametrize("tail", [[], [("error", {"message": "agent went away"})]])
-def test_a_stream_without_its_exit_event_is_a_lost_command(fake, tail):
+def test_a_job_that_outlives_one_exec_is_polled_and_a_cut_answer_probed(fake):
     server, client = fake
-    server.answers[("POST", route("/sandbox/exec"))] = (200, {}, events(("started", {"exec_id": "e1"}),
-                                                                        ("stdout", {"data": b64(b"half")}), *tail))
-    with pytest.raises(errors.CommandLost, match="not re-run"):
+    running = answer(0, "", "\n%s running 0 0\n" % api_exec.TRAILER.decode())
+    early = answer(0, b64(b"early "), "\n%s running 6 0\n" % api_exec.TRAILER.decode())
+    done = answer(0, b64(b"late"), "\n%s done 0 10 0 0\n" % api_exec.TRAILER.decode())
+    server.answers[("POST", route("/sandbox/exec"))] = [answer(137, "", "", duration_ms=3000), running, early, done]
+    result = client.exec(["sleep", "300"])
+    assert (result.exit_code, result.stdout) == (0, b"early late")
+    modes = [json.loads(seen[3])["argv"][4] for seen in server.seen]
+    assert modes == ["run", "wait", "wait", "wait"]
+    assert json.loads(server.seen[2][3])["argv"][6] == "2"  # the exec cut at 3 s taught the road to wait less
+    assert json.loads(server.seen[3][3])["argv"][7:9] == ["6", "0"]  # a poll says what the road has read
+
+
+def test_a_job_that_never_started_says_why(fake):
+    server, client = fake
+    server.answers[("POST", route("/sandbox/exec"))] = [answer(1, "", "mkdir: Permission denied\n"),
+                                                        answer(0, "", "\n%s absent\n" % api_exec.TRAILER.decode())]
+    with pytest.raises(errors.SandboxError, match="could not be started.*Permission denied"):
         client.exec(["true"])
 
 
@@ -173,9 +212,7 @@ def test_the_transport_setting_on_the_wire_and_in_the_link_key():
 # -- staged transfers -------------------------------------------------------------------------
 def stat_says(server, size):
     """The guest's `stat` answer, which picks the road (streaming or staged)."""
-    server.answers[("POST", route("/sandbox/exec"))] = (200, {"Content-Type": "text/event-stream"}, events(
-        ("started", {"exec_id": "e1"}), ("stdout", {"data": b64(b"%d\n" % size)}),
-        ("exit", {"exit_code": 0, "timed_out": False, "duration_ms": 1})))
+    server.answers[("POST", route("/sandbox/exec"))] = answer(0, "%d\n" % size)
 
 
 def staged_download(server, payload, sha=None, size=None, status="completed"):
@@ -197,12 +234,12 @@ PAYLOAD = b"0123456789" * 200
     (PAYLOAD[:-1] + b"X", len(PAYLOAD), hashlib.sha256(PAYLOAD).hexdigest(), errors.ChecksumMismatch),  # a changed byte
     (PAYLOAD + b"more", len(PAYLOAD), hashlib.sha256(PAYLOAD).hexdigest(), errors.SandboxError),      # longer than reported
     (PAYLOAD, None, "not-a-sha", errors.ChecksumMismatch),                                             # no usable sha256
-    (PAYLOAD, api_road.STAGED_MAX + 1, None, errors.SandboxError),                                       # past 50 GiB
+    (PAYLOAD, api_transfer.STAGED_MAX + 1, None, errors.SandboxError),                                       # past 50 GiB
 ])
 def test_a_staged_download_is_bounded_and_verified_before_it_lands(fake, tmp_path, monkeypatch, body, declared, sha,
                                                                    error):
     server, client = fake
-    monkeypatch.setattr(api_road, "STREAM_DOWNLOAD_MAX", 1000)
+    monkeypatch.setattr(api_transfer, "STREAM_DOWNLOAD_MAX", 1000)
     stat_says(server, len(PAYLOAD))
     staged_download(server, PAYLOAD, sha=sha, size=declared)
     server.answers[("GET", "/_obj/tr_1")] = (200, {}, body)
@@ -218,13 +255,13 @@ def test_a_staged_download_is_bounded_and_verified_before_it_lands(fake, tmp_pat
     create = [s for s in server.seen if s[1].split("?")[0] == route("/workspace/transfers")][0]
     assert json.loads(create[3]) == {"direction": "download", "path": "f"}  # workspace-relative
     gets = [s for s in server.seen if s[1].startswith("/_obj/")]
-    assert len(gets) == (0 if declared == api_road.STAGED_MAX + 1 or sha == "not-a-sha" else 1)
+    assert len(gets) == (0 if declared == api_transfer.STAGED_MAX + 1 or sha == "not-a-sha" else 1)
     assert all("Authorization" not in s[2] for s in gets), "the API token never goes to object storage"
 
 
 def test_a_failed_staged_download_names_the_platforms_reason(fake, tmp_path, monkeypatch):
     server, client = fake
-    monkeypatch.setattr(api_road, "STREAM_DOWNLOAD_MAX", 1000)
+    monkeypatch.setattr(api_transfer, "STREAM_DOWNLOAD_MAX", 1000)
     stat_says(server, 5000)
     staged_download(server, PAYLOAD, status="failed")
     server.answers[("GET", route("/workspace/transfers/tr_1"))] = (200, {}, json.dumps({
@@ -237,13 +274,13 @@ def test_a_failed_staged_download_names_the_platforms_reason(fake, tmp_path, mon
 def test_a_direct_download_past_the_streaming_bound_is_refused_before_asking(fake, tmp_path):
     server, client = fake
     with pytest.raises(errors.SandboxError, match="streaming download carries at most 52428800 bytes"):
-        client._direct_download("/workspace/f", str(tmp_path / "out"), known_size=api_road.STREAM_DOWNLOAD_MAX + 1)
+        client.transfers._direct_download("/workspace/f", str(tmp_path / "out"), known_size=api_transfer.STREAM_DOWNLOAD_MAX + 1)
     assert server.seen == []
 
 
 def test_a_direct_download_stops_at_the_streaming_bound_when_the_guest_misreports(fake, tmp_path, monkeypatch):
     server, client = fake
-    monkeypatch.setattr(api_road, "STREAM_DOWNLOAD_MAX", 1000)
+    monkeypatch.setattr(api_transfer, "STREAM_DOWNLOAD_MAX", 1000)
     stat_says(server, 10)  # the guest says small; it sends more
     server.answers[("GET", route("/workspace/download"))] = (200, {}, PAYLOAD + footer(PAYLOAD))
     with pytest.raises(errors.SandboxError, match="passed the streaming bound"):
@@ -254,8 +291,8 @@ def test_a_direct_download_stops_at_the_streaming_bound_when_the_guest_misreport
 @pytest.mark.parametrize("final,error", [("completed", None), ("failed", errors.ChecksumMismatch)])
 def test_a_staged_upload_puts_its_parts_presigned_and_commits_its_sha256(fake, tmp_path, monkeypatch, final, error):
     server, client = fake
-    monkeypatch.setattr(api_road, "MAX_UPLOAD", 10)
-    monkeypatch.setattr(api_road, "PART_URL_BATCH", 2)
+    monkeypatch.setattr(api_transfer, "MAX_UPLOAD", 10)
+    monkeypatch.setattr(api_transfer, "PART_URL_BATCH", 2)
     src = tmp_path / "src"
     src.write_bytes(b"abcdefghij" * 2 + b"klmno")
     sha = hashlib.sha256(src.read_bytes()).hexdigest()
@@ -291,7 +328,7 @@ def test_a_platform_without_staged_transfers_gets_no_direct_download_past_the_bo
     """A big file on a platform that answers the transfers route 404: refused naming both roads, and the
     streaming download past its bound is never asked for."""
     server, client = fake
-    monkeypatch.setattr(api_road, "STREAM_DOWNLOAD_MAX", 1000)
+    monkeypatch.setattr(api_transfer, "STREAM_DOWNLOAD_MAX", 1000)
     stat_says(server, 5000)
     server.answers[("POST", route("/workspace/transfers"))] = (404, {}, b'{"id": "not_found", "message": "no such route"}')
     with pytest.raises(errors.SandboxError, match="no staged transfers") as err:

@@ -1,0 +1,162 @@
+# Copyright (c) 2026, microvm.sandbox contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""HTTP for the api road (api_road.py): one session's data-plane calls and presigned object-storage URLs.
+
+Standard library only (http.client): the mux imports no HTTP package for it. An error status raises
+errors.HttpRefused carrying the status and the platform's message; the API token goes only to the API,
+never to a presigned URL.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import ssl
+import threading
+import urllib.parse
+from typing import BinaryIO, Protocol
+
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import USER_AGENT
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
+
+READ_TIMEOUT = 120.0     # the longest a data-plane answer may stay silent (a buffered exec waits at most WAIT_SLICE)
+COPY_CHUNK = 1024 * 1024
+
+
+class Readable(Protocol):
+    """A request body http.client reads in blocks: an open file, or a slice of one."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+
+def error_text(body: bytes) -> str:
+    """The platform's message in an error body ({"error": {"message"}} or {"message"}), else its first bytes."""
+    try:
+        doc = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return body[:300].decode("utf-8", "replace").strip()
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(err, dict):
+        return str(err.get("message") or "")
+    if isinstance(doc, dict) and doc.get("message"):
+        return str(doc["message"])
+    return body[:300].decode("utf-8", "replace")
+
+
+class Http:
+    """The data plane of one session: `send` and `json_call` under its base path, `presigned` for object storage."""
+
+    def __init__(self, api_url: str, prefix: str, token: str, session_id: str, label: str, validate_certs: bool = True,
+                 connect_timeout: float = 60.0) -> None:
+        parts = urllib.parse.urlsplit(api_url.rstrip("/"))
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise errors.SandboxError("api_url %r is not an http(s) URL" % api_url)
+        self.scheme, self.host, self.port = parts.scheme, parts.hostname, parts.port
+        self.base = parts.path + prefix + "/sessions/" + urllib.parse.quote(session_id, safe="")
+        self._token = token
+        self.label = label
+        self.connect_timeout = float(connect_timeout or 60.0)
+        self.context: ssl.SSLContext | None = None
+        if self.scheme == "https":
+            self.context = ssl.create_default_context()
+            if not validate_certs:
+                self.context.check_hostname = False
+                self.context.verify_mode = ssl.CERT_NONE
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self.context is not None:
+            return http.client.HTTPSConnection(self.host, self.port, timeout=self.connect_timeout, context=self.context,
+                                               blocksize=COPY_CHUNK)
+        return http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout, blocksize=COPY_CHUNK)
+
+    def send(self, method: str, path: str, body: bytes | BinaryIO | None = None, headers: dict | None = None,
+             query: dict | None = None, call: Call | None = None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """(connection, response) of one call; an error status raises HttpRefused (the connection is closed).
+
+        With `call`, the connection is the call's from the start: its cancel() hangs up a call still waiting
+        for its answer (a buffered exec says nothing until its command is over)."""
+        if self.closed:
+            raise errors.GuestUnavailable("the link to session %s was closed" % self.label)
+        url = self.base + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        conn = self._connection()
+        if call is not None:
+            call.conn = conn
+            if call.cancelled.is_set():
+                conn.close()
+                raise ConnectionAbortedError("the call was cancelled")
+        all_headers = {"Authorization": "Bearer " + self._token, "User-Agent": USER_AGENT}
+        all_headers.update(headers or {})
+        try:
+            conn.request(method, url, body=body, headers=all_headers)
+            resp = conn.getresponse()
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            raise
+        if resp.status >= 300:
+            text = error_text(resp.read(64 * 1024))
+            conn.close()
+            raise errors.HttpRefused(resp.status, "HTTP %d: %s" % (resp.status, text))
+        return conn, resp
+
+    def json_call(self, method: str, path: str, doc: dict | None = None, limit: int = 1024 * 1024) -> dict:
+        """A JSON call's answer object (at most `limit` bytes of it)."""
+        body = None if doc is None else json.dumps(doc).encode()
+        conn, resp = self.send(method, path, body, None if doc is None else {"Content-Type": "application/json"})
+        try:
+            answer = json.loads(resp.read(limit).decode("utf-8") or "{}")
+        finally:
+            conn.close()
+        if not isinstance(answer, dict):
+            raise errors.SandboxError("the data plane answered %s %s with %r, not an object" % (method, path, str(answer)[:200]))
+        return answer
+
+    def presigned(self, method: str, url: str, body: bytes | Readable | None = None,
+                  length: int = 0) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """(connection, response) of a presigned object-storage URL: never the API token, its own credential."""
+        parts = urllib.parse.urlsplit(str(url))
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise errors.SandboxError("the data plane gave a presigned URL that is not http(s): %r" % str(url)[:200])
+        conn: http.client.HTTPConnection
+        if parts.scheme == "https":
+            conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=READ_TIMEOUT,
+                                               context=self.context or ssl.create_default_context(), blocksize=COPY_CHUNK)
+        else:
+            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=READ_TIMEOUT, blocksize=COPY_CHUNK)
+        headers = {"User-Agent": USER_AGENT}
+        if body is not None:
+            headers.update({"Content-Length": str(length), "Content-Type": "application/octet-stream"})
+        try:
+            conn.request(method, parts.path + ("?" + parts.query if parts.query else ""), body=body, headers=headers)
+            return conn, conn.getresponse()
+        except BaseException:
+            conn.close()
+            raise
+
+
+class Call:
+    """One command on the api road as exec_stream hands it out: cancel() marks it and hangs up the call in flight
+    (an event stream stops its command; a buffered exec's job is then stopped by the road, api_exec.py)."""
+
+    def __init__(self, argv: list, workdir: str, timeout: int, hold_stdin: bool) -> None:
+        self.argv = argv
+        self.workdir = workdir
+        self.timeout = timeout
+        self.hold_stdin = hold_stdin
+        self.conn: http.client.HTTPConnection | None = None
+        self.exec_id = ""
+        self.cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        conn = self.conn
+        if conn is not None and conn.sock is not None:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
