@@ -259,6 +259,7 @@ def test_become_with_passwords_as_the_unprivileged_user(plane, env, playbook_run
         "SANDBOX_USER_PASSWORD": user_password, "SANDBOX_ROOT_PASSWORD": root_password}})
     # su has no -S: on the api road its password prompt needs the team's interactive stdin (sudo's goes first on the
     # one-shot stdin either way; test_connection_api.py has a team without it)
+
     def streaming():
         return team(plane, interactive_stdin=True, closed_ports=[8443]) if run_transport() == "api" else contextlib.nullcontext()
 

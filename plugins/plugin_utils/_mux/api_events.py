@@ -40,7 +40,7 @@ TEAM_SETTING = "interactive stdin (keep_stdin_open), which the platform enables 
 def start(api: Http, call: Call, body: dict) -> http.client.HTTPResponse:
     """Start the command with stdin kept open; HttpRefused (403: the team has no interactive stdin) propagates."""
     conn, resp = api.send("POST", "/sandbox/exec", json.dumps(dict(body, keep_stdin_open=True)).encode(),
-                           {"Content-Type": "application/json", "Accept": EVENT_STREAM}, call=call)
+                          {"Content-Type": "application/json", "Accept": EVENT_STREAM}, call=call)
     call.conn = conn
     if conn.sock is not None:
         conn.sock.settimeout(READ_TIMEOUT)
