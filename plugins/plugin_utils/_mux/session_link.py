@@ -26,7 +26,6 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import capped
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.http_stdlib import stdlib_open
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import LinkConfig
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.run_dirs import RunDirs
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.tunnel import Tunnel
@@ -152,7 +151,6 @@ class SessionLink:
         auto = self.cfg.transport == "auto"
         if auto:
             self.wake_if_paused()  # a paused session is woken first, so its quiet agent is not mistaken for none
-        mp.private_dir(self.socket_dir)
         self.tunnel = Tunnel(self.cfg.api_url, self.cfg.prefix, self.session_id or self.cfg.session, self.cfg.token,
                              port=self.cfg.agent_port, label=self.label, connect_timeout=self.cfg.connect_timeout,
                              validate_certs=self.cfg.validate_certs, socket_dir=self.socket_dir)
