@@ -35,11 +35,12 @@ API_SUITES := $(addprefix tests/integration/,test_connection.py test_connection_
 CORE_SUITES := tests/unit/plugins/plugin_utils/test_core_compat.py tests/integration/test_connection_fastpath.py::test_every_task_is_served_warm
 
 .PHONY: help venv system-deps collection base-rootfs proto proto-check lint typecheck sanity ansible-lint docs-lint docs \
-        unit localplane-test integration integration-api molecule galaxy-import ee-test test test-core220 test-live demo local-up local-down sweep build clean clean-images bench docsite
+        unit localplane-test integration integration-api molecule galaxy-import ee-test test check test-newest test-newest-sanity test-newest-suites test-core220 test-live demo local-up local-down sweep build clean clean-images bench docsite
 
 help:
 	@echo "make demo   - set up everything and run the demo end to end on the local control plane"
-	@echo "make test   - set up and run the whole suite (lint, sanity, unit, integration, e2e)"
+	@echo "make test   - set up and run the whole suite (lint, sanity, unit, integration, e2e), about 20 minutes"
+	@echo "make check  - the fast tier for every merge: lint, types, unit tests, the plane's unit tests (minutes)"
 	@echo "make integration-api - the connection, become and sync suites over transport api, agent port closed"
 	@echo "make docs   - build the HTML docsite into docs/build/html"
 	@echo "make local-up / local-down - start / stop the local control plane (.local/env)"
@@ -155,12 +156,21 @@ integration-api: setup
 molecule: setup
 	bash hack/molecule.sh
 
-test: setup
+# Every check and suite (hack/test.sh: two lanes, guest-bound suites on pytest-xdist workers); about 20 minutes.
+test: setup $(if $(filter 1,$(SKIP_NEWEST)),,.venv-newest/.stamp .venv-220/.stamp)
 	bash hack/test.sh
 
+# The fast tier, for every merge: lint, types, the unit tests and the plane's unit tests (no guest), in minutes.
+check: venv collection
+	bash hack/check.sh
+
 # Sanity and the end-to-end smoke suites with the newest ansible-core on Python 3.13.
-test-newest: setup .venv-newest/.stamp
+test-newest: test-newest-sanity test-newest-suites
+
+test-newest-sanity: setup .venv-newest/.stamp
 	VENV_BIN=$(CURDIR)/.venv-newest/bin bash hack/sanity.sh
+
+test-newest-suites: setup .venv-newest/.stamp
 	PATH=$(CURDIR)/.venv-newest/bin:$$PATH PYTEST_PYTHON=$(CURDIR)/.venv-newest/bin/python \
 	  bash hack/pytest-count.sh newest-core $(NEWEST_SUITES)
 

@@ -98,6 +98,9 @@ if [ "${#failed[@]}" -gt 0 ]; then
   rc=1
 fi
 mkdir -p .local/results
-echo "molecule: $passed of ${#scenarios[@]} scenarios passed in $(( $(date +%s) - start )) s, $( [ -z "$leftovers" ] && echo "nothing left behind" || echo "LEFTOVERS" )" \
-  | tee /dev/stderr | sed 's/^molecule: //' > .local/results/molecule.txt
+summary="$passed of ${#scenarios[@]} scenarios passed in $(( $(date +%s) - start )) s, $( [ -z "$leftovers" ] && echo "nothing left behind" || echo "LEFTOVERS" )"
+# Written to the run's own output and to the report apart: `tee /dev/stderr` would reopen stderr with O_TRUNC and,
+# with `make test > log 2>&1`, erase everything the run had logged before this line.
+echo "molecule: $summary"
+echo "$summary" > .local/results/molecule.txt
 exit "$rc"

@@ -535,11 +535,13 @@ def _name_in_guest(stub, egress_peer):
     return name
 
 
+@pytest.mark.serial  # rewrites the host's /etc/hosts (egress_peer)
 def test_open_egress_reaches_an_outside_server_by_name(open_guest, egress_peer):
     name = _name_in_guest(open_guest[1], egress_peer)
     assert connect(open_guest[1], name, 8080) == "connected"
 
 
+@pytest.mark.serial  # rewrites the host's /etc/hosts (egress_peer)
 def test_allow_list_allows_listed_hosts_only(plane, egress_peer):
     name, _addr = egress_peer
     allowed = plane.boot("egress-allow", egress=[name])  # resolved on the host, by name

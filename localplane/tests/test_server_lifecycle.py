@@ -309,6 +309,7 @@ def test_the_planes_archive_bounds_reach_the_agent(tmp_path):
         stop_local_plane(handle)
 
 
+@pytest.mark.serial  # sized by the host's free disk, which other workers' guests change
 def test_a_session_whose_disk_the_host_cannot_hold_is_refused_and_leaves_nothing(tmp_path):
     """Disk images are sparse: at create (and for each child of a fork) the host must be able to hold the session's
     whole disk with the plane's reserve left over, or the call is a 409 naming the space; nothing is created."""
@@ -405,6 +406,7 @@ def running_pid(pid):
         return False
 
 
+@pytest.mark.serial  # host-wide: a plane of another worker, starting or stopping, must not be swept
 def test_sweep_removes_what_a_killed_plane_left_and_nothing_of_a_running_one(tmp_path):
     """A plane SIGKILLed whose state dir is then removed (a killed test run) leaves guests, mounts and loop devices
     nobody will adopt: `sweep` removes them; a running plane's guest and a stopped plane that may be restarted stay."""

@@ -137,6 +137,21 @@ class WaitTimeout(Exception):
         self.what = what
 
 
+# Waiting for a session or a workspace: a poll every POLL_FAST seconds while the wait is young (a boot or a resume
+# usually ends within seconds, and each late poll is time added to every create), then a back-off to POLL_SLOW.
+POLL_FIRST = 0.05
+POLL_FAST = 0.25
+POLL_FAST_FOR = 20.0
+POLL_SLOW = 2.0
+
+
+def poll_delay(previous: float, waited: float, slow: float = POLL_SLOW) -> float:
+    """The pause before the next poll of a wait that has lasted `waited` seconds, after a pause of `previous`."""
+    if waited < POLL_FAST_FOR:
+        return min(previous * 1.5, POLL_FAST)
+    return min(max(previous, POLL_FAST) * 1.5, slow)
+
+
 def error_message(body: Any) -> str:
     """Pull the server's message out of an error body: the documented {id, message, request_id}, or the older
     {"error": {code, message}}. The request id is kept: support asks for it."""
@@ -483,8 +498,9 @@ class ApiClient(object):
         With `gone_ok`, a 404 ends the wait (returning None) and gone statuses
         are waited through; otherwise reaching a gone status raises WaitTimeout.
         """
-        deadline = time.time() + timeout
-        delay = 0.05
+        started = time.time()
+        deadline = started + timeout
+        delay = POLL_FIRST
         last = None
         wanted = "/".join(sorted(until))
         while True:
@@ -507,7 +523,7 @@ class ApiClient(object):
                     timeout, session_id, wanted, status), last,
                     status=status, wanted=wanted, timeout=timeout, what="session")
             self._sleep(delay)
-            delay = min(delay * 1.5, 2.0)
+            delay = poll_delay(delay, time.time() - started)
 
     # -- checkpoints -------------------------------------------------------
     def create_checkpoint(self, session_id: str, label: str | None = None) -> dict[str, Any]:
@@ -703,8 +719,9 @@ class ApiClient(object):
     def wait_workspace(self, workspace_id: str, states: Sequence[str], timeout: float = 300.0,
                        gone_ok: bool = False) -> dict[str, Any] | None:
         """Poll a workspace until its state is one of `states` (a save after a session's removal: RELEASING)."""
-        deadline = time.time() + timeout
-        delay = 0.1
+        started = time.time()
+        deadline = started + timeout
+        delay = POLL_FIRST
         while True:
             try:
                 ws = self.get_workspace(workspace_id)
@@ -719,7 +736,7 @@ class ApiClient(object):
                     timeout, workspace_id, " or ".join(states), ws.get("state")), ws, status=ws.get("state"),
                     wanted="/".join(states), timeout=timeout, what="workspace")
             self._sleep(delay)
-            delay = min(delay * 1.5, 2.0)
+            delay = poll_delay(delay, time.time() - started)
 
     def create_config(self, name: str, manifest_yaml: str, insights: Any = None) -> dict[str, Any]:
         """POST /configs: an immutable Environment Config from the environment spec's YAML text (pydo create_config)."""

@@ -8,12 +8,14 @@ import re
 
 from microvm_load import TASKS, incomplete_sessions, inventory, load_playbook
 from microvm_plane_testing import mux_pids, unique_name
+import pytest
 
 SESSIONS = 50
 FORKS = 25
 POOL = 2
 
 
+@pytest.mark.serial  # a 50-session load: it would starve every other worker
 def test_fifty_sessions_thirty_tasks_nothing_lost_nothing_rerun(plane, mux_dir, run_playbook):
     client = plane.client()
     ids = [client.create_session({"name": unique_name("load"), "agent": "custom"})["session_id"]

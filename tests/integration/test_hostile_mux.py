@@ -131,6 +131,7 @@ def other(plane):
         pass
 
 
+@pytest.mark.serial  # a ratio of timings: other workers' load would blur it
 def test_a_flooding_session_does_not_slow_another_in_the_same_mux(plane, sandbox, other, mux_dir, tmp_path):
     """Session b runs small commands while session a floods (its output streamed, its helpers' output drained), from a
     mux of its own and then from b's mux. Sharing the mux costs b's median command at most 3.5x what the same flood

@@ -5,7 +5,7 @@ Fixtures:
   temporary state dir, torn down with every guest at the end. With
   MICROVM_LIVE=1 and DO_AGENTS_API_URL / DO_AGENTS_API_TOKEN set, it points at
   the real platform instead and starts nothing.
-- `sandbox` (function scope): a READY session with a unique name, deleted after.
+- `sandbox` (function scope): a READY session with a unique name (from the plane's warm pool), deleted after.
 
 The road: with MICROVM_TEST_TRANSPORT=api (`make integration-api`) every playbook a suite runs with
 `plane.env` goes over `transport: api`, for a team WITHOUT interactive stdin (the platform's default: buffered
@@ -167,9 +167,14 @@ def plane():
         from microvm_localplane import dataplane
         dataplane.write_settings(state_dir, **team_defaults())
         handle.env["MICROVM_TRANSPORT"] = "api"
+    # One plane per pytest worker (this fixture is per process), and its own mux dir for the playbooks that name
+    # none: workers share no multiplexer, and the ones this run started are stopped with it.
+    mux_dir = os.path.join(state_dir, "mux")
+    handle.env["MICROVM_MUX_DIR"] = mux_dir
     try:
         yield handle
     finally:
+        stop_muxes(mux_dir)
         stop_local_plane(handle)
         if os.environ.get("MICROVM_KEEP_STATE") != "1":
             shutil.rmtree(state_dir, ignore_errors=True)
@@ -206,9 +211,14 @@ def unique_name(prefix="t"):
 
 @pytest.fixture
 def sandbox(plane):
-    """A READY session (REST object as a dict), deleted after the test."""
+    """A READY session (REST object as a dict), deleted after the test.
+
+    From the plane's warm pool (`keep_warm`): a pooled guest is booted exactly like a session's and never shared
+    (warmpool.py), so a test that does not test the boot itself need not wait for one; the pool boots the next
+    guests while the test runs.
+    """
     client = plane.client()
-    session = client.create_session({"name": unique_name("sbx"), "agent": "custom"})
+    session = client.create_session({"name": unique_name("sbx"), "agent": "custom", "keep_warm": True})
     try:
         yield client.wait_session(session["session_id"], timeout=120)
     finally:

@@ -428,3 +428,31 @@ def test_a_refusal_of_a_blocking_call_is_reported_at_once(fake):
 def test_sizes_are_listed(fake):
     plane, c = fake
     assert c.list_sizes()[0]["slug"] == "mars-2vcpu-4gb"
+
+
+# -- waits for a boot ----------------------------------------------------------
+
+def test_a_young_wait_polls_every_quarter_second_then_backs_off():
+    from ansible_collections.microvm.sandbox.plugins.module_utils import rest
+    delays, waited, delay = [], 0.0, rest.POLL_FIRST
+    while waited < 60:
+        delays.append(delay)
+        waited += delay
+        delay = rest.poll_delay(delay, waited)
+    young = [d for d, at in zip(delays, [sum(delays[:i]) for i in range(len(delays))]) if at < rest.POLL_FAST_FOR]
+    # a boot that ends is seen within a quarter second while the wait is young ...
+    assert max(young) == rest.POLL_FAST and young[0] == rest.POLL_FIRST
+    # ... and a long wait does not keep hammering the API: it reaches the slow pace, never beyond
+    assert delays[-1] == rest.POLL_SLOW and max(delays) == rest.POLL_SLOW
+    assert len(delays) < 120
+
+
+def test_wait_session_sees_ready_within_a_fast_poll(transport):
+    answers, _calls = transport
+    c = client()
+    slept = sleeps_of(c)
+    for _n in range(12):
+        answers.append(Resp(200, {"session": {"session_id": "s", "status": "SESSION_STATUS_CREATING"}}))
+    answers.append(Resp(200, {"session": {"session_id": "s", "status": "SESSION_STATUS_READY"}}))
+    assert c.wait_session("s", timeout=60)["status"] == "SESSION_STATUS_READY"
+    assert len(slept) == 12 and max(slept) <= 0.25
