@@ -27,6 +27,8 @@ DEB_PACKAGES := runc uidmap umoci skopeo buildah docker-registry debootstrap ope
 SUBID_START := 1000000000
 SUBID_COUNT := 1073741824
 PYTEST_ARGS ?=
+# pytest-xdist workers for the guest-bound suites (hack/pytest-count.sh); 1 runs them in one process.
+export PYTEST_WORKERS ?= 3
 NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_ssh_habits.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py tests/unit/plugins/plugin_utils/test_option_defs.py tests/unit/plugins/plugin_utils/test_warm.py $(CORE_SUITES)
 # What every supported ansible-core must pass: its internals the connection relies on (_shared/core_compat.py),
 # and every task served by the warm runner through the real stack.
