@@ -7,13 +7,19 @@ from websockets.exceptions import InvalidStatus
 
 from contract_support import error_message, ws_connect
 
+
+def absent_id(n):
+    """A well-formed session id no plane has made; fixed, so that every pytest worker collects the same tests."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, "microvm-sandbox-test-absent-%d" % n)
+
+
 ROUTES = [
     ("GET", "/sessions"),
     ("POST", "/sessions"),
-    ("GET", "/sessions/%s" % uuid.uuid4()),
-    ("DELETE", "/sessions/%s" % uuid.uuid4()),
-    ("POST", "/sessions/%s/pause" % uuid.uuid4()),
-    ("GET", "/sessions/%s/checkpoints" % uuid.uuid4()),
+    ("GET", "/sessions/%s" % absent_id(1)),
+    ("DELETE", "/sessions/%s" % absent_id(2)),
+    ("POST", "/sessions/%s/pause" % absent_id(3)),
+    ("GET", "/sessions/%s/checkpoints" % absent_id(4)),
     ("GET", "/templates"),
 ]
 
