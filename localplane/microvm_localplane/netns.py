@@ -238,9 +238,10 @@ def setup(pid, egress, log):
         _run([TOOLS["nft"], "-f", "-"], stdin=_policy_batch(guest_ip, allowed, stale))
         _run([TOOLS["ip"], "link", "add", host_if, "mtu", str(mtu), "type", "veth", "peer", "name", "eth0",
               "mtu", str(mtu), "netns", str(pid)])
+        ifindex = _ifindex(host_if)
         _disable_ipv6("/proc/sys/net/ipv6/conf/%s/disable_ipv6" % host_if)
         _run([TOOLS["ip"], "-batch", "-"], stdin="addr add %s/30 dev %s\nlink set %s up\n" % (host_ip, host_if, host_if))
-    record = {"slot": slot, "host_if": host_if, "guest_ip": guest_ip, "allowed": allowed}
+    record = {"slot": slot, "host_if": host_if, "guest_ip": guest_ip, "allowed": allowed, "ifindex": ifindex}
     try:
         _run([TOOLS["nsenter"], "--net=/proc/%d/ns/net" % pid, "sh", "-c",
               "echo 1 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6 && exec %s -batch -" % TOOLS["ip"]],
@@ -259,9 +260,31 @@ def _disable_ipv6(path):
         pass  # a kernel without IPv6
 
 
+def _ifindex(name):
+    """The host interface's index (never reused soon on a host), or None when there is no such interface."""
+    try:
+        with open("/sys/class/net/%s/ifindex" % name) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
 def teardown(record):
+    """Remove this guest's veth and policy elements, and nothing of a guest that took its slot since.
+
+    The veth vanishes with the guest's namespace, which frees the slot at once: by the time a stop gets here,
+    another guest (of this plane or of another on the host) may hold the same `mvl<i>` and guest address. Under
+    the slot lock, the interface is ours only if its index is the one recorded at setup.
+    """
     if not record:
         return
-    if os.path.exists("/sys/class/net/%s" % record["host_if"]):  # gone already when the guest's namespace died
-        _run([TOOLS["ip"], "link", "del", record["host_if"]], check=False)
-    clear_elements(record["guest_ip"], record.get("allowed"))
+    os.makedirs(os.path.dirname(LOCK_FILE), exist_ok=True)
+    with open(LOCK_FILE, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        now = _ifindex(record["host_if"])
+        ours = record.get("ifindex")
+        if now is not None and ours is not None and now != ours:
+            return  # the slot is another guest's now: its link and its policy elements are not ours to remove
+        if now is not None:
+            _run([TOOLS["ip"], "link", "del", record["host_if"]], check=False)
+        clear_elements(record["guest_ip"], record.get("allowed"))
