@@ -11,10 +11,10 @@ export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export PYTHONPATH := $(COLLECTIONS):$(CURDIR)/localplane
 export PATH := $(BIN):$(PATH)
 # Caches shared by every clone on this machine, keyed by content (README: "Caches"): the venvs
-# (hack/cached_venv.py).
+# (hack/cached_venv.py), the base template's rootfs, mypy's cache.
 export MICROVM_SANDBOX_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/microvm-sandbox
 # One cache of the base template's Debian rootfs for every plane make starts (built once, minutes).
-export MICROVM_LOCALPLANE_CACHE ?= $(CURDIR)/.local/cache
+export MICROVM_LOCALPLANE_CACHE ?= $(MICROVM_SANDBOX_CACHE)/localplane
 # Debian packages: runc and uidmap (guests of the local control plane: an OCI
 # runtime, each guest in its own user namespace over subordinate ids),
 # umoci and skopeo (unpacking OCI templates), buildah (template_image role),
