@@ -208,3 +208,8 @@ clean-images:
 
 clean: clean-images
 	rm -rf .local tests/output docs/build
+
+# The machine's shared cache (venvs, the base rootfs, mypy's): every clone's next `make` rebuilds what it needs.
+.PHONY: clean-cache
+clean-cache:
+	rm -rf "$(MICROVM_SANDBOX_CACHE)"
