@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A clone's venv (.venv, .venv-newest, .venv-220) as a thin overlay over a shared venv cached by content.
 
 Run by the base Python the venv is for (make venv, make .venv-newest/.stamp, make .venv-220/.stamp):
@@ -28,7 +27,6 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import time
 
 SCHEMA = "1"
@@ -62,7 +60,8 @@ def compute_key(requirements, extra_files=()):
     part("schema", SCHEMA)
     part("version", sys.version)
     part("executable", os.path.realpath(sys.executable))
-    part("platform", platform.platform())
+    # The platform as far as built wheels care (OS, machine, C library): not the kernel's release.
+    part("platform", "%s %s %s" % (sys.platform, platform.machine(), " ".join(platform.libc_ver())))
     for label, paths in (("requirements", requirements), ("extra", extra_files)):
         for path in paths:
             with open(path, "rb") as f:
@@ -71,8 +70,11 @@ def compute_key(requirements, extra_files=()):
 
 
 def site_packages(prefix):
-    """The purelib dir of a venv at prefix made by this Python."""
-    return sysconfig.get_path("purelib", vars={"base": prefix, "platbase": prefix})
+    """The purelib dir of the venv at prefix, as its own python says (Debian's python3 has a scheme of its own
+    outside venvs: this one's sysconfig would not do)."""
+    return subprocess.run([os.path.join(prefix, "bin", "python"), "-c",
+                           "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
 
 
 def read_requirements(paths):
@@ -157,7 +159,7 @@ def ensure_shared(name, key, requirement_lines, log=print):
 def _shebang_python(first_lines, shared_bin):
     """The shared interpreter a script's header names, or None when it is not a script of the shared venv."""
     if first_lines[0].startswith("#!"):
-        target = first_lines[0][2:].strip()
+        target = first_lines[0][2:].strip().split(" ", 1)[0]   # (pip writes no interpreter arguments)
         if target.startswith(shared_bin + os.sep):
             return target, 1
         if target == "/bin/sh" and len(first_lines) > 2 and first_lines[1].startswith("'''exec' "):
@@ -267,7 +269,7 @@ def ensure(dest, requirements, localplane=None, name=None, log=print):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--dest", required=True, help="the clone's venv dir (.venv)")
     parser.add_argument("-r", "--requirements", action="append", required=True, help="requirement file (repeatable)")
     parser.add_argument("--localplane", help="the clone's localplane dir: on the path, with its console script")

@@ -44,7 +44,7 @@ def test_a_venv_is_built_once_then_reused_and_rebuilt_when_its_requirements_chan
     req = tmp_path / "requirements.txt"
     req.write_text("")
     dest = str(tmp_path / "clone" / ".venv")
-    _, shared = cv.ensure(dest, [str(req)], log=lambda msg: None)
+    shared = cv.ensure(dest, [str(req)], log=lambda msg: None)[1]
     assert shared.startswith(str(tmp_path / "cache" / "venvs" / "venv-"))
     assert shared_builds(tool) == [shared] and tool["venv"] == [shared, dest]
     assert tool["pip"] == [["--upgrade", "pip"]]   # an empty file: nothing more to install
@@ -65,7 +65,7 @@ def test_a_venv_is_built_once_then_reused_and_rebuilt_when_its_requirements_chan
 
     # Changed bytes: a new key, a new shared venv, the overlay made anew over it.
     req.write_text("# one more line\n")
-    _, shared2 = cv.ensure(dest, [str(req)], log=lambda msg: None)
+    shared2 = cv.ensure(dest, [str(req)], log=lambda msg: None)[1]
     assert shared2 != shared and shared_builds(tool) == [shared, shared2]
     assert open(os.path.join(dest, cv.KEY_FILE)).read().split()[1] == shared2
     assert os.path.isdir(shared)   # the old one stays for clones still on it
@@ -74,7 +74,7 @@ def test_a_venv_is_built_once_then_reused_and_rebuilt_when_its_requirements_chan
 def test_an_incomplete_shared_venv_is_built_again(tmp_path, tool):
     req = tmp_path / "requirements.txt"
     req.write_text("")
-    _, shared = cv.ensure(str(tmp_path / ".venv"), [str(req)], log=lambda msg: None)
+    shared = cv.ensure(str(tmp_path / ".venv"), [str(req)], log=lambda msg: None)[1]
     os.unlink(os.path.join(shared, cv.COMPLETE))   # as a build killed halfway leaves it
     cv.ensure(str(tmp_path / ".venv"), [str(req)], log=lambda msg: None)
     assert shared_builds(tool) == [shared, shared]
@@ -90,7 +90,7 @@ def test_the_overlay_imports_the_shared_packages_and_runs_its_scripts(tmp_path, 
     (lp / "microvm_localplane" / "__init__.py").write_text("")
     (lp / "microvm_localplane" / "cli.py").write_text("def main():\n    print('localplane main')\n    return 0\n")
     dest = str(tmp_path / "clone" / ".venv")
-    _, shared = cv.ensure(dest, [str(req)], localplane=str(lp), log=lambda msg: None)
+    shared = cv.ensure(dest, [str(req)], localplane=str(lp), log=lambda msg: None)[1]
     installed = tool["pip"][1][-1]
     assert "something==1.0" in installed and "dep-of-localplane>=1" in installed and "-e" not in installed
 

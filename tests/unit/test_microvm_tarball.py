@@ -31,7 +31,7 @@ def build_count(builds):
 
 
 def test_the_digest_follows_the_tracked_and_untracked_files_not_the_ignored(repo):
-    root, _ = repo
+    root = repo[0]
     digest = microvm_tarball.tree_digest(str(root))
     assert microvm_tarball.tree_digest(str(root)) == digest
     (root / "ignored.txt").write_text("x")
