@@ -38,6 +38,9 @@ PTH_LOCALPLANE = "_microvm_localplane.pth"
 SHEBANG_MAX = 127
 LOCALPLANE_SCRIPTS = {"microvm-localplane": ("microvm_localplane.cli", "main")}
 SKIP_BIN = re.compile(r"^(activate.*|Activate\.ps1|python[0-9.]*|__pycache__)$")
+# The Python the venvs are made with: the base one even when this runs in a venv (make puts .venv/bin first on
+# PATH, so `python3` may be the very overlay this replaces).
+BASE_PYTHON = getattr(sys, "_base_executable", None) or sys.executable
 
 
 def cache_root():
@@ -59,7 +62,7 @@ def compute_key(requirements, extra_files=()):
 
     part("schema", SCHEMA)
     part("version", sys.version)
-    part("executable", os.path.realpath(sys.executable))
+    part("executable", os.path.realpath(BASE_PYTHON))
     # The platform as far as built wheels care (OS, machine, C library): not the kernel's release.
     part("platform", "%s %s %s" % (sys.platform, platform.machine(), " ".join(platform.libc_ver())))
     for label, paths in (("requirements", requirements), ("extra", extra_files)):
@@ -106,7 +109,7 @@ def _run(argv, **kw):
 
 
 def create_venv(path, with_pip=True):
-    _run([sys.executable, "-m", "venv"] + ([] if with_pip else ["--without-pip"]) + [path])
+    _run([BASE_PYTHON, "-m", "venv"] + ([] if with_pip else ["--without-pip"]) + [path])
 
 
 def pip_install(python, args):

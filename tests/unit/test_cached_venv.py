@@ -153,3 +153,9 @@ def test_the_key_covers_the_python_and_each_file(tmp_path, monkeypatch):
     before = cv.compute_key([str(a)])
     monkeypatch.setattr(sys, "version", sys.version + " other build")
     assert cv.compute_key([str(a)]) != before
+
+
+def test_venvs_are_made_with_the_base_python_even_from_inside_a_venv():
+    """make puts .venv/bin first on PATH: the tool may run on the very overlay it replaces."""
+    home = os.path.dirname(os.path.dirname(cv.BASE_PYTHON))
+    assert not os.path.exists(os.path.join(home, "pyvenv.cfg")), cv.BASE_PYTHON
