@@ -132,10 +132,13 @@ def shared_complete(shared, key):
         return False
 
 
+def shared_path(name, key):
+    return os.path.join(cache_root(), "venvs", "%s-%s" % (name, key[:16]))
+
+
 def ensure_shared(name, key, requirement_lines, log=print):
     """-> the shared venv for key, building it first (under a lock) when it is missing or incomplete."""
-    venvs = os.path.join(cache_root(), "venvs")
-    shared = os.path.join(venvs, "%s-%s" % (name, key[:16]))
+    shared = shared_path(name, key)
     if shared_complete(shared, key):
         return shared
     with _locked(shared + ".lock"):
@@ -254,7 +257,7 @@ def ensure(dest, requirements, localplane=None, name=None, log=print):
     key = compute_key(requirements, extra)
     name = name or os.path.basename(dest).lstrip(".") or "venv"
     have = overlay_key(dest)
-    if len(have) == 2 and have[0] == key and shared_complete(have[1], key):
+    if have == [key, shared_path(name, key)] and shared_complete(have[1], key):
         return dest, have[1]
     lines = read_requirements(requirements)
     if localplane:

@@ -159,3 +159,14 @@ def test_venvs_are_made_with_the_base_python_even_from_inside_a_venv():
     """make puts .venv/bin first on PATH: the tool may run on the very overlay it replaces."""
     home = os.path.dirname(os.path.dirname(cv.BASE_PYTHON))
     assert not os.path.exists(os.path.join(home, "pyvenv.cfg")), cv.BASE_PYTHON
+
+
+def test_another_cache_root_gets_its_own_shared_venv(tmp_path, tool, monkeypatch):
+    req = tmp_path / "requirements.txt"
+    req.write_text("")
+    dest = str(tmp_path / ".venv")
+    first = cv.ensure(dest, [str(req)], log=lambda msg: None)[1]
+    monkeypatch.setenv("MICROVM_SANDBOX_CACHE", str(tmp_path / "other-cache"))
+    second = cv.ensure(dest, [str(req)], log=lambda msg: None)[1]
+    assert second.startswith(str(tmp_path / "other-cache")) and second != first
+    assert open(os.path.join(dest, cv.KEY_FILE)).read().split()[1] == second
