@@ -10,8 +10,11 @@ COLL_LINK := $(COLLECTIONS)/ansible_collections/microvm/sandbox
 export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export PYTHONPATH := $(COLLECTIONS):$(CURDIR)/localplane
 export PATH := $(BIN):$(PATH)
+# Caches shared by every clone on this machine, keyed by content (README: "Caches"): the venvs
+# (hack/cached_venv.py), the base template's rootfs, mypy's cache.
+export MICROVM_SANDBOX_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/microvm-sandbox
 # One cache of the base template's Debian rootfs for every plane make starts (built once, minutes).
-export MICROVM_LOCALPLANE_CACHE ?= $(CURDIR)/.local/cache
+export MICROVM_LOCALPLANE_CACHE ?= $(MICROVM_SANDBOX_CACHE)/localplane
 # Debian packages: runc and uidmap (guests of the local control plane: an OCI
 # runtime, each guest in its own user namespace over subordinate ids),
 # umoci and skopeo (unpacking OCI templates), buildah (template_image role),
@@ -56,33 +59,31 @@ help:
 	@echo "make galaxy-import - run Galaxy's importer (offline) on the built tarball"
 	@echo "make molecule - run every Molecule scenario (extensions/molecule/) on a local control plane of its own"
 
-$(VENV)/.stamp: requirements-dev.txt requirements.txt localplane/pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -r requirements-dev.txt
-	touch $@
+# Each venv is a thin overlay of this clone over a shared venv cached by content (hack/cached_venv.py): built
+# once per machine and requirement set, then made here in well under a second. Run every time: it checks its key.
+$(VENV)/.stamp: FORCE
+	@$(PYTHON) hack/cached_venv.py --dest $(VENV) -r requirements-dev.txt --localplane localplane
+	@touch $@
+
+FORCE:
 
 venv: $(VENV)/.stamp
 
 # The newest ansible-core runs on Python 3.12+; pyenv provides 3.13 on this kind of machine.
 PYTHON_NEWEST ?= $(shell for p in $$HOME/.pyenv/versions/3.13*/bin/python3.13 python3.13 $$HOME/.pyenv/versions/3.12*/bin/python3.12 python3.12; do \
   "$$p" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && { echo "$$p"; break; }; done)
-.venv-newest/.stamp: requirements-newest.txt
+.venv-newest/.stamp: FORCE
 	@[ -n "$(PYTHON_NEWEST)" ] || { echo "Python 3.12 or 3.13 not found: install one (pyenv install 3.13) or set PYTHON_NEWEST"; exit 1; }
-	$(PYTHON_NEWEST) -m venv .venv-newest
-	.venv-newest/bin/pip install --quiet --upgrade pip
-	.venv-newest/bin/pip install --quiet -r requirements-newest.txt
-	touch $@
+	@$(PYTHON_NEWEST) hack/cached_venv.py --dest .venv-newest -r requirements-newest.txt
+	@touch $@
 
 # ansible-core 2.20 (Python 3.12+), for make test-core220: the supported core between .venv's and .venv-newest's.
 PYTHON_CORE220 ?= $(shell for p in $$HOME/.pyenv/versions/3.12*/bin/python3.12 python3.12 $$HOME/.pyenv/versions/3.13*/bin/python3.13 python3.13; do \
   "$$p" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && { echo "$$p"; break; }; done)
-.venv-220/.stamp: requirements-core220.txt
+.venv-220/.stamp: FORCE
 	@[ -n "$(PYTHON_CORE220)" ] || { echo "Python 3.12 or 3.13 not found: install one (pyenv install 3.12) or set PYTHON_CORE220"; exit 1; }
-	$(PYTHON_CORE220) -m venv .venv-220
-	.venv-220/bin/pip install --quiet --upgrade pip
-	.venv-220/bin/pip install --quiet -r requirements-core220.txt
-	touch $@
+	@$(PYTHON_CORE220) hack/cached_venv.py --dest .venv-220 -r requirements-core220.txt
+	@touch $@
 
 system-deps:
 	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -219,3 +220,8 @@ clean-images:
 
 clean: clean-images
 	rm -rf .local tests/output docs/build
+
+# The machine's shared cache (venvs, the base rootfs, mypy's): every clone's next `make` rebuilds what it needs.
+.PHONY: clean-cache
+clean-cache:
+	rm -rf "$(MICROVM_SANDBOX_CACHE)"

@@ -7,7 +7,9 @@
 #  2. `ansible-builder create` from hack/ee/execution-environment.yml with the
 #     built collection tarball and this machine's pip configuration (index,
 #     CA bundle: hack/ee/pip_config.py), then `podman build` on the host
-#     network (layers cached between runs).
+#     network (layers cached between runs). The image is tagged by a digest of
+#     its inputs (localhost/microvm-sandbox-ee:<digest16>): when that image
+#     exists, neither ansible-builder nor podman build runs.
 #  3. A local control plane of its own, and tests/ee/project/session.yml run
 #     by ansible-runner inside the image (podman, host network): it starts a
 #     session, runs tasks over the agent connection and deletes it. Nothing
@@ -21,7 +23,7 @@ export PATH="$bin:$PATH"
 export PYTHONPATH="${PYTHONPATH:-$root/.local/collections:$root/localplane}"
 work="$root/.local/ee"
 base_image=localhost/microvm-ee-base:bookworm
-ee_image=localhost/microvm-sandbox-ee:test
+ee_repo=localhost/microvm-sandbox-ee   # tagged by the digest of its inputs (step 2)
 mkdir -p "$work" .local/results
 report=.local/results/ee-test.txt
 start=$SECONDS
@@ -65,24 +67,40 @@ echo "ee-test: base image $base_image ready ($((SECONDS - start)) s)"
 def="$work/definition"
 rm -rf "$def" "$work/context"; mkdir -p "$def/collections"
 cp hack/ee/execution-environment.yml hack/ee/requirements.yml "$def/"
-"$bin/ansible-galaxy" collection build --force --output-path "$work/dist" . >/dev/null || fail "collection build failed"
+# The tarball of the tree as it is, built once per content (tests/support/microvm_tarball.py: .local/dist/<digest>/).
+tarball=$("$bin/python" tests/support/microvm_tarball.py) || fail "collection build failed"
 # The same content keeps the same file, so podman's layer cache holds
 # (ansible-galaxy writes a new gzip timestamp on every build).
-tarball=$(ls -t "$work"/dist/microvm-sandbox-*.tar.gz | head -n 1)
-if [ -s "$work/collection.tar.gz" ] && \
-   [ "$(gzip -dc "$tarball" | sha256sum)" = "$(gzip -dc "$work/collection.tar.gz" | sha256sum)" ]; then :
+collection_sum=$(gzip -dc "$tarball" | sha256sum)
+if [ -s "$work/collection.tar.gz" ] && [ "$collection_sum" = "$(gzip -dc "$work/collection.tar.gz" | sha256sum)" ]; then :
 else cp "$tarball" "$work/collection.tar.gz"; fi
 cp -p "$work/collection.tar.gz" "$def/collections/microvm-sandbox.tar.gz"
 "$bin/python" hack/ee/pip_config.py "$def/pip" || fail "could not write the pip configuration"
-"$bin/ansible-builder" create -f "$def/execution-environment.yml" -c "$work/context" >/dev/null || fail "ansible-builder create failed"
+# What the image is made of: the definition (hack/ee/), the collection's content and its Python and system
+# requirements, the base image, the pip configuration written above, the builder, and the checkout's label (each
+# checkout's image carries its own, for make clean-images).
+inputs_digest=$( {
+  for f in hack/ee/* requirements.txt bindep.txt meta/execution-environment.yml; do
+    printf '%s %s\n' "$f" "$(sha256sum <"$f")"; done
+  printf 'collection %s\n' "$collection_sum"
+  printf 'base %s\n' "$(podman image inspect --format '{{.Id}}' "$base_image")"
+  (cd "$def/pip" && find . -type f | LC_ALL=C sort | xargs -r sha256sum)
+  printf 'builder %s\nlabel %s\n' "$("$bin/ansible-builder" --version)" "$label"
+} | sha256sum | cut -c1-16)
+ee_image=$ee_repo:$inputs_digest
 t0=$SECONDS
-podman build --network host --layers --label "$label" -f "$work/context/Containerfile" -t "$ee_image" "$work/context" >"$work/build.log" 2>&1 \
-  || { tail -n 30 "$work/build.log"; fail "podman build failed, see $work/build.log"; }
-echo "ee-test: built $ee_image in $((SECONDS - t0)) s"
+if podman image exists "$ee_image"; then
+  echo "ee-test: $ee_image exists (the same inputs): no ansible-builder, no podman build"
+else
+  "$bin/ansible-builder" create -f "$def/execution-environment.yml" -c "$work/context" >/dev/null || fail "ansible-builder create failed"
+  podman build --network host --layers --label "$label" -f "$work/context/Containerfile" -t "$ee_image" "$work/context" >"$work/build.log" 2>&1 \
+    || { tail -n 30 "$work/build.log"; fail "podman build failed, see $work/build.log"; }
+  echo "ee-test: built $ee_image in $((SECONDS - t0)) s"
+fi
 # make clean-images finds this checkout's images by their label: the image must carry it.
 [ "$(podman image inspect --format "{{index .Labels \"${label%%=*}\"}}" "$ee_image")" = "${label#*=}" ] \
   || fail "$ee_image does not carry the checkout's label $label"
-# Superseded builds stay in podman's store as cache: `make clean-images` removes them.
+# Earlier builds (other digests) stay in podman's store as cache: `make clean-images` removes them.
 
 # The image holds what the collection's plugins need, and not the local plane's.
 podman run --rm --network host "$ee_image" python3 -c '

@@ -8,13 +8,13 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 bin="$root/.venv/bin"
 out="$root/.local/galaxy-import"
-rm -rf "$out"; mkdir -p "$out/dist" "$out/tmp"
+rm -rf "$out"; mkdir -p "$out/tmp"
 mkdir -p .local/results
 report=.local/results/galaxy-import.txt
 start=$SECONDS
-"$bin/ansible-galaxy" collection build --force --output-path "$out/dist" . >/dev/null || {
+# The tarball of the tree as it is, built once per content (tests/support/microvm_tarball.py: .local/dist/<digest>/).
+tarball=$("$bin/python" tests/support/microvm_tarball.py) || {
   echo "galaxy-import: ansible-galaxy collection build failed" | tee "$report"; exit 1; }
-tarball=$(ls "$out"/dist/microvm-sandbox-*.tar.gz)
 # As Galaxy runs it: a clean environment (no PYTHONPATH or ANSIBLE_* from make,
 # a private HOME), the venv's tools first on PATH (the importer runs ansible-doc
 # and ansible-lint from PATH on a copy it unpacks under tmp_root_dir), and its

@@ -9,10 +9,15 @@ planes (tests, several engineers) build it once; the result is renamed into
 place only when complete.
 
 Cache dir: $MICROVM_LOCALPLANE_CACHE, else <state dir>/cache. The repo's
-Makefile and test fixtures point it at .local/cache so one `make test` builds
-it once for every plane it starts.
+Makefile and test fixtures point it at the machine's shared cache
+(~/.cache/microvm-sandbox/localplane) so every clone and every plane builds it
+once. The rootfs dir is named by a digest of its recipe (recipe_digest: the
+suite, the packages, VERSION, _finish's source and the constants it uses): a
+changed recipe builds anew, beside the old one.
 """
 import fcntl
+import hashlib
+import inspect
 import os
 import shutil
 import subprocess
@@ -20,7 +25,7 @@ import time
 
 SUITE = "bookworm"
 PACKAGES = ("python3", "sudo", "python3-venv", "python3-pip", "ca-certificates", "git")
-VERSION = "3"                     # bump when _finish or the package list changes: the cache dir is keyed on it
+VERSION = "3"                     # part of the recipe digest (recipe_digest), for a change the digest cannot see
 # (2: root's home is /workspace/home; 3: venv, pip, CA certificates, git). ready() also checks READY_FILES:
 # a build without them is never taken for this one.
 CACHE_ENV = "MICROVM_LOCALPLANE_CACHE"
@@ -43,11 +48,30 @@ def cache_dir(state_dir):
     return os.path.abspath(os.environ.get(CACHE_ENV) or os.path.join(state_dir, "cache"))
 
 
+_digests = {}
+
+
+def recipe_digest():
+    """12 hex of a sha256 over what makes the rootfs: SUITE, PACKAGES, VERSION, _finish's source, its constants."""
+    recipe = (SUITE, tuple(PACKAGES), VERSION, _finish, ROOT_HOME, GUEST_USER, GUEST_UID)
+    if recipe not in _digests:
+        try:
+            finish = inspect.getsource(_finish)
+        except (OSError, TypeError):   # no source at hand: its byte code and constants
+            finish = repr((_finish.__code__.co_code, _finish.__code__.co_consts))
+        h = hashlib.sha256()
+        for part in (SUITE, "\0".join(PACKAGES), VERSION, finish, ROOT_HOME, GUEST_USER, str(GUEST_UID)):
+            data = part.encode()
+            h.update(b"%d:" % len(data) + data)
+        _digests[recipe] = h.hexdigest()[:12]
+    return _digests[recipe]
+
+
 def rootfs_path(state_dir):
-    return os.path.join(cache_dir(state_dir), "base-%s-v%s" % (SUITE, VERSION), "rootfs")
+    return os.path.join(cache_dir(state_dir), "base-%s-%s" % (SUITE, recipe_digest()), "rootfs")
 
 
-# Files that prove a complete build of this VERSION (the build is renamed into place only when complete).
+# Files that prove a complete build of this recipe (the build is renamed into place only when complete).
 READY_FILES = (("usr", "bin", "python3.11"), ("usr", "lib", "python3.11", "ensurepip", "__init__.py"),
                ("usr", "bin", "git"), ("etc", "ssl", "certs", "ca-certificates.crt"))
 

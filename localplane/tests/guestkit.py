@@ -23,8 +23,10 @@ REPO_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 16 << 20), ("grpc.max_send_message_length", 16 << 20)]
 
 
-# One cache for every plane the tests start: the base template's Debian rootfs is built once.
-os.environ.setdefault(baseimage.CACHE_ENV, os.path.join(REPO_DIR, ".local", "cache"))
+# One cache for every plane the tests start: the base template's Debian rootfs is built once (per machine: the
+# shared cache of every clone, as the Makefile's MICROVM_LOCALPLANE_CACHE).
+os.environ.setdefault(baseimage.CACHE_ENV, os.path.join(os.environ.get("MICROVM_SANDBOX_CACHE") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "microvm-sandbox"), "localplane"))
 
 
 def guests_supported():

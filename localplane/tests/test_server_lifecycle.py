@@ -360,7 +360,7 @@ def test_the_first_base_session_says_the_rootfs_is_being_built(tmp_path):
                         timeout=120, check=False)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
-        log = os.path.join(cache, "base-bookworm-v")
+        log = os.path.join(cache, "base-bookworm-")
         assert "note: the local control plane builds the `base` template's Debian bookworm root filesystem" in up.stdout
         assert log in up.stdout and "build.log" in up.stdout
         values = dict(line.replace("export ", "").split("=", 1) for line in open(tmp_path / "env").read().splitlines())

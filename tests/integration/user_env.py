@@ -9,6 +9,8 @@ import subprocess
 import sys
 import tempfile
 
+from microvm_tarball import collection_tarball
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)
 USERS_DIR = "/var/tmp"
@@ -34,11 +36,8 @@ class UserHome:
         self.env = dict((k, v) for k, v in os.environ.items() if k not in CHECKOUT_VARS and not k.startswith("MOLECULE_"))
         self.env.update(HOME=self.home, PATH=BIN + os.pathsep + os.environ.get("PATH", ""),
                         ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", NO_COLOR="1")
-        dist = os.path.join(self.root, "dist")
-        built = run([os.path.join(BIN, "ansible-galaxy"), "collection", "build", "--output-path", dist, ROOT],
-                    env=self.env)
-        assert built.returncode == 0, built.stdout + built.stderr
-        self.tarball = os.path.join(dist, next(n for n in os.listdir(dist) if n.endswith(".tar.gz")))
+        # The tarball of the tree as it is, built once per content for the whole run (tests/support/microvm_tarball.py).
+        self.tarball = collection_tarball()
         inst = run([os.path.join(BIN, "ansible-galaxy"), "collection", "install", self.tarball], env=self.env)
         assert inst.returncode == 0, inst.stdout + inst.stderr
         self.collection = os.path.join(self.home, ".ansible", "collections", "ansible_collections", "microvm",

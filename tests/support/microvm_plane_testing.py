@@ -109,8 +109,10 @@ def start_local_plane(state_dir, token=None, extra_env=None):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in sys.path if p and os.path.isdir(p)])
     env["MICROVM_LOCALPLANE_TOKEN"] = token  # via env, so the token is not in the process list
-    # Every plane a test run starts shares one cache: the base template's rootfs is built once.
-    env.setdefault("MICROVM_LOCALPLANE_CACHE", os.path.join(os.path.dirname(pkg_root), ".local", "cache"))
+    # Every plane a test run starts shares one cache: the base template's rootfs is built once (per machine: the
+    # shared cache of every clone, as the Makefile's MICROVM_LOCALPLANE_CACHE).
+    env.setdefault("MICROVM_LOCALPLANE_CACHE", os.path.join(os.environ.get("MICROVM_SANDBOX_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "microvm-sandbox"), "localplane"))
     env.update(extra_env or {})
     log = open(os.path.join(state_dir, "plane.log"), "ab")
     proc = subprocess.Popen([sys.executable, "-m", "microvm_localplane", "serve", "--listen", "127.0.0.1:0",
