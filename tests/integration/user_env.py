@@ -45,7 +45,8 @@ class UserHome:
         assert os.path.isfile(os.path.join(self.collection, "MANIFEST.json")), inst.stdout
 
     def with_plane(self, plane):
-        return dict(self.env, **plane.env)
+        """The plane's URL and token (and road); not the test run's mux dir: a user's is under their own home."""
+        return dict(self.env, **{k: v for k, v in plane.env.items() if k != "MICROVM_MUX_DIR"})
 
     def remove(self):
         shutil.rmtree(self.root, ignore_errors=True)
