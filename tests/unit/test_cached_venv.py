@@ -118,17 +118,20 @@ def test_the_overlay_imports_the_shared_packages_and_runs_its_scripts(tmp_path, 
     cv.ensure(dest, [str(req)], localplane=str(lp), log=lambda msg: None)
 
     py = os.path.join(dest, "bin", "python")
+    # Only the overlay's own paths: make exports a PYTHONPATH with this checkout's localplane.
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run([py, "-c", "import sys, probe_shared, probe_nested, microvm_localplane as m; "
                           "print(sys.prefix, probe_shared.WHERE, probe_nested.WHERE, m.__file__)"],
-                         capture_output=True, text=True, check=True).stdout.split()
+                         capture_output=True, text=True, check=True, env=clean).stdout.split()
     assert out == [dest, "shared", "nested", str(lp / "microvm_localplane" / "__init__.py")]
     for name in scripts:
         path = os.path.join(dest, "bin", name)
         assert not os.path.islink(path) and open(path).readline() == "#!%s\n" % py
-        res = subprocess.run([path], capture_output=True, text=True, check=True)
+        res = subprocess.run([path], capture_output=True, text=True, check=True, env=clean)
         assert res.stdout.split() == [dest, "shared"]
     assert os.readlink(os.path.join(dest, "bin", "probe-binary")) == binary
-    res = subprocess.run([os.path.join(dest, "bin", "microvm-localplane")], capture_output=True, text=True, check=True)
+    res = subprocess.run([os.path.join(dest, "bin", "microvm-localplane")], capture_output=True, text=True, check=True,
+                         env=clean)
     assert res.stdout == "localplane main\n"
     assert os.path.islink(py) and not os.path.exists(os.path.join(dest, "bin", "pip"))   # as venv made them
 
