@@ -23,22 +23,27 @@ export PYTEST_WORKERS=$workers
 busy_ticks() {  # CPU time the whole machine spent busy since boot, in clock ticks (user+nice+system+irq+softirq+steal)
   awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat
 }
-seconds_of() {  # "1m2.500s" -> 62.5
-  awk -v t="$1" 'BEGIN { split(t, a, "m"); sub("s", "", a[2]); printf "%.1f", a[1] * 60 + a[2] }'
-}
 hz=$(getconf CLK_TCK)
 run_start=$SECONDS
 run_ticks=$(busy_ticks)
+
+with_cpu() {  # with_cpu FILE COMMAND...: run it; FILE gets the CPU seconds (user + system) of it and its reaped children
+  python3 -c 'import resource, subprocess, sys
+rc = subprocess.call(sys.argv[2:])
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+open(sys.argv[1], "w").write("%d\n" % round(r.ru_utime + r.ru_stime))
+sys.exit(rc)' "$@"
+}
 
 step() {  # step NAME COMMAND...: run one check; its output to .local/results/NAME.log (and to stdout unless QUIET)
   local name=$1; shift
   local t0=$SECONDS rc
   if [ "${QUIET:-0}" = 1 ]; then
-    ( "$@"; rc=$?; times | tail -n 1 > "$results/$name.cpu"; exit $rc ) > "$results/$name.log" 2>&1
+    with_cpu "$results/$name.cpu" "$@" > "$results/$name.log" 2>&1
     rc=$?
   else
     echo; echo "==== $name ===="
-    ( "$@"; rc=$?; times | tail -n 1 > "$results/$name.cpu"; exit $rc ) 2>&1 | tee "$results/$name.log"
+    with_cpu "$results/$name.cpu" "$@" 2>&1 | tee "$results/$name.log"
     rc=${PIPESTATUS[0]}
   fi
   echo "$rc" > "$results/$name.rc"
@@ -110,9 +115,7 @@ printf '%-16s %-7s %8s %9s  %s\n' step result wall "CPU" counts
 failed=()
 for name in "${guests[@]}" "${checks[@]}"; do
   rc=$(cat "$results/$name.rc" 2>/dev/null || echo "?")
-  cpu="?"
-  [ -s "$results/$name.cpu" ] && cpu=$(( $(seconds_of "$(cut -d' ' -f1 "$results/$name.cpu")" | cut -d. -f1) \
-                                        + $(seconds_of "$(cut -d' ' -f2 "$results/$name.cpu")" | cut -d. -f1) ))
+  cpu=$(cat "$results/$name.cpu" 2>/dev/null || echo "?")
   result=ok; [ "$rc" = 0 ] || { result=FAILED; failed+=("$name"); }
   printf '%-16s %-7s %7ss %8ss  %s\n' "$name" "$result" "$(cat "$results/$name.time" 2>/dev/null || echo "?")" \
     "$cpu" "$(tail -n 1 "$results/$name.txt" 2>/dev/null)"
