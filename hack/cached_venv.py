@@ -18,6 +18,8 @@ clone's localplane dir (what `-e ./localplane` gave), the shared venv's scripts 
 overlay's python in their shebang, its other executables symlinked. It records its key: when that
 matches, nothing is done.
 """
+from __future__ import annotations  # hints stay unevaluated: make may run this on a base Python older than 3.10
+
 import argparse
 import fcntl
 import hashlib
@@ -28,6 +30,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TextIO
 
 SCHEMA = "1"
 KEY_FILE = ".cached-venv-key"      # in the overlay: the key and the shared venv it was made over
@@ -40,10 +44,10 @@ LOCALPLANE_SCRIPTS = {"microvm-localplane": ("microvm_localplane.cli", "main")}
 SKIP_BIN = re.compile(r"^(activate.*|Activate\.ps1|python[0-9.]*|__pycache__)$")
 # The Python the venvs are made with: the base one even when this runs in a venv (make puts .venv/bin first on
 # PATH, so `python3` may be the very overlay this replaces).
-BASE_PYTHON = getattr(sys, "_base_executable", None) or sys.executable
+BASE_PYTHON: str = getattr(sys, "_base_executable", None) or sys.executable
 
 
-def cache_root():
+def cache_root() -> str:
     root = os.environ.get("MICROVM_SANDBOX_CACHE")
     if not root:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -51,10 +55,10 @@ def cache_root():
     return os.path.abspath(root)
 
 
-def compute_key(requirements, extra_files=()):
+def compute_key(requirements: Iterable[str], extra_files: Iterable[str] = ()) -> str:
     h = hashlib.sha256()
 
-    def part(label, data):
+    def part(label: str, data: str | bytes) -> None:
         if isinstance(data, str):
             data = data.encode()
         h.update(b"%s %d\n" % (label.encode(), len(data)))
@@ -72,7 +76,7 @@ def compute_key(requirements, extra_files=()):
     return h.hexdigest()
 
 
-def site_packages(prefix):
+def site_packages(prefix: str) -> str:
     """The purelib dir of the venv at prefix, as its own python says (Debian's python3 has a scheme of its own
     outside venvs: this one's sysconfig would not do)."""
     return subprocess.run([os.path.join(prefix, "bin", "python"), "-c",
@@ -80,7 +84,7 @@ def site_packages(prefix):
                           capture_output=True, text=True, check=True).stdout.strip()
 
 
-def read_requirements(paths):
+def read_requirements(paths: Iterable[str]) -> list[str]:
     """The requirement lines to install into the shared venv: every line but editable (-e) ones."""
     lines = []
     for path in paths:
@@ -93,7 +97,7 @@ def read_requirements(paths):
     return lines
 
 
-def localplane_dependencies(localplane):
+def localplane_dependencies(localplane: str) -> list[str]:
     """[project].dependencies of localplane/pyproject.toml (what the editable install pulled in)."""
     path = os.path.join(localplane, "pyproject.toml")
     try:
@@ -104,27 +108,27 @@ def localplane_dependencies(localplane):
         return list(tomllib.load(f).get("project", {}).get("dependencies", []))
 
 
-def _run(argv, **kw):
+def _run(argv: Sequence[str], **kw: Any) -> None:
     subprocess.run(argv, check=True, **kw)
 
 
-def create_venv(path, with_pip=True):
+def create_venv(path: str, with_pip: bool = True) -> None:
     _run([BASE_PYTHON, "-m", "venv"] + ([] if with_pip else ["--without-pip"]) + [path])
 
 
-def pip_install(python, args):
+def pip_install(python: str, args: list[str]) -> None:
     """pip with its own default sources and this machine's pip configuration (PIP_* variables, pip.conf)."""
     _run([python, "-m", "pip", "install", "--quiet"] + args)
 
 
-def _locked(lock_path):
+def _locked(lock_path: str) -> TextIO:
     os.makedirs(os.path.dirname(lock_path), exist_ok=True)
     f = open(lock_path, "a")
     fcntl.flock(f, fcntl.LOCK_EX)
     return f
 
 
-def shared_complete(shared, key):
+def shared_complete(shared: str, key: str) -> bool:
     try:
         with open(os.path.join(shared, COMPLETE)) as f:
             return f.read().strip() == key
@@ -132,11 +136,11 @@ def shared_complete(shared, key):
         return False
 
 
-def shared_path(name, key):
+def shared_path(name: str, key: str) -> str:
     return os.path.join(cache_root(), "venvs", "%s-%s" % (name, key[:16]))
 
 
-def ensure_shared(name, key, requirement_lines, log=print):
+def ensure_shared(name: str, key: str, requirement_lines: Sequence[str], log: Callable[[str], object] = print) -> str:
     """-> the shared venv for key, building it first (under a lock) when it is missing or incomplete."""
     shared = shared_path(name, key)
     if shared_complete(shared, key):
@@ -162,7 +166,7 @@ def ensure_shared(name, key, requirement_lines, log=print):
     return shared
 
 
-def _shebang_python(first_lines, shared_bin):
+def _shebang_python(first_lines: Sequence[str], shared_bin: str) -> tuple[str, int] | None:
     """The shared interpreter a script's header names, or None when it is not a script of the shared venv."""
     if first_lines[0].startswith("#!"):
         target = first_lines[0][2:].strip().split(" ", 1)[0]   # (pip writes no interpreter arguments)
@@ -176,13 +180,13 @@ def _shebang_python(first_lines, shared_bin):
     return None
 
 
-def shebang(python):
+def shebang(python: str) -> str:
     if len("#!" + python) <= SHEBANG_MAX and " " not in python:
         return "#!%s\n" % python
     return "#!/bin/sh\n'''exec' \"%s\" \"$0\" \"$@\"\n' '''\n" % python
 
 
-def link_scripts(shared, dest):
+def link_scripts(shared: str, dest: str) -> None:
     """The shared venv's bin into the overlay's: scripts rewritten for its python, other executables linked."""
     shared_bin, dest_bin = os.path.join(shared, "bin"), os.path.join(dest, "bin")
     for entry in sorted(os.listdir(shared_bin)):
@@ -210,7 +214,7 @@ def link_scripts(shared, dest):
         os.chmod(dst, os.stat(src).st_mode & 0o7777)
 
 
-def write_console_script(dest, name, module, func):
+def write_console_script(dest: str, name: str, module: str, func: str) -> None:
     path = os.path.join(dest, "bin", name)
     with open(path, "w") as f:
         f.write(shebang(os.path.join(dest, "bin", "python")))
@@ -221,7 +225,7 @@ def write_console_script(dest, name, module, func):
     os.chmod(path, 0o755)
 
 
-def overlay_key(dest):
+def overlay_key(dest: str) -> list[str]:
     try:
         with open(os.path.join(dest, KEY_FILE)) as f:
             return f.read().split()
@@ -229,7 +233,7 @@ def overlay_key(dest):
         return []
 
 
-def make_overlay(dest, shared, key, localplane=None):
+def make_overlay(dest: str, shared: str, key: str, localplane: str | None = None) -> None:
     """The clone's thin venv over shared (replacing whatever dest held)."""
     shutil.rmtree(dest, ignore_errors=True)
     if os.path.lexists(dest):
@@ -250,7 +254,8 @@ def make_overlay(dest, shared, key, localplane=None):
         f.write("%s %s\n" % (key, shared))
 
 
-def ensure(dest, requirements, localplane=None, name=None, log=print):
+def ensure(dest: str, requirements: Sequence[str], localplane: str | None = None, name: str | None = None,
+           log: Callable[[str], object] = print) -> tuple[str, str]:
     """-> (dest, shared): the overlay at dest over the shared venv of these requirements, made if needed."""
     dest = os.path.abspath(dest)
     extra = [os.path.join(localplane, "pyproject.toml")] if localplane else []
@@ -274,7 +279,7 @@ def ensure(dest, requirements, localplane=None, name=None, log=print):
     return dest, shared
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--dest", required=True, help="the clone's venv dir (.venv)")
     parser.add_argument("-r", "--requirements", action="append", required=True, help="requirement file (repeatable)")

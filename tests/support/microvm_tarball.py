@@ -7,6 +7,8 @@ that builds it. The tarball is built under a lock into <clone>/.local/dist/<dige
 place only when whole, so parallel test workers and scripts (hack/ee-test.sh, hack/galaxy-import.sh)
 share one build. `python tests/support/microvm_tarball.py` prints its path.
 """
+from __future__ import annotations
+
 import fcntl
 import hashlib
 import os
@@ -14,6 +16,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Iterable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCHEMA = "1"
@@ -24,14 +27,14 @@ class TarballError(Exception):
     pass
 
 
-def tree_files(root=ROOT):
+def tree_files(root: str = ROOT) -> list[str]:
     """The files (relative paths) the digest covers."""
     try:
         out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=root,
                              capture_output=True, check=True, timeout=60).stdout
         return sorted(set(p for p in out.decode("utf-8", "surrogateescape").split("\0") if p))
     except (OSError, subprocess.SubprocessError):
-        files = []
+        files: list[str] = []
         for top, dirs, names in os.walk(root):
             rel = os.path.relpath(top, root)
             dirs[:] = [d for d in dirs if not (rel == "." and (d in WALK_SKIP or d.startswith(".venv")))]
@@ -39,13 +42,13 @@ def tree_files(root=ROOT):
         return sorted(files)
 
 
-def galaxy():
+def galaxy() -> str:
     """The ansible-galaxy beside this Python (the venv's), else the one on PATH."""
     path = os.path.join(os.path.dirname(sys.executable), "ansible-galaxy")
     return path if os.path.exists(path) else (shutil.which("ansible-galaxy") or path)
 
 
-def _galaxy_version():
+def _galaxy_version() -> str:
     try:
         from importlib.metadata import version
 
@@ -54,11 +57,11 @@ def _galaxy_version():
         return "?"
 
 
-def tree_digest(root=ROOT, files=None):
+def tree_digest(root: str = ROOT, files: Iterable[str] | None = None) -> str:
     """sha256 hex over the mode and content of each file (a symlink: its target) and the builder."""
     h = hashlib.sha256()
 
-    def part(data):
+    def part(data: bytes) -> None:
         h.update(b"%d:" % len(data) + data)
 
     part(("schema %s galaxy %s %s" % (SCHEMA, os.path.realpath(galaxy()), _galaxy_version())).encode())
@@ -81,7 +84,7 @@ def tree_digest(root=ROOT, files=None):
     return h.hexdigest()
 
 
-def _built(out):
+def _built(out: str) -> str | None:
     try:
         names = [n for n in os.listdir(out) if n.endswith(".tar.gz")]
     except FileNotFoundError:
@@ -89,7 +92,7 @@ def _built(out):
     return os.path.join(out, names[0]) if len(names) == 1 and os.path.exists(os.path.join(out, ".complete")) else None
 
 
-def collection_tarball(root=ROOT, digest=None):
+def collection_tarball(root: str = ROOT, digest: str | None = None) -> str:
     """-> the path of the collection tarball of the tree as it is now, built once per digest."""
     digest = digest or tree_digest(root)
     dist = os.path.join(root, ".local", "dist")
@@ -119,7 +122,7 @@ def collection_tarball(root=ROOT, digest=None):
     return found
 
 
-def main():
+def main() -> None:
     try:
         print(collection_tarball())
     except TarballError as e:

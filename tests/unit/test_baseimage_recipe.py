@@ -1,10 +1,14 @@
 """The base template's rootfs is cached under a digest of its recipe: a changed recipe is built anew."""
-import os
+from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import pytest
 from microvm_localplane import baseimage
 
 
-def test_the_rootfs_dir_is_named_by_the_recipe_digest(tmp_path, monkeypatch):
+def test_the_rootfs_dir_is_named_by_the_recipe_digest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(baseimage.CACHE_ENV, str(tmp_path / "cache"))
     digest = baseimage.recipe_digest()
     assert len(digest) == 12 and digest == baseimage.recipe_digest()
@@ -13,17 +17,17 @@ def test_the_rootfs_dir_is_named_by_the_recipe_digest(tmp_path, monkeypatch):
     assert not baseimage.ready("/nowhere")
 
 
-def test_the_digest_changes_with_the_packages(monkeypatch):
+def test_the_digest_changes_with_the_packages(monkeypatch: pytest.MonkeyPatch) -> None:
     digest = baseimage.recipe_digest()
     monkeypatch.setattr(baseimage, "PACKAGES", baseimage.PACKAGES + ("curl",))
     assert baseimage.recipe_digest() != digest
     assert baseimage.recipe_digest() in baseimage.rootfs_path("/nowhere")
 
 
-def test_the_digest_changes_with_finish_and_its_constants(monkeypatch):
+def test_the_digest_changes_with_finish_and_its_constants(monkeypatch: pytest.MonkeyPatch) -> None:
     digest = baseimage.recipe_digest()
 
-    def _finish(root):
+    def _finish(root: str) -> None:
         """Another recipe."""
         os.mkdir(os.path.join(root, "more"))
 

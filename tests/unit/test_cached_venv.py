@@ -1,30 +1,40 @@
 """hack/cached_venv.py: a shared venv per content, reused while its inputs stay, rebuilt when they change, and the
 clone's overlay reaching it (no network: pip's steps are recorded, not run; venvs are made without pip)."""
+from __future__ import annotations
+
 import importlib.util
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import TypedDict
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 spec = importlib.util.spec_from_file_location("cached_venv", os.path.join(ROOT, "hack", "cached_venv.py"))
+assert spec is not None and spec.loader is not None   # None for a path it cannot load
 cv = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(cv)
 
 
+class Calls(TypedDict):
+    venv: list[str]         # each venv's path, in the order made
+    pip: list[list[str]]    # each pip install's arguments (a -r file's text appended)
+
+
 @pytest.fixture
-def tool(tmp_path, monkeypatch):
+def tool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Calls:
     """cached_venv with a cache root of its own; records each venv made and each pip install."""
     monkeypatch.setenv("MICROVM_SANDBOX_CACHE", str(tmp_path / "cache"))
-    calls = {"venv": [], "pip": []}
+    calls: Calls = {"venv": [], "pip": []}
     real_create = cv.create_venv
 
-    def create_venv(path, with_pip=True):
+    def create_venv(path: str, with_pip: bool = True) -> None:
         calls["venv"].append(path)
         real_create(path, with_pip=False)
 
-    def pip_install(python, args):
+    def pip_install(python: str, args: list[str]) -> None:
         assert os.path.exists(python)
         if args[0] == "-r":
             with open(args[1]) as f:
@@ -36,11 +46,11 @@ def tool(tmp_path, monkeypatch):
     return calls
 
 
-def shared_builds(calls):
+def shared_builds(calls: Calls) -> list[str]:
     return [p for p in calls["venv"] if os.sep + "venvs" + os.sep in p]
 
 
-def test_a_venv_is_built_once_then_reused_and_rebuilt_when_its_requirements_change(tmp_path, tool):
+def test_a_venv_is_built_once_then_reused_and_rebuilt_when_its_requirements_change(tmp_path: Path, tool: Calls) -> None:
     req = tmp_path / "requirements.txt"
     req.write_text("")
     dest = str(tmp_path / "clone" / ".venv")
@@ -71,7 +81,7 @@ def test_a_venv_is_built_once_then_reused_and_rebuilt_when_its_requirements_chan
     assert os.path.isdir(shared)   # the old one stays for clones still on it
 
 
-def test_an_incomplete_shared_venv_is_built_again(tmp_path, tool):
+def test_an_incomplete_shared_venv_is_built_again(tmp_path: Path, tool: Calls) -> None:
     req = tmp_path / "requirements.txt"
     req.write_text("")
     shared = cv.ensure(str(tmp_path / ".venv"), [str(req)], log=lambda msg: None)[1]
@@ -81,7 +91,7 @@ def test_an_incomplete_shared_venv_is_built_again(tmp_path, tool):
     assert os.path.isfile(os.path.join(shared, cv.COMPLETE))
 
 
-def test_the_overlay_imports_the_shared_packages_and_runs_its_scripts(tmp_path, tool):
+def test_the_overlay_imports_the_shared_packages_and_runs_its_scripts(tmp_path: Path, tool: Calls) -> None:
     req = tmp_path / "requirements.txt"
     req.write_text("-e ./localplane\nsomething==1.0\n")
     lp = tmp_path / "clone" / "localplane"
@@ -136,7 +146,7 @@ def test_the_overlay_imports_the_shared_packages_and_runs_its_scripts(tmp_path, 
     assert os.path.islink(py) and not os.path.exists(os.path.join(dest, "bin", "pip"))   # as venv made them
 
 
-def test_a_shebang_too_long_for_the_kernel_takes_the_sh_form(tmp_path):
+def test_a_shebang_too_long_for_the_kernel_takes_the_sh_form(tmp_path: Path) -> None:
     long_python = "/" + "d" * 150 + "/bin/python"
     assert cv.shebang("/v/bin/python") == "#!/v/bin/python\n"
     header = cv.shebang(long_python)
@@ -145,7 +155,7 @@ def test_a_shebang_too_long_for_the_kernel_takes_the_sh_form(tmp_path):
     assert cv._shebang_python(header.splitlines() + [""], shared_bin) == (long_python, 3)
 
 
-def test_the_key_covers_the_python_and_each_file(tmp_path, monkeypatch):
+def test_the_key_covers_the_python_and_each_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
     a.write_text("x==1\n")
     b.write_text("")
@@ -158,13 +168,13 @@ def test_the_key_covers_the_python_and_each_file(tmp_path, monkeypatch):
     assert cv.compute_key([str(a)]) != before
 
 
-def test_venvs_are_made_with_the_base_python_even_from_inside_a_venv():
+def test_venvs_are_made_with_the_base_python_even_from_inside_a_venv() -> None:
     """make puts .venv/bin first on PATH: the tool may run on the very overlay it replaces."""
     home = os.path.dirname(os.path.dirname(cv.BASE_PYTHON))
     assert not os.path.exists(os.path.join(home, "pyvenv.cfg")), cv.BASE_PYTHON
 
 
-def test_another_cache_root_gets_its_own_shared_venv(tmp_path, tool, monkeypatch):
+def test_another_cache_root_gets_its_own_shared_venv(tmp_path: Path, tool: Calls, monkeypatch: pytest.MonkeyPatch) -> None:
     req = tmp_path / "requirements.txt"
     req.write_text("")
     dest = str(tmp_path / ".venv")

@@ -1,14 +1,17 @@
 """tests/support/microvm_tarball.py: the collection tarball is built once per content of the tree, and again when a
 file changes (a tmp git repo, and a stand-in for ansible-galaxy that counts its builds)."""
+from __future__ import annotations
+
 import os
 import subprocess
+from pathlib import Path
 
 import microvm_tarball
 import pytest
 
 
 @pytest.fixture
-def repo(tmp_path, monkeypatch):
+def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
     root = tmp_path / "repo"
     (root / "plugins").mkdir(parents=True)
     (root / "galaxy.yml").write_text("name: sandbox\n")
@@ -26,11 +29,11 @@ def repo(tmp_path, monkeypatch):
     return root, builds
 
 
-def build_count(builds):
+def build_count(builds: Path) -> int:
     return len(builds.read_text().splitlines()) if builds.exists() else 0
 
 
-def test_the_digest_follows_the_tracked_and_untracked_files_not_the_ignored(repo):
+def test_the_digest_follows_the_tracked_and_untracked_files_not_the_ignored(repo: tuple[Path, Path]) -> None:
     root = repo[0]
     digest = microvm_tarball.tree_digest(str(root))
     assert microvm_tarball.tree_digest(str(root)) == digest
@@ -47,7 +50,7 @@ def test_the_digest_follows_the_tracked_and_untracked_files_not_the_ignored(repo
     assert "plugins/new.py" in microvm_tarball.tree_files(str(root))
 
 
-def test_the_same_digest_reuses_the_build_and_a_change_builds_anew(repo):
+def test_the_same_digest_reuses_the_build_and_a_change_builds_anew(repo: tuple[Path, Path]) -> None:
     root, builds = repo
     first = microvm_tarball.collection_tarball(str(root))
     digest = microvm_tarball.tree_digest(str(root))
@@ -59,7 +62,7 @@ def test_the_same_digest_reuses_the_build_and_a_change_builds_anew(repo):
     assert not [n for n in os.listdir(root / ".local" / "dist") if ".tmp-" in n]
 
 
-def test_without_git_the_tree_is_walked(tmp_path):
+def test_without_git_the_tree_is_walked(tmp_path: Path) -> None:
     for rel in ("galaxy.yml", "plugins/a.py", ".git/config", ".local/x", ".venv-newest/y", "docs/.venv/z"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(rel)
