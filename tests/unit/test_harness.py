@@ -37,7 +37,9 @@ def count(tmp_path, text: str | None, workers: int = 2) -> tuple[int, str, str]:
     if text is not None:
         (tmp_path / "suite" / "test_it.py").write_text(text)
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n  serial: alone\n")
-    env = dict(os.environ, PYTEST_WORKERS=str(workers), PYTEST_PYTHON=sys.executable, PYTEST_ARGS="")
+    # not this test's own xdist worker's variables: the inner passes must tell their own
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))}
+    env.update(PYTEST_WORKERS=str(workers), PYTEST_PYTHON=sys.executable, PYTEST_ARGS="")
     proc = subprocess.run(["bash", COUNT, "demo", "suite"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300, check=False)
     report = tmp_path / ".local" / "results" / "demo.txt"
