@@ -106,6 +106,7 @@ class WarmPool:
         self.task = None
         self.last_claim = 0.0
         self._wake = asyncio.Event()
+        self._written = None      # what warm-pool.json holds: rewritten (with an fsync) only when that changes
 
     @property
     def enabled(self) -> bool:
@@ -123,8 +124,11 @@ class WarmPool:
         exist, so that a crash never orphans one)."""
         data = dict(self.stats, members=[m.session_id for m in self._members()] + sorted(self.booting_ids),
                     ready={"%s/%s" % k: len(v) for k, v in self.ready.items()})
+        if data == self._written:
+            return  # an idle plane writes nothing: the refill loop runs 4 times a second
         with contextlib.suppress(OSError):
             write_json_atomic(self.path, data)
+            self._written = data
 
     # -- demand and claims -------------------------------------------------------
     def want(self, template: str, size: str, rootfs: dict) -> None:
@@ -191,8 +195,9 @@ class WarmPool:
 
     async def _loop(self) -> None:
         while True:
+            # Nothing kept warm: nothing to refill or expire until a keep_warm create wakes the loop.
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), REFILL_INTERVAL)
+                await asyncio.wait_for(self._wake.wait(), REFILL_INTERVAL if self.keys else None)
             self._wake.clear()
             try:
                 await self._refill()

@@ -104,3 +104,42 @@ def test_leftovers_of_a_crashed_plane_are_destroyed_at_start(tmp_path):
         assert sorted(guests.destroyed) == ["left-1", "left-2"]
         assert json.load(open(os.path.join(str(tmp_path), "warm-pool.json")))["members"] == []
     asyncio.run(run())
+
+
+def test_an_idle_pool_rewrites_nothing(tmp_path):
+    async def run():
+        guests = FakeGuests()
+        pool = WarmPool(str(tmp_path), guests, size=1, max_total=2)
+        path = os.path.join(str(tmp_path), "warm-pool.json")
+        pool.want("base", "small", BASE)
+        await settle(pool)
+        assert len(pool.ready[("base", "small")]) == 1
+        os.unlink(path)   # a rewrite would bring it back
+        await settle(pool)
+        assert not os.path.exists(path), "an unchanged pool rewrote warm-pool.json"
+        assert pool.claim("base", "small", BASE) is not None   # a change is written at once
+        assert json.load(open(path))["claimed"] == 1
+
+    asyncio.run(run())
+
+
+def test_the_refill_loop_sleeps_until_something_is_wanted(tmp_path):
+    async def run():
+        pool = WarmPool(str(tmp_path), FakeGuests(), size=1, max_total=2)
+        refills = []
+        real = pool._refill
+
+        async def counted():
+            refills.append(1)
+            await real()
+
+        pool._refill = counted
+        task = asyncio.get_running_loop().create_task(pool._loop())
+        await asyncio.sleep(1.0)          # four intervals: an idle pool is not woken
+        assert refills == []
+        pool.want("base", "small", BASE)  # a keep_warm create wakes it at once
+        await asyncio.sleep(0.05)
+        assert len(refills) == 1
+        task.cancel()
+
+    asyncio.run(run())
