@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make check: the fast tier, for every merge (at most 3 minutes on two cores): ruff, mypy over plugins/ with the
+# make check: the fast tier, for every merge (at most 3 minutes on two cores): ruff, the changelog lint, mypy over plugins/ with the
 # share of annotated functions, the proto and docsite drift checks, the collection's unit tests and the local
 # plane's unit tests (no guest boots). The whole suite is `make test`.
 set -uo pipefail
@@ -16,6 +16,7 @@ check ruff .venv/bin/ruff check .
 check proto-check .venv/bin/python hack/gen_proto.py --check
 check docsite-check .venv/bin/python hack/gen_docsite.py --check
 check typecheck bash hack/typecheck.sh
+check changelog-lint .venv/bin/antsibull-changelog lint
 check unit bash hack/pytest-count.sh unit tests/unit
 check plane-units bash hack/pytest-count.sh plane-units localplane/tests/test_*_units.py localplane/tests/test_guestproc.py
 if [ ${#failed[@]} -gt 0 ]; then
