@@ -12,7 +12,10 @@ export PYTHONPATH := $(COLLECTIONS):$(CURDIR)/localplane
 export PATH := $(BIN):$(PATH)
 # Caches shared by every clone on this machine, keyed by content (README: "Caches"): the venvs
 # (hack/cached_venv.py), the base template's rootfs, mypy's cache.
-export MICROVM_SANDBOX_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/microvm-sandbox
+ifeq ($(origin MICROVM_SANDBOX_CACHE),undefined)
+MICROVM_SANDBOX_CACHE := $(shell $(PYTHON) hack/cached_venv.py --cache-root)
+endif
+export MICROVM_SANDBOX_CACHE
 # One cache of the base template's Debian rootfs for every plane make starts (built once, minutes).
 export MICROVM_LOCALPLANE_CACHE ?= $(MICROVM_SANDBOX_CACHE)/localplane
 # Debian packages: runc and uidmap (guests of the local control plane: an OCI
@@ -44,7 +47,7 @@ CORE_SUITES := tests/unit/plugins/plugin_utils/test_core_compat.py tests/integra
 
 help:
 	@echo "make demo   - set up everything and run the demo end to end on the local control plane"
-	@echo "make test   - set up and run the whole suite (lint, sanity, unit, integration, e2e), about 20 minutes"
+	@echo "make test   - set up and run the whole suite (lint, sanity, unit, integration, e2e), about 15 minutes"
 	@echo "make check  - the fast tier for every merge: lint, types, unit tests, the plane's unit tests (minutes)"
 	@echo "make integration-api - the connection, become and sync suites over transport api, agent port closed"
 	@echo "make docs   - build the HTML docsite into docs/build/html"
@@ -159,7 +162,7 @@ integration-api: setup
 molecule: setup
 	bash hack/molecule.sh
 
-# Every check and suite (hack/test.sh: two lanes, guest-bound suites on pytest-xdist workers); about 20 minutes.
+# Every check and suite (hack/test.sh: two lanes, guest-bound suites on pytest-xdist workers); about 15 minutes.
 test: setup $(if $(filter 1,$(SKIP_NEWEST)),,.venv-newest/.stamp .venv-220/.stamp)
 	bash hack/test.sh
 

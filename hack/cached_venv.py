@@ -48,6 +48,7 @@ BASE_PYTHON: str = getattr(sys, "_base_executable", None) or sys.executable
 
 
 def cache_root() -> str:
+    """The machine's shared cache of every clone (the one rule: make, typecheck and the test fixtures ask here)."""
     root = os.environ.get("MICROVM_SANDBOX_CACHE")
     if not root:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -281,11 +282,17 @@ def ensure(dest: str, requirements: Sequence[str], localplane: str | None = None
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
-    parser.add_argument("--dest", required=True, help="the clone's venv dir (.venv)")
-    parser.add_argument("-r", "--requirements", action="append", required=True, help="requirement file (repeatable)")
+    parser.add_argument("--cache-root", action="store_true", help="print the shared cache's root and exit")
+    parser.add_argument("--dest", help="the clone's venv dir (.venv)")
+    parser.add_argument("-r", "--requirements", action="append", help="requirement file (repeatable)")
     parser.add_argument("--localplane", help="the clone's localplane dir: on the path, with its console script")
     parser.add_argument("--name", help="the shared venv's name prefix (default: dest's name)")
     args = parser.parse_args(argv)
+    if args.cache_root:
+        print(cache_root())
+        return
+    if not args.dest or not args.requirements:
+        parser.error("--dest and -r are required")
     try:
         ensure(args.dest, args.requirements, localplane=args.localplane, name=args.name)
     except subprocess.CalledProcessError as e:

@@ -8,7 +8,7 @@ bin=${VENV_BIN:-.venv/bin}
 [ -d .local/collections/ansible_collections/microvm/sandbox ] || { echo "run make collection first"; exit 1; }
 # mypy's cache is shared by every clone on this machine, one per mypy and Python version (mypy checks each entry
 # against the source's content and the options itself); pyproject.toml's cache_dir is the fallback.
-cache=${MICROVM_SANDBOX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/microvm-sandbox}/mypy/$("$bin/python" -c \
+cache=${MICROVM_SANDBOX_CACHE:-$(python3 hack/cached_venv.py --cache-root)}/mypy/$("$bin/python" -c \
   'import platform, sys, mypy.version; print("mypy-%s-py%s" % (mypy.version.__version__, platform.python_version()))') \
   || { echo "typecheck: mypy is not installed in $bin (make venv)"; exit 1; }
 rc=0

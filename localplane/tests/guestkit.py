@@ -16,6 +16,7 @@ import grpc
 from microvm_localplane import baseimage, idmap
 from microvm_localplane.guests import GuestManager, RootfsSpec
 from microvm_localplane.pb import pb2, pb2_grpc
+from microvm_plane_testing import localplane_cache
 from microvm_threaded_loop import ThreadedLoop
 
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,8 +26,7 @@ CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 16 << 20), ("grpc.max_sen
 
 # One cache for every plane the tests start: the base template's Debian rootfs is built once (per machine: the
 # shared cache of every clone, as the Makefile's MICROVM_LOCALPLANE_CACHE).
-os.environ.setdefault(baseimage.CACHE_ENV, os.path.join(os.environ.get("MICROVM_SANDBOX_CACHE") or os.path.join(
-    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "microvm-sandbox"), "localplane"))
+os.environ.setdefault(baseimage.CACHE_ENV, localplane_cache())
 
 
 def guests_supported():

@@ -100,6 +100,20 @@ def live_requested():
     return os.environ.get("MICROVM_LIVE") == "1"
 
 
+def localplane_cache():
+    """The base rootfs cache every plane of a test run shares: the Makefile's MICROVM_LOCALPLANE_CACHE, else the
+    `localplane` dir of the machine's shared cache (hack/cached_venv.py's cache_root, the one rule)."""
+    if os.environ.get("MICROVM_LOCALPLANE_CACHE"):
+        return os.environ["MICROVM_LOCALPLANE_CACHE"]
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "hack",
+                        "cached_venv.py")
+    spec = importlib.util.spec_from_file_location("microvm_cached_venv", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return os.path.join(module.cache_root(), "localplane")
+
+
 def start_local_plane(state_dir, token=None, extra_env=None):
     """Start `serve` on a free port; returns a PlaneHandle once it answers."""
     from microvm_localplane.cli import answers, read_info
@@ -111,8 +125,7 @@ def start_local_plane(state_dir, token=None, extra_env=None):
     env["MICROVM_LOCALPLANE_TOKEN"] = token  # via env, so the token is not in the process list
     # Every plane a test run starts shares one cache: the base template's rootfs is built once (per machine: the
     # shared cache of every clone, as the Makefile's MICROVM_LOCALPLANE_CACHE).
-    env.setdefault("MICROVM_LOCALPLANE_CACHE", os.path.join(os.environ.get("MICROVM_SANDBOX_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "microvm-sandbox"), "localplane"))
+    env.setdefault("MICROVM_LOCALPLANE_CACHE", localplane_cache())
     env.update(extra_env or {})
     log = open(os.path.join(state_dir, "plane.log"), "ab")
     proc = subprocess.Popen([sys.executable, "-m", "microvm_localplane", "serve", "--listen", "127.0.0.1:0",
