@@ -53,6 +53,8 @@ EDGE_STATUSES = frozenset([502, 504])
 # plane that is not up will not be up 19 s of backoff later either.
 REFUSED_RETRY_DELAY = 0.5
 REFUSED_RETRIES = 1
+# The size catalog's route under the client's prefix (ApiClient.sizes_route names it whole).
+SIZES_PATH = "/sessions/sandbox/sizes"
 # ratelimit-reset is a Unix time on the DigitalOcean API; smaller values are read as seconds from now.
 _EPOCH_THRESHOLD = 1000000000
 
@@ -404,8 +406,12 @@ class ApiClient(object):
                                                         "page_size": page_size})
 
     def list_sizes(self) -> list[dict[str, Any]]:
-        """The sandbox size catalog, smallest first (GET /sessions/sandbox/sizes; not paginated)."""
-        return self.request("GET", "/sessions/sandbox/sizes", what="size catalog").get("sizes") or []
+        """The sandbox size catalog, smallest first (GET <prefix>/sessions/sandbox/sizes; not paginated)."""
+        return self.request("GET", SIZES_PATH, what="size catalog").get("sizes") or []
+
+    def sizes_route(self) -> str:
+        """'GET /v2/harness-runtime/sessions/sandbox/sizes': the catalog's call under this client's prefix, for messages."""
+        return "GET %s%s" % (self.prefix, SIZES_PATH)
 
     def delete_session(self, session_id: str) -> Any:
         return self.request("DELETE", _path("sessions", session_id), what="session", ident=session_id)
