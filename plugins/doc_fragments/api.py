@@ -18,7 +18,7 @@ options:
     description:
       - Base URL of the control plane, for example V(https://api.digitalocean.com) or the URL of the local control plane.
       - A path in the URL is kept, and O(route_prefix) is appended to it. A path with the API's own V(/v2) in it
-        (V(https://api.example.com/v2), V(.../v2/harness-runtime)) fails the task before any request: give the bare
+        (V(https://api.example.com/v2), V(.../v2/harness-runtime)) fails the task before any request; give the bare
         origin, the collection adds O(route_prefix) itself.
       - If not set, the environment variable E(DO_AGENTS_API_URL) is used, then the default.
     type: str
