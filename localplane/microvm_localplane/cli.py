@@ -533,4 +533,21 @@ def main(argv=None):
     p.add_argument("--json", action="store_true", help="print one JSON object (what a script checks)")
     p.set_defaults(func=cmd_status)
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe would be reported after main returned
+    except BrokenPipeError:
+        return quiet_broken_pipe()
+    return code
+
+
+def quiet_broken_pipe() -> int:
+    """The reader of our output went away (`status | head -1`): stop quietly, as a tool killed by SIGPIPE would.
+
+    SIGPIPE keeps Python's default (ignored) rather than SIG_DFL, which would kill `serve` whenever a client of its
+    sockets hangs up. Standard output goes to /dev/null so that the final flush at exit fails no more.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE

@@ -78,7 +78,7 @@ class Configs:
             raise ApiFailure(404, "config %r not found (give its id)" % (config_id or "")[:100])
         return rec
 
-    def create(self, doc: dict) -> dict:
+    def create(self, doc: dict, prefix: str = contract.DEFAULT_PREFIX) -> dict:
         name = doc.get("name")
         if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME_CHARS or not name.isprintable():
             raise ApiFailure(400, "name is required: a config name of 1 to %d printable characters" % MAX_NAME_CHARS)
@@ -104,7 +104,7 @@ class Configs:
             raise ApiFailure(400, "manifest_yaml: a top-level %s selects the deprecated legacy envelope, which the "
                                   "local control plane does not take: give the flat spec" % contract.LEGACY_ENVELOPE_KEY)
         refuse_unknown(spec_doc, contract.CREATE_KEYS | contract.DOCUMENTED_UNSUPPORTED_KEYS, "manifest_yaml")
-        spec = parse_create(spec_doc)
+        spec = parse_create(spec_doc, prefix)
         # The templates of the spec must exist now, as they must for a session create.
         self.sessions.templates.rootfs_for_session(spec["template"])
         rec = {"config_id": str(uuid.uuid4()), "name": name, "spec": spec, "schema_version": SCHEMA_VERSION,

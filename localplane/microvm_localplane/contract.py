@@ -10,6 +10,18 @@ import secrets
 import time
 
 PREFIXES = ("/v2/agents", "/v2/harness-runtime")
+# The collection's default route prefix: what a message names when it cannot tell the prefix of the request.
+DEFAULT_PREFIX = "/v2/harness-runtime"
+# The size catalog's route under either prefix.
+SIZES_PATH = "/sessions/sandbox/sizes"
+
+
+def prefix_of(path):
+    """The route prefix a request path came in under (DEFAULT_PREFIX when none), so messages name routes it uses."""
+    for prefix in PREFIXES:
+        if path == prefix or path.startswith(prefix + "/"):
+            return prefix
+    return DEFAULT_PREFIX
 API_URL_ENV = "DO_AGENTS_API_URL"
 API_TOKEN_ENV = "DO_AGENTS_API_TOKEN"
 # Tokens this plane makes start with this, so the collection's clients can
@@ -92,7 +104,7 @@ def agent_kind(adapter):
     return _AGENT_KINDS.get(adapter) or "AGENT_KIND_" + adapter.upper().replace("-", "_")
 
 
-# The size catalog (GET /v2/agents/sessions/sandbox/sizes), smallest first; every slug is accepted by create.
+# The size catalog (GET <prefix>/sessions/sandbox/sizes), smallest first; every slug is accepted by create.
 # mars-2vcpu-4gb is the documented example; the other slug follows its pattern (Decision).
 SIZES = (
     {"slug": "mars-2vcpu-4gb", "vcpus": 2, "memory_mb": 4096, "price_per_hour_usd": 0.0, "price_per_month_usd": 0.0},

@@ -27,8 +27,11 @@ def _string_map(doc, field):
     return dict(values)
 
 
-def parse_create(doc):
-    """Return a normalized spec dict from a create body (already checked for unknown keys)."""
+def parse_create(doc, prefix=contract.DEFAULT_PREFIX):
+    """Return a normalized spec dict from a create body (already checked for unknown keys).
+
+    `prefix` is the route prefix the request came in under: a refusal names routes under it.
+    """
     unsupported = sorted(k for k in doc if k in contract.DOCUMENTED_UNSUPPORTED_KEYS)
     if unsupported:
         raise ApiFailure(400, "field%s %s configure%s an agent adapter, which the local control plane does not run: "
@@ -70,8 +73,9 @@ def parse_create(doc):
     if size is None:
         size = contract.DEFAULT_SIZE
     if size not in contract.SIZE_SLUGS:
-        raise ApiFailure(400, "unknown size %s: use a slug of GET /v2/agents/sessions/sandbox/sizes (%s)"
-                         % (shown(size), ", ".join(contract.SIZE_SLUGS)))
+        # The catalog's route under the prefix the create came in on, the one the caller can list.
+        raise ApiFailure(400, "unknown size %s: use a slug of GET %s%s (%s)"
+                         % (shown(size), prefix, contract.SIZES_PATH, ", ".join(contract.SIZE_SLUGS)))
 
     idle = contract.DEFAULT_IDLE_TIMEOUT_SECONDS
     if doc.get("idle_timeout") is not None:

@@ -165,7 +165,8 @@ class Routes:
             rec = self.sessions.create_from_config(*parse_config_form(doc), resume_on_topoff=resume_on_topoff,
                                                    workspace_id=workspace_id)
         else:
-            rec = self.sessions.create(parse_create(doc), resume_on_topoff=resume_on_topoff)
+            rec = self.sessions.create(parse_create(doc, contract.prefix_of(request.path)),
+                                       resume_on_topoff=resume_on_topoff)
         await self.sessions.settle_warm(rec)
         return web.json_response({"session": public_view(rec)}, status=201)
 
@@ -338,7 +339,8 @@ class Routes:
 
     async def create_config(self, request):
         doc = await read_document(request, CONFIG_CREATE_KEYS, "config create")
-        return web.json_response({"config": config_view(self.plane.configs.create(doc))}, status=201)
+        return web.json_response({"config": config_view(self.plane.configs.create(doc, contract.prefix_of(request.path)))},
+                                 status=201)
 
     async def list_configs(self, request):
         search = request.query.get("search", "")
@@ -386,7 +388,7 @@ def add_routes(app, routes):
     table = [
         ("POST", "/sessions", routes.create_session),
         ("GET", "/sessions", routes.list_sessions),
-        ("GET", "/sessions/sandbox/sizes", routes.list_sizes),
+        ("GET", contract.SIZES_PATH, routes.list_sizes),
         ("GET", s, routes.get_session),
         ("PATCH", s, routes.update_session),
         ("DELETE", s, routes.delete_session),

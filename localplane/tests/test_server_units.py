@@ -159,3 +159,18 @@ def test_rest_exec_clamps_and_defaults():
     for bad in ({"argv": ["x"], "timeout_seconds": 1.5}, {"argv": ["x"], "workdir": "rel"}, {"argv": [1]}):
         with pytest.raises(ApiFailure):
             parse_exec(bad)
+
+
+@pytest.mark.parametrize("prefix", contract.PREFIXES)
+def test_an_unknown_size_names_the_catalog_route_under_the_requests_prefix(prefix):
+    with pytest.raises(ApiFailure) as e:
+        parse_create({"name": "s1", "agent": "custom", "size": "small"}, prefix)
+    assert e.value.status == 400
+    assert "unknown size 'small': use a slug of GET %s/sessions/sandbox/sizes" % prefix in e.value.message
+    assert [p for p in contract.PREFIXES if p in e.value.message] == [prefix]
+
+
+def test_the_prefix_of_a_request_path():
+    assert contract.prefix_of("/v2/agents/sessions") == "/v2/agents"
+    assert contract.prefix_of("/v2/harness-runtime/configs") == "/v2/harness-runtime"
+    assert contract.prefix_of("/v2/agentsx/sessions") == contract.DEFAULT_PREFIX == "/v2/harness-runtime"

@@ -577,7 +577,9 @@ class Connection(ConnectionBase):
         if not token:
             raise AnsibleConnectionFailure("microvm.sandbox.agent: no API token for session %s: set option api_token "
                                            "(ansible_microvm_api_token) or env %s" % (session, " / ".join(profile.API_TOKEN_ENVS)))
-        problem = profile.token_destination_problem(self.get_option("api_url") or profile.DEFAULT_API_URL, token)
+        api_url = self.get_option("api_url") or profile.DEFAULT_API_URL
+        problem = (profile.token_destination_problem(api_url, token)
+                   or profile.api_url_path_problem(api_url, self.get_option("route_prefix")))
         if problem:
             raise AnsibleConnectionFailure("microvm.sandbox.agent: session %s: %s" % (session, problem))
         return LinkConfig(session=session, token=token, api_url=self.get_option("api_url"),

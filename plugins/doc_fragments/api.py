@@ -17,7 +17,9 @@ options:
   api_url:
     description:
       - Base URL of the control plane, for example V(https://api.digitalocean.com) or the URL of the local control plane.
-      - A path in the URL is kept, and O(route_prefix) is appended to it.
+      - A path in the URL is kept, and O(route_prefix) is appended to it. A path with the API's own V(/v2) in it
+        (V(https://api.example.com/v2), V(.../v2/harness-runtime)) fails the task before any request; give the bare
+        origin, the collection adds O(route_prefix) itself.
       - If not set, the environment variable E(DO_AGENTS_API_URL) is used, then the default.
     type: str
     default: https://api.digitalocean.com
@@ -42,7 +44,8 @@ options:
       - Idempotent calls (GET, PUT, DELETE) are retried on connection errors, HTTP 429 and 5xx;
         calls that start work (POST) are retried only on HTTP 429. A retry waits what the platform asks for in
         C(Retry-After), else in C(ratelimit-reset), or an exponential backoff, always with jitter and at most
-        5 times.
+        5 times. A refused connection (nothing listens at O(api_url)) is retried once, after half a second, for
+        any call, since nothing was sent.
       - Greater than 0 and at most 3600; a value out of range fails the task naming this option.
     type: float
     default: 30

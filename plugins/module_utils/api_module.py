@@ -120,13 +120,16 @@ def describe_error(error: ApiError | WaitTimeout, client: ApiClient | None = Non
         msg = "%s. %s%s." % (advice.capitalize(error.server_message or ""), advice.reading(404)[1], where)
     elif isinstance(error, OutcomeUnknown):
         msg = "%s: the outcome is unknown: %s. %s." % (call, error.server_message, error.hint)
-    elif status == 0 and error.what == "token destination":
+    elif status == 0 and error.what in ("token destination", "api url"):
         msg = advice.capitalize(error.server_message or "") + "."
     elif status == 0 and error.path == "-":
         msg = "No API token: set the option api_token or one of the environment variables %s." % (
             ", ".join(profile.API_TOKEN_ENVS))
     elif getattr(error, "not_api", False):
         msg = "%s failed with HTTP %d: %s. %s." % (call, status, error.server_message, error.hint)
+    elif status == 0 and getattr(error, "refused", False):
+        msg = "%s failed: %s (after %d attempt%s). %s." % (
+            call, error.server_message, error.attempts, "" if error.attempts == 1 else "s", error.hint)
     elif status == 0:
         msg = "%s failed: %s (after %d attempt%s). Check the option api_url or the environment variable %s." % (
             call, error.server_message, error.attempts, "" if error.attempts == 1 else "s", profile.API_URL_ENV)
@@ -144,6 +147,8 @@ def _from_table(error: ApiError, call: str, said: str, client: ApiClient | None)
     msg = "%s (HTTP %d on %s%s). %s." % (advice.capitalize(happened), status, call, said, todo)
     if status == 409:
         msg += _current_state(error, client)
+    if getattr(error, "url_advice", None):
+        msg += " %s." % error.url_advice
     return msg
 
 

@@ -109,6 +109,36 @@ def token_destination_problem(api_url: str, token: str) -> str | None:
                                       " (the default: %s is not set)" % API_URL_ENV, API_URL_ENV))
 
 
+def api_url_path_problem(api_url: str, prefix: str | None = None) -> str | None:
+    """Why this API URL cannot be right for this route prefix, or None.
+
+    The collection appends the route prefix (/v2/harness-runtime) to the URL itself, so a URL that already carries
+    the API's /v2 (https://api.example.com/v2, .../v2/agents) would send every call to /v2/v2/...: each would come
+    back 404, read as "no such session" (and a delete as "already gone"). A path without /v2 is kept, as documented
+    (a gateway's mount point). Only a prefix under /v2 makes a /v2 in the URL certain to be wrong.
+    """
+    prefix = "/" + (prefix or DEFAULT_PREFIX).strip("/")
+    if not prefix.lower().startswith("/v2/"):
+        return None
+    parts = urlsplit(api_url or DEFAULT_API_URL)
+    segments = [s for s in parts.path.split("/") if s]
+    low = [s.lower() for s in segments]
+    if "v2" not in low:
+        return None
+    at = low.index("v2")
+    base = "%s://%s%s" % (parts.scheme, parts.netloc, "".join("/" + s for s in segments[:at]))
+    path = parts.path.rstrip("/")
+    routes = "/" + "/".join(low[at:])
+    also = ""
+    if routes in (DEFAULT_PREFIX, LEGACY_PREFIX) and routes != prefix.lower():
+        also = ", and set the option route_prefix or env %s to %s for those routes" % (API_PREFIX_ENV, routes)
+    return ("the API URL %s carries the path %s, part of the API's own routes: the collection adds the route "
+            "prefix (%s, option route_prefix or env %s) itself, so every call would go to %s%s/... and fail. Set "
+            "the option api_url or env %s to %s%s%s" % (
+                api_url, path, prefix, API_PREFIX_ENV, path, prefix, API_URL_ENV, base,
+                " (the bare origin)" if at == 0 else " (the URL without %s)" % routes, also))
+
+
 class TransferPathError(ValueError):
     """A transfer path the platform would refuse; raised before any network call."""
 

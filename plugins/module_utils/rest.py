@@ -8,7 +8,8 @@ connection errors, 429 and 5xx; calls that start work (POST) are retried only
 on 429, which the platform answers before doing anything. Every retry waits
 what the server asked for (Retry-After; ratelimit-reset only when the quota is
 spent: a 429 or ratelimit-remaining 0), or else an exponential backoff, with
-jitter, and the number of retries is bounded.
+jitter, and the number of retries is bounded. A refused connect (nothing listens
+at the URL) sent nothing: any call gets one quick retry, then a clear error.
 
 Blocking calls (checkpoint create, rollback, resume, fork) answer only once
 the work is done, which can take minutes: they get their own, longer request
@@ -24,12 +25,13 @@ from __future__ import absolute_import, annotations, division, print_function
 __metaclass__ = type
 
 import email.utils
+import errno
 import json
 import random
 import time
 from typing import Any, Callable, Collection, Container, Iterable, Literal, Sequence, overload
 
-from ansible.module_utils.six.moves.urllib.parse import quote, urlencode
+from ansible.module_utils.six.moves.urllib.parse import quote, urlencode, urlsplit
 from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile, spec_yaml
@@ -47,6 +49,12 @@ IDEMPOTENT = frozenset(["GET", "PUT", "PATCH", "DELETE", "HEAD"])
 DEFAULT_BLOCKING_TIMEOUT = 900.0
 # Statuses a gateway in front of the service answers when it gives up on a call that may go on.
 EDGE_STATUSES = frozenset([502, 504])
+# A refused connect (nothing listens at the URL) is retried once after this long: the request never left, and a
+# plane that is not up will not be up 19 s of backoff later either.
+REFUSED_RETRY_DELAY = 0.5
+REFUSED_RETRIES = 1
+# The size catalog's route under the client's prefix (ApiClient.sizes_route names it whole).
+SIZES_PATH = "/sessions/sandbox/sizes"
 # ratelimit-reset is a Unix time on the DigitalOcean API; smaller values are read as seconds from now.
 _EPOCH_THRESHOLD = 1000000000
 
@@ -55,7 +63,8 @@ class ApiError(Exception):
     """An API call failed. `status` is the HTTP status (0 for a connection error)."""
 
     def __init__(self, method: str, path: str, status: int, message: str | None, hint: str | None = None, what: str | None = None,
-                 ident: str | None = None, attempts: int = 1, not_api: bool = False) -> None:
+                 ident: str | None = None, attempts: int = 1, not_api: bool = False, refused: bool = False,
+                 url_advice: str | None = None) -> None:
         self.method = method
         self.path = path
         self.status = status
@@ -68,6 +77,10 @@ class ApiError(Exception):
         self.attempts = attempts
         # The answer was not the API's (an HTML page from some other web server): its 404 says nothing of objects.
         self.not_api = not_api
+        # Nothing listened at the API URL (ECONNREFUSED): the request was never sent.
+        self.refused = refused
+        # About the API URL itself (a path in it), which the status table cannot say: added to the advice.
+        self.url_advice = url_advice
         text = "%s %s failed" % (method, path)
         text += (" with HTTP %d" % status) if status else " (no response)"
         if message:
@@ -192,6 +205,10 @@ class ApiClient(object):
         problem = profile.token_destination_problem(self.api_url, api_token)
         if problem:
             raise ApiError("-", "-", 0, problem, what="token destination")
+        # Before any request: a URL with the API's /v2 in it turns every call into a 404 read as "not found".
+        problem = profile.api_url_path_problem(self.api_url, prefix)
+        if problem:
+            raise ApiError("-", "-", 0, problem, what="api url")
         self._token = api_token
         prefix = "/" + (prefix or profile.DEFAULT_PREFIX).strip("/")
         self.prefix = prefix
@@ -286,6 +303,17 @@ class ApiClient(object):
                 answer_headers = e.headers
             except (URLError, HTTPException, OSError) as e:
                 reason = getattr(e, "reason", e)
+                if _refused(e):
+                    # Nothing was sent, so even a POST may go again; once, quickly, then say what to do.
+                    if attempt < min(REFUSED_RETRIES, self.retries):
+                        self._sleep(REFUSED_RETRY_DELAY)
+                        attempt += 1
+                        continue
+                    raise ApiError(method, path, 0, "cannot reach %s: connection refused (nothing listens there)"
+                                   % self.api_url,
+                                   "Start the local control plane (make local-up, then source the env file it "
+                                   "writes) or point the option api_url or env %s at the API" % profile.API_URL_ENV,
+                                   what=what, ident=ident, attempts=attempt + 1, refused=True) from e
                 if retry and attempt < self.retries:
                     self._sleep(self._delay(attempt, None))
                     attempt += 1
@@ -313,8 +341,22 @@ class ApiClient(object):
                 decoded = payload
             if status < 500 and not isinstance(decoded, dict):
                 raise self._not_the_api(method, path, status, answer_headers, payload, what, ident, attempt + 1)
-            raise ApiError(method, path, status, error_message(decoded), hint_for(status, what, ident, attempt + 1),
-                           what=what, ident=ident, attempts=attempt + 1)
+            hint = hint_for(status, what, ident, attempt + 1)
+            url_advice = self.path_advice() if status in (404, 405) else None
+            if url_advice:
+                hint = "%s. %s" % (hint, url_advice) if hint else url_advice
+            raise ApiError(method, path, status, error_message(decoded), hint, what=what, ident=ident,
+                           attempts=attempt + 1, url_advice=url_advice)
+
+    def path_advice(self) -> str | None:
+        """What to check when the API URL carries a path (a 404 may then be the URL's, not the object's), or None."""
+        path = urlsplit(self.api_url).path.rstrip("/")
+        if not path:
+            return None
+        return ("The API URL %s carries the path %s, kept before the route prefix %s: unless a gateway mounts the API "
+                "there, set the option api_url or env %s to the bare origin %s (the collection adds the route "
+                "prefix itself; option route_prefix or env %s)" % (
+                    self.api_url, path, self.prefix, profile.API_URL_ENV, _origin(self.api_url), profile.API_PREFIX_ENV))
 
     def _not_the_api(self, method: str, path: str, status: int, headers: Any, payload: bytes, what: str | None, ident: str | None,
                      attempts: int) -> ApiError:
@@ -327,7 +369,11 @@ class ApiClient(object):
         hint = ("%s (option api_url or env %s) does not answer like the platform's API: set it to the API's base "
                 "URL (https://api.digitalocean.com, or the local control plane's URL) and the route_prefix to the "
                 "API's (%s)" % (self.api_url, profile.API_URL_ENV, self.prefix))
-        return ApiError(method, path, status, message, hint, what=what, ident=ident, attempts=attempts, not_api=True)
+        url_advice = self.path_advice()
+        if url_advice:
+            hint += ". " + url_advice
+        return ApiError(method, path, status, message, hint, what=what, ident=ident, attempts=attempts, not_api=True,
+                        url_advice=url_advice)
 
     # -- sessions ----------------------------------------------------------
     def create_session(self, spec: dict[str, Any], resume_on_topoff: bool | None = None) -> dict[str, Any]:
@@ -360,8 +406,12 @@ class ApiClient(object):
                                                         "page_size": page_size})
 
     def list_sizes(self) -> list[dict[str, Any]]:
-        """The sandbox size catalog, smallest first (GET /sessions/sandbox/sizes; not paginated)."""
-        return self.request("GET", "/sessions/sandbox/sizes", what="size catalog").get("sizes") or []
+        """The sandbox size catalog, smallest first (GET <prefix>/sessions/sandbox/sizes; not paginated)."""
+        return self.request("GET", SIZES_PATH, what="size catalog").get("sizes") or []
+
+    def sizes_route(self) -> str:
+        """'GET /v2/harness-runtime/sessions/sandbox/sizes': the catalog's call under this client's prefix, for messages."""
+        return "GET %s%s" % (self.prefix, SIZES_PATH)
 
     def delete_session(self, session_id: str) -> Any:
         return self.request("DELETE", _path("sessions", session_id), what="session", ident=session_id)
@@ -794,6 +844,20 @@ class ApiClient(object):
             token = page.get("next_page_token")
             if not token:
                 return items
+
+
+def _refused(error: BaseException) -> bool:
+    """The connect was refused (ECONNREFUSED), directly or as a URLError's reason: nothing was sent."""
+    for e in (error, getattr(error, "reason", None)):
+        if isinstance(e, ConnectionRefusedError) or (isinstance(e, OSError) and e.errno == errno.ECONNREFUSED):
+            return True
+    return False
+
+
+def _origin(url: str) -> str:
+    """'https://api.example.com/v2' -> 'https://api.example.com'."""
+    parts = urlsplit(url)
+    return "%s://%s" % (parts.scheme, parts.netloc)
 
 
 def _header(headers: Any, name: str) -> Any:

@@ -488,7 +488,11 @@ class SessionManager(object):
                                                              workspace_id=self.p["workspace_id"],
                                                              resume_on_topoff=self.p["resume_on_topoff"])
         else:
-            session = self.client.create_session(spec, resume_on_topoff=self.p["resume_on_topoff"])
+            try:
+                session = self.client.create_session(spec, resume_on_topoff=self.p["resume_on_topoff"])
+            except ApiError as e:
+                self.fail_on_size(e)
+                raise
         for warning in session.get("warnings") or []:
             self.module.warn("platform: %s" % warning)
         try:
@@ -498,6 +502,15 @@ class SessionManager(object):
             msg, details = describe_error(e, self.client)
             details.setdefault("session", session)
             self.module.fail_json(msg=msg, created=True, **details)
+
+    def fail_on_size(self, error: ApiError) -> None:
+        """A create refused for its size: say where the slugs on offer are listed, under the prefix in use."""
+        if error.status != 400 or not self.p["size"] or "size" not in (error.server_message or "").lower():
+            return
+        msg, details = describe_error(error, self.client)
+        self.module.fail_json(msg="%s List the sizes on offer with microvm.sandbox.size_info (%s) and set size to "
+                                  "one of their slugs, or leave it out for the platform's default."
+                                  % (msg, self.client.sizes_route()), **details)
 
     def predicted(self) -> dict[str, Any]:
         """The session check mode expects: what can be known before the platform creates it, and nothing made up.

@@ -12,8 +12,9 @@ module: size_info
 short_description: List the sandbox sizes a microVM sandbox session can have
 version_added: 0.1.0
 description:
-  - Returns the platform's size catalog (C(GET /v2/agents/sessions/sandbox/sizes)), smallest first. Every slug it
-    lists is accepted as O(microvm.sandbox.session#module:size)
+  - Returns the platform's size catalog (C(GET /sessions/sandbox/sizes) under O(route_prefix), by default
+    C(GET /v2/harness-runtime/sessions/sandbox/sizes)), smallest first. Every slug it lists is accepted as
+    O(microvm.sandbox.session#module:size)
     (U(https://docs.digitalocean.com/reference/pydo/reference/harness/list_session_sandbox_sizes/)).
 author:
   - microvm.sandbox maintainers (@microvm)
@@ -89,8 +90,9 @@ def list_sizes(module: AnsibleModule, client: ApiClient) -> dict[str, Any]:
     if wanted is not None:
         selected = [s for s in sizes if s.get("slug") == wanted]
         if not selected:
-            module.fail_json(msg="No size %r in the platform's catalog; it offers: %s"
-                             % (wanted, ", ".join(str(s.get("slug")) for s in sizes) or "nothing"), sizes=sizes)
+            module.fail_json(msg="No size %r in the platform's catalog (%s); it offers: %s"
+                             % (wanted, client.sizes_route(), ", ".join(str(s.get("slug")) for s in sizes) or "nothing"),
+                             sizes=sizes)
         sizes = selected
     return dict(changed=False, sizes=sizes, slugs=[s.get("slug") for s in sizes])
 

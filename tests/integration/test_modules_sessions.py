@@ -191,6 +191,8 @@ def test_bad_arguments_and_unknown_names(plane, tmp_path):
     assert run.result("info of an unknown session")["sessions"] == []
     bad_size = run.result("server refuses a bad size")
     assert bad_size["http_status"] == 400 and "unknown size 'small'" in bad_size["msg"]
+    # the catalog's route under the default prefix the module used, never a hard-coded /v2/agents
+    assert "GET /v2/harness-runtime/sessions/sandbox/sizes" in bad_size["msg"] and "/v2/agents" not in bad_size["msg"]
     bad_agent = run.result("server refuses an unknown adapter")
     assert bad_agent["http_status"] == 400 and "unknown agent 'none'" in bad_agent["msg"]
 

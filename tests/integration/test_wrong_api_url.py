@@ -21,7 +21,10 @@ class NotTheApi(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    seen: list = []
+
     def _answer(self):
+        self.seen.append(self.path)
         self.send_response(404)
         self.send_header("Content-Type", "text/html; charset=utf-8")
         self.send_header("Content-Length", str(len(PAGE)))
@@ -64,3 +67,27 @@ def test_a_url_that_is_not_the_api_is_named_and_not_taken_for_gone(web_server, t
         assert "an HTML page" in msg and "DO_AGENTS_API_URL" in msg, msg
         assert "<!DOCTYPE" not in msg and "xxxx" not in msg, msg   # the page is not dumped in
     assert "tok-not-the-api-123" not in run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("path", ["/v2", "/v2/harness-runtime"])
+def test_a_url_with_the_apis_path_says_to_give_the_bare_origin(web_server, tmp_path, path):
+    seen = []
+    NotTheApi.seen = seen
+    env = {"DO_AGENTS_API_URL": web_server + path, "DO_AGENTS_API_TOKEN": "tok-path-456"}
+    run = run_playbook(None, tmp_path, """
+        - hosts: localhost
+          gather_facts: false
+          tasks:
+            - name: Delete a session
+              microvm.sandbox.session:
+                name: some-session
+                state: absent
+              ignore_errors: true
+        """, env=env, with_plane_env=False)
+    result = run.result("Delete a session")
+    assert result["failed"], result     # never "ok, already gone"
+    msg = result["msg"]
+    assert "carries the path %s" % path in msg and "DO_AGENTS_API_URL to %s (the bare origin)" % web_server in msg, msg
+    assert "route_prefix" in msg and "No session" not in msg, msg
+    assert seen == []                   # refused before any request
+    assert "tok-path-456" not in run.stdout + run.stderr

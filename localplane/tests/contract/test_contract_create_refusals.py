@@ -3,7 +3,7 @@ import uuid
 
 import pytest
 
-from contract_support import error_message, local_only, unique
+from contract_support import Api, error_message, local_only, unique
 
 BAD_NAMES = ["", "-leading", "trailing-", "has space", "slash/name", "x" * 65, "ünïcode",
              str(uuid.uuid5(uuid.NAMESPACE_URL, "microvm-sandbox-test-name")), "a_b!", ".dot", 123, True, None, ["list"]]
@@ -178,6 +178,16 @@ def test_size_is_a_slug_of_the_sizes_endpoint(api):
     api.call("DELETE", "/sessions/%s" % resp.json()["session"]["session_id"])
     resp = api.create({"name": unique(), "agent": "custom", "size": "small"})
     assert resp.status_code == 400 and "small" in error_message(resp)
+
+
+@local_only
+@pytest.mark.parametrize("prefix", ["/v2/agents", "/v2/harness-runtime"])
+def test_a_bad_size_names_the_sizes_route_under_the_prefix_it_came_in_on(plane, prefix):
+    resp = Api(plane, prefix).create({"name": unique(), "agent": "custom", "size": "small"})
+    assert resp.status_code == 400, resp.text
+    message = error_message(resp)
+    assert "GET %s/sessions/sandbox/sizes" % prefix in message, message
+    assert message.count("/v2/") == 1, message   # the other prefix is not named
 
 
 def test_secrets_are_readable_inside_and_never_returned(api, make_session):

@@ -107,3 +107,30 @@ def test_size_info(run_module, fake_plane):
     assert run_module(size_info.main, {"slug": "mars-2vcpu-4gb"}).result["sizes"][0]["vcpus"] == 2
     bad = run_module(size_info.main, {"slug": "small"})
     assert bad.failed and "mars-2vcpu-4gb" in bad.result["msg"]
+
+
+@pytest.mark.parametrize("prefix", ["/v2/harness-runtime", "/v2/agents"])
+def test_an_unknown_size_names_the_catalog_route_of_the_prefix_in_use(run_module, fake_plane, prefix):
+    bad = run_module(size_info.main, {"slug": "small", "route_prefix": prefix})
+    assert bad.failed and "(GET %s/sessions/sandbox/sizes)" % prefix in bad.result["msg"], bad.result["msg"]
+    other = "/v2/agents" if prefix == "/v2/harness-runtime" else "/v2/harness-runtime"
+    assert other not in bad.result["msg"]
+
+
+@pytest.mark.parametrize("prefix", ["/v2/harness-runtime", "/v2/agents"])
+def test_a_create_refused_for_its_size_points_at_the_catalog_of_the_prefix_in_use(run_module, fake_plane, prefix):
+    from ansible_collections.microvm.sandbox.plugins.modules import session
+    fake_plane.fail_next.append(("POST", "/sessions", 400, "unknown size 'small'"))
+    bad = run_module(session.main, {"name": "web-1", "size": "small", "route_prefix": prefix})
+    msg = bad.result["msg"]
+    assert bad.failed and bad.result["http_status"] == 400 and "unknown size 'small'" in msg, msg
+    assert "microvm.sandbox.size_info (GET %s/sessions/sandbox/sizes)" % prefix in msg, msg
+    other = "/v2/agents" if prefix == "/v2/harness-runtime" else "/v2/harness-runtime"
+    assert other not in msg
+
+
+def test_a_create_refused_for_something_else_gets_no_size_advice(run_module, fake_plane):
+    from ansible_collections.microvm.sandbox.plugins.modules import session
+    fake_plane.fail_next.append(("POST", "/sessions", 400, "unknown agent 'none'"))
+    bad = run_module(session.main, {"name": "web-1", "size": "mars-2vcpu-4gb"})
+    assert bad.failed and "size_info" not in bad.result["msg"], bad.result["msg"]
