@@ -94,7 +94,7 @@ def load_yaml(path: str) -> Any:
     if not os.path.isfile(path):
         return None
     with open(path, "rb") as f:
-        return from_yaml(f.read(), file_name=path)
+        return from_yaml(to_text(f.read()), file_name=path)
 
 
 def variable_names(path: str) -> list[str]:
@@ -150,7 +150,7 @@ class LookupModule(LookupBase):
         h.update(b"R\0" + to_bytes(name) + b"\0" + to_bytes(files_digest(path)) + b"\0")
         for var in variable_names(path):
             if var in variables:
-                value = self._templar.template(variables[var])
+                value = self._templar.template(variables[var]) if self._templar is not None else variables[var]
                 h.update(b"V\0" + to_bytes(var) + b"\0" + to_bytes(json.dumps(value, sort_keys=True, default=str)))
             else:
                 h.update(b"U\0" + to_bytes(var) + b"\0")
@@ -165,7 +165,7 @@ class LookupModule(LookupBase):
         collection_role = _collection_role_path(name)
         if collection_role:
             return collection_role
-        basedir = self._loader.get_basedir()
+        basedir = self._loader.get_basedir() if self._loader is not None else os.getcwd()
         searches = [os.path.join(basedir, "roles")] + list(C.DEFAULT_ROLES_PATH or []) + [basedir]
         for base in searches:
             candidate = unfrackpath(os.path.join(base, name))

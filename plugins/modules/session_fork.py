@@ -73,13 +73,13 @@ options:
     default: true
   check_staged_credentials:
     description:
-      - Refuse a fork without O(checkpoint) while credentials staged by the role C(microvm.sandbox.credentials) are in the session: the copy
+      - Refuse a fork without O(checkpoint) while credentials staged by the role C(microvm.sandbox.credentials) are in the session; the copy
         would keep them after their cleanup, in every session made from it. The message names the staged directories
         and the fix (run the role's C(cleanup) first, stage again afterwards).
       - Only for a fork without O(checkpoint), which captures the session as it is now; a fork from an existing
         checkpoint copies what that checkpoint holds (take checkpoints with M(microvm.sandbox.checkpoint), which
         checks too).
-      - Runs one command in the session first (the documented exec: it wakes a paused session) to list what the
+      - Runs one command in the session first (the documented exec, which wakes a paused session) to list what the
         credentials role staged, by its manifest in C(/workspace/.scratch/.microvm/staged-credentials).
       - V(false) skips the check, for a session that never holds credentials or whose permission policy refuses the
         command.
