@@ -20,7 +20,8 @@ from ansible.module_utils.basic import AnsibleModule, env_fallback
 from ansible.module_utils.six.moves.urllib.parse import unquote
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import advice, profile
-from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, NotFound, OutcomeUnknown, WaitTimeout
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, NotFound, OutcomeUnknown, Refused, \
+    WaitTimeout
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
 DEFAULT_BLOCKING_TIMEOUT = 900.0
@@ -96,7 +97,27 @@ def run_api_module(module: AnsibleModule, work: Callable[[ApiClient], dict[str, 
         result = work(client)
     except (ApiError, WaitTimeout) as e:
         fail_from_error(module, e, client)
+    except Refused as e:
+        module.fail_json(msg=str(e), **e.details)
     module.exit_json(**result)
+
+
+def refuse_if_credentials_staged(client: ApiClient, session: dict[str, Any], doing: str) -> None:
+    """Raise Refused when the credentials role has files staged in the session: `doing` would capture them.
+
+    A checkpoint or a fork holds the whole machine, so a secret staged at that moment would outlive its cleanup
+    in every copy. The check runs one command in the session (and so wakes a paused one).
+    """
+    staged = client.staged_credentials(session["session_id"])
+    if not staged:
+        return
+    shown = ", ".join(staged[:5]) + (" and more" if len(staged) > 5 else "")
+    raise Refused("refusing to %s session %s: credentials staged by microvm.sandbox.credentials are still in it (%s), "
+                  "and the copy would keep them after their cleanup. Remove them first (include_role "
+                  "microvm.sandbox.credentials with tasks_from: cleanup, in an always: section), then %s; stage them "
+                  "again afterwards if the work needs them. check_staged_credentials: false skips this check."
+                  % (doing, session.get("name") or session["session_id"], shown, doing),
+                  staged_credentials=staged)
 
 
 def fail_from_error(module: AnsibleModule, error: ApiError | WaitTimeout, client: ApiClient | None = None, **result: Any) -> NoReturn:

@@ -24,6 +24,11 @@ TRANSFER_ROOT = "/workspace"
 SCRATCH_DIR = "/workspace/.scratch"
 HOME_DIR = "/workspace/home"
 DEFAULT_WORKDIR = "/workspace"
+# What the collection keeps in a session about itself (never exported: it is under the scratch dir).
+STATE_DIR = SCRATCH_DIR + "/.microvm"
+# One symlink per credential directory the credentials role staged, named by the directory, pointing at it:
+# checkpoint, session_fork and workspace_export read it (roles/credentials/vars/main.yml names the same path).
+STAGED_CREDENTIALS_DIR = STATE_DIR + "/staged-credentials"
 AGENT_PORT = 8443
 DEFAULT_API_URL = "https://api.digitalocean.com"
 # The newest pages and SDK links use /v2/harness-runtime; /v2/agents is the older form, still selectable.

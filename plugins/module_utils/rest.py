@@ -133,6 +133,14 @@ class NotFound(ApiError):
         super(NotFound, self).__init__("GET", "-", 404, message, None, what=what, ident=ident)
 
 
+class Refused(Exception):
+    """The module will not do what it was asked, for a reason of ours (not the platform's): `details` go to the result."""
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super(Refused, self).__init__(message)
+        self.details = details
+
+
 class WaitTimeout(Exception):
     """A wait ran out or ended in a failed state.
 
@@ -189,6 +197,9 @@ def ansible_open(url: str, data: bytes | None, headers: dict[str, str], method: 
     from ansible.module_utils.urls import open_url
     return open_url(url, data=data, headers=headers, method=method, timeout=timeout, validate_certs=validate_certs,
                     http_agent=USER_AGENT, follow_redirects="none")
+
+
+STAGED_LISTED_MAX = 20  # staged directories a refusal names; the listing stops there (the guest's answer is untrusted)
 
 
 class ApiClient(object):
@@ -451,6 +462,45 @@ class ApiClient(object):
                 return fresh if len(fresh) >= count else None
             return self._reconcile(e, "POST", path, "session", session_id,
                                    "%d new fork(s) of the session" % count, new_children)
+
+    def exec_buffered(self, session_id: str, argv: Sequence[str], timeout_seconds: int = 60) -> dict[str, Any]:
+        """Run a short command through the documented buffered exec -> {exit_code, stdout, stderr, duration_ms}.
+
+        Not retried (a command is not idempotent in general); a paused session is woken by it, as by any exec.
+        """
+        doc = self.request("POST", _path("sessions", session_id, "sandbox", "exec"),
+                           body={"argv": list(argv), "timeout_seconds": timeout_seconds}, what="session",
+                           ident=session_id, retry=False, timeout=max(self.timeout, timeout_seconds + 10.0))
+        if not isinstance(doc, dict) or isinstance(doc.get("exit_code"), bool) or not isinstance(doc.get("exit_code"), int):
+            raise ApiError("POST", _path("sessions", session_id, "sandbox", "exec"), 200,
+                           "the exec answer has no exit_code: %r" % (str(doc)[:200],), what="session", ident=session_id)
+        return doc
+
+    def staged_credentials(self, session_id: str) -> list[str]:
+        """The credential directories the credentials role staged in the session and has not removed yet.
+
+        Read from the role's manifest (profile.STAGED_CREDENTIALS_DIR) with one exec; every line of the answer must
+        be `staged <absolute path>`, anything else is an error (never taken as "nothing staged").
+        """
+        script = ('cd -- "$1" 2>/dev/null || exit 0; n=0; for f in * .[!.]*; do [ -L "$f" ] && [ -e "$f" ] || continue; '
+                  'n=$((n+1)); [ $n -le %d ] || break; printf "staged %%s\\n" "$(readlink -- "$f")"; done; exit 0'
+                  % STAGED_LISTED_MAX)
+        answer = self.exec_buffered(session_id, ["/bin/sh", "-c", script, "sh", profile.STAGED_CREDENTIALS_DIR])
+        stdout = answer.get("stdout")
+        if answer["exit_code"] != 0 or not isinstance(stdout, str):
+            raise Refused("could not tell whether credentials are staged in session %s: the check (a listing of %s) "
+                          "exited %s: %s" % (session_id, profile.STAGED_CREDENTIALS_DIR, answer["exit_code"],
+                                             str(answer.get("stderr") or stdout)[:300]))
+        staged = []
+        for line in stdout.splitlines():
+            if not line.strip():
+                continue
+            path = line[len("staged "):] if line.startswith("staged ") else ""
+            if not path.startswith(profile.TRANSFER_ROOT + "/"):
+                raise Refused("could not tell whether credentials are staged in session %s: the check answered %r, "
+                              "not a list of staged directories" % (session_id, line[:200]))
+            staged.append(path)
+        return staged
 
     def forks_of(self, session_id: str, from_checkpoint_id: str | None = None) -> list[dict[str, Any]]:
         """Live sessions whose parent is `session_id` (and forked from that checkpoint, when given)."""

@@ -66,6 +66,18 @@ options:
       - Always reports a change.
     type: bool
     default: false
+  check_staged_credentials:
+    description:
+      - Refuse a checkpoint while credentials staged by the role C(microvm.sandbox.credentials) are in the session; the copy
+        would keep them after their cleanup, in every session made from it. The message names the staged directories
+        and the fix (run the role's C(cleanup) first, stage again afterwards).
+      - Runs one command in the session first (the documented exec, which wakes a paused session) to list what the
+        credentials role staged, by its manifest in C(/workspace/.scratch/.microvm/staged-credentials).
+      - V(false) skips the check, for a session that never holds credentials or whose permission policy refuses the
+        command.
+    type: bool
+    default: true
+    version_added: 0.1.0
   wait:
     description:
       - For V(rolled_back), wait until the session is usable again, up to O(wait_timeout) seconds.
@@ -175,7 +187,8 @@ from typing import Any  # noqa: E402
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, run_api_module  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, refuse_if_credentials_staged, \
+    run_api_module  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, NotFound  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.views import object_view  # noqa: E402
 
@@ -224,6 +237,8 @@ class CheckpointManager(object):
             if existing is not None and checkpoint_status(existing) in KEPT and not self.p["retake"]:
                 return existing, existing, False
         before = (existing or {}) if self.p["retake"] else {}
+        if self.p["check_staged_credentials"]:
+            refuse_if_credentials_staged(self.client, self.session, "checkpoint")
         if self.check:
             if self.p["retake"]:
                 self.replaced = [cp["checkpoint_id"] for cp in self.labelled(sid, label)]
@@ -287,6 +302,7 @@ def main() -> None:
             checkpoint_id=dict(type="str"),
             wait=dict(type="bool", default=True),
             retake=dict(type="bool", default=False),
+            check_staged_credentials=dict(type="bool", default=True),
         ),
         required_if=[
             ("state", "rolled_back", ("checkpoint_id", "label"), True),

@@ -71,6 +71,21 @@ options:
       - Wait until the new sessions are usable (or, for V(absent), gone), up to O(wait_timeout) seconds.
     type: bool
     default: true
+  check_staged_credentials:
+    description:
+      - Refuse a fork without O(checkpoint) while credentials staged by the role C(microvm.sandbox.credentials) are in the session; the copy
+        would keep them after their cleanup, in every session made from it. The message names the staged directories
+        and the fix (run the role's C(cleanup) first, stage again afterwards).
+      - Only for a fork without O(checkpoint), which captures the session as it is now; a fork from an existing
+        checkpoint copies what that checkpoint holds (take checkpoints with M(microvm.sandbox.checkpoint), which
+        checks too).
+      - Runs one command in the session first (the documented exec, which wakes a paused session) to list what the
+        credentials role staged, by its manifest in C(/workspace/.scratch/.microvm/staged-credentials).
+      - V(false) skips the check, for a session that never holds credentials or whose permission policy refuses the
+        command.
+    type: bool
+    default: true
+    version_added: 0.1.0
 seealso:
   - module: microvm.sandbox.session
   - module: microvm.sandbox.checkpoint
@@ -145,7 +160,8 @@ from typing import Any, Collection  # noqa: E402
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
-from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, run_api_module  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, refuse_if_credentials_staged, \
+    run_api_module  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, NotFound  # noqa: E402
 
 MAX_FORKS = 4
@@ -200,6 +216,8 @@ class ForkManager(object):
         missing = self.p["count"] - len(existing)
         if missing <= 0:
             return False, existing, []
+        if from_id is None and self.p["check_staged_credentials"]:  # the fork captures the session as it is now
+            refuse_if_credentials_staged(self.client, source, "fork")
         if self.check:
             live = [s.get("name") or "" for s in self.client.list_sessions()
                     if profile.short_status(s.get("status")) not in profile.GONE]
@@ -259,6 +277,7 @@ def main() -> None:
             count=dict(type="int", default=1),
             state=dict(type="str", default="present", choices=["present", "absent"]),
             wait=dict(type="bool", default=True),
+            check_staged_credentials=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
     )

@@ -188,26 +188,46 @@ EXPORT_PLAY = """
 - hosts: sbx
   gather_facts: false
   tasks:
-    - name: Make a project with caches and a credential directory
+    - name: Make a project with caches, a user's own credentials file and a credential directory
       ansible.builtin.shell: |
         set -e
         mkdir -p /workspace/home/proj/.cache /workspace/home/proj/pkg/__pycache__ /workspace/data /workspace/.scratch/credentials.x1/home
+        mkdir -p /workspace/home/app
         echo hello > /workspace/home/proj/a.txt
         echo data > /workspace/data/d.txt
         echo junk > /workspace/home/proj/.cache/junk
         echo pyc > /workspace/home/proj/pkg/__pycache__/m.cpython-311.pyc
         echo code > /workspace/home/proj/pkg/m.py
+        echo '{"user": "mine"}' > /workspace/home/app/credentials.json
         echo secret > /workspace/.scratch/credentials.x1/home/token
       changed_when: true
-    - name: Export
-      ansible.builtin.include_role:
-        name: microvm.sandbox.workspace_export
-      vars:
-        workspace_export_paths: ["{{ paths }}"]
-        workspace_export_dest: "{{ dest }}"
-    - name: Report
-      ansible.builtin.debug:
-        msg: "RESULT={{ workspace_export_result | to_json }}"
+    - name: Export while credentials are staged inside the exported tree
+      block:
+        - name: Stage credentials under home (a scratch dir the export would otherwise take)
+          ansible.builtin.include_role:
+            name: microvm.sandbox.credentials
+          vars:
+            credentials_scratch_dir: /workspace/home/.creds
+            credentials_files:
+              - path: .netrc
+                content: "machine example login me password staged-secret"
+        - name: Export
+          ansible.builtin.include_role:
+            name: microvm.sandbox.workspace_export
+          vars:
+            workspace_export_paths: ["{{ paths }}"]
+            workspace_export_dest: "{{ dest }}"
+        - name: Report
+          ansible.builtin.debug:
+            msg: "RESULT={{ workspace_export_result | to_json }}"
+        - name: Report the staged directory
+          ansible.builtin.debug:
+            msg: "STAGED={{ credentials_dir | to_json }}"
+      always:
+        - name: Remove the credentials
+          ansible.builtin.include_role:
+            name: microvm.sandbox.credentials
+            tasks_from: cleanup
     - name: Remove the seeded credential directory
       ansible.builtin.file:
         path: /workspace/.scratch/credentials.x1
@@ -229,7 +249,12 @@ def test_workspace_export(provisioned, roles_env, tmp_path, playbook_runner, pat
     with tarfile.open(str(dest)) as tar:
         names = [n[2:] if n.startswith("./") else n for n in tar.getnames()]
     assert "home/proj/a.txt" in names and "home/proj/pkg/m.py" in names, names
-    assert not [n for n in names if ".cache" in n or "__pycache__" in n or ".scratch" in n or "credentials." in n], names
+    assert not [n for n in names if ".cache" in n or "__pycache__" in n or ".scratch" in n], names
+    # exactly what the credentials role staged is left out: the user's own credentials.json stays
+    staged = markers(res.stdout, "STAGED")[0]
+    assert staged.startswith("/workspace/home/.creds/credentials."), staged
+    assert "home/app/credentials.json" in names, names
+    assert not [n for n in names if n.startswith("home/.creds/credentials.")], names
     assert ("data/d.txt" in names) == (paths == "."), names
 
     check = playbook_runner(CHECK_SCRATCH_PLAY, inv, roles_env, workdir=str(tmp_path))
@@ -280,3 +305,104 @@ def test_fanout_playbook_forks_the_prepared_session(plane, provisioned, roles_en
         assert "ok: [%s]" % name in res.output, res.output[-4000:]
         left = plane.client().find_session(name)
         assert not left or left["status"].endswith(("DESTROYING", "DESTROYED")), left
+
+
+FORK_WHILE_STAGED_PLAY = """
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - name: Stage credentials
+      ansible.builtin.include_role:
+        name: microvm.sandbox.credentials
+      vars:
+        credentials_files:
+          - path: .netrc
+            content: "machine example login me password {{ secret }}"
+    - name: Fork while they are staged
+      microvm.sandbox.session_fork:
+        source: "{{ ansible_host }}"
+        count: 1
+      delegate_to: localhost
+      register: refused_fork
+      ignore_errors: true
+    - name: Checkpoint while they are staged
+      microvm.sandbox.checkpoint:
+        session: "{{ ansible_host }}"
+        label: while-staged
+      delegate_to: localhost
+      register: refused_checkpoint
+      ignore_errors: true
+    - name: Remember the staged directory
+      ansible.builtin.set_fact:
+        credentials_dir_staged: "{{ credentials_dir }}"
+    - name: Report the refusals
+      ansible.builtin.debug:
+        msg: >-
+          REFUSED={{ {'fork': refused_fork.msg | default(''), 'fork_failed': refused_fork is failed,
+                      'checkpoint': refused_checkpoint.msg | default(''), 'checkpoint_failed': refused_checkpoint is failed,
+                      'staged': credentials_dir} | to_json }}
+    - name: Remove the credentials
+      ansible.builtin.include_role:
+        name: microvm.sandbox.credentials
+        tasks_from: cleanup
+    - name: Fork once they are gone
+      microvm.sandbox.session_fork:
+        source: "{{ ansible_host }}"
+        count: 1
+      delegate_to: localhost
+      register: fork
+    - name: Add the copy
+      ansible.builtin.add_host:
+        name: the-fork
+        groups: forks
+        ansible_host: "{{ fork.sessions[0].session_id }}"
+        ansible_connection: microvm.sandbox.agent
+        ansible_python_interpreter: /usr/bin/python3
+      changed_when: false
+
+- hosts: forks
+  gather_facts: false
+  tasks:
+    - name: List /tmp and whatever the collection could have left in the copy
+      ansible.builtin.shell: |
+        find /tmp -mindepth 1 -maxdepth 1 -printf 'tmp %p\\n'
+        find /workspace/.scratch/.microvm/staged-credentials -mindepth 1 -printf 'manifest %p\\n' 2>/dev/null
+        test ! -e "{{ hostvars['sbx5'].credentials_dir_staged }}" || echo "staged {{ hostvars['sbx5'].credentials_dir_staged }}"
+      register: listing
+      changed_when: false
+    - name: Report
+      ansible.builtin.debug:
+        msg: "LISTING={{ listing.stdout_lines | to_json }}"
+
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - name: Delete the copy
+      microvm.sandbox.session_fork:
+        source: "{{ ansible_host }}"
+        state: absent
+      delegate_to: localhost
+"""
+
+
+def test_no_fork_or_checkpoint_while_credentials_are_staged_and_nothing_left_in_the_copy(plane, provisioned, roles_env,
+                                                                                          tmp_path, playbook_runner):
+    """Issue 42: a fork (and a checkpoint) taken while credentials are staged would keep them after their cleanup.
+
+    Both are refused, naming the staged directory and the fix; once the credentials are removed the fork is made, and
+    the copy holds neither the credentials, nor their manifest, nor anything in /tmp.
+    """
+    secrets = tmp_path / "secrets.json"
+    secrets.write_text(json.dumps({"secret": SECRET_MARK}))
+    res = playbook_runner(FORK_WHILE_STAGED_PLAY, inventory("sbx5", provisioned["id"]), roles_env, workdir=str(tmp_path),
+                          extra_args=["-e", "@%s" % secrets])
+    assert res.rc == 0, res.output[-5000:]
+    refused = markers(res.stdout, "REFUSED")[0]
+    assert refused["fork_failed"] and refused["checkpoint_failed"], refused
+    for what in ("fork", "checkpoint"):
+        msg = refused[what]
+        assert refused["staged"] in msg and "tasks_from: cleanup" in msg and "refusing to %s" % what in msg, msg
+    listing = markers(res.stdout, "LISTING")[0]
+    assert listing == [], "the copy holds what the collection left: %s" % listing
+    assert SECRET_MARK not in res.output
+    assert "while-staged" not in [c.get("label") for c in plane.client().list_checkpoints(provisioned["id"])]

@@ -290,6 +290,19 @@ class ReplayPlatform:
     def op_sessions_list_sizes(self, params, query, body):
         return 200, copy.deepcopy(self.doc("sessions.list_sizes"))
 
+    def op_sessions_exec(self, params, query, body):
+        """The documented buffered answer of a command that printed nothing: this stand-in has no guest to run it in.
+
+        A paused session is woken, as any exec wakes it on the platform (a dial or input resumes a session).
+        """
+        rec = self.session(params["session_id"])
+        if rec["status"] in ("SESSION_STATUS_DESTROYING", "SESSION_STATUS_DESTROYED", "SESSION_STATUS_FAILED"):
+            raise Refusal(409, "conflict", "session is %s" % rec["status"])
+        if not isinstance(body, dict) or not isinstance(body.get("argv"), list) or not body["argv"]:
+            raise Refusal(400, "bad_request", "argv is required and must be a non-empty list of strings")
+        rec["status"] = "SESSION_STATUS_READY"
+        return 200, shaped(self.doc("sessions.exec"), {"exit_code": 0, "stdout": "", "stderr": "", "duration_ms": 1})
+
     # -- checkpoints --------------------------------------------------------
     def _checkpoint(self, rec: Dict[str, Any], label: str) -> Dict[str, Any]:
         if rec["status"] not in ("SESSION_STATUS_READY", "SESSION_STATUS_DETACHED"):

@@ -21,6 +21,8 @@ class FakePlane(object):
     def __init__(self, page_size=2):
         self.sessions = {}
         self.checkpoints = {}  # session_id -> [checkpoint, ...] newest first
+        self.staged = {}  # session_id -> credential directories the credentials role's manifest lists
+        self.execs = []  # (session_id, argv) of every buffered exec
         self.templates = {}
         self.builds = {}
         self.calls = []
@@ -49,7 +51,7 @@ class FakePlane(object):
         return rec
 
     def mutating_calls(self):
-        return [c for c in self.calls if c[0] != "GET"]
+        return [c for c in self.calls if c[0] != "GET" and not c[1].endswith("/sandbox/exec")]  # the exec only reads
 
     # -- the routes -----------------------------------------------------------
     def handle(self, method, path, body, query):
@@ -164,6 +166,14 @@ class FakePlane(object):
         rec["status"] = STATUS + "READY"
         rec["pause_reason"] = ""
         return {}
+
+    def _post_sessions_x_sandbox_x(self, parts, body, query):
+        """POST /sessions/<id>/sandbox/exec: only the manifest listing the modules send is answered."""
+        assert parts[3] == "exec", parts
+        self._session(parts[1])
+        self.execs.append((parts[1], body["argv"]))
+        listing = "".join("staged %s\n" % d for d in self.staged.get(parts[1], []))
+        return {"exit_code": 0, "stdout": listing, "stderr": "", "duration_ms": 1}
 
     def _post_sessions_x_fork(self, parts, body, query):
         parent = self._session(parts[1])

@@ -89,6 +89,7 @@ RECIPES = {
     "sessions.fork": lambda w, ex: (w, {"from_checkpoint_id": w["checkpoint_id"], "count": 1}, "application/json",
                                     None),
     "sessions.update": lambda w, ex: (w, ex.request["body"], "application/json", None),
+    "sessions.exec": lambda w, ex: (w, ex.request["body"], "application/json", None),
     "checkpoints.create": lambda w, ex: (w, {"label": "corpus-" + unique()[-6:]}, "application/json", None),
     "checkpoints.delete": None,  # needs a checkpoint of its own: made in _call
     "checkpoints.rollback": lambda w, ex: (_throwaway_with_checkpoint(w), {}, "application/json", None),

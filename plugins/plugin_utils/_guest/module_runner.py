@@ -184,7 +184,8 @@ class CodeCache:
 
 
 class Runner:
-    def __init__(self, proto_in: int, proto_out: int, core: CoreConfig) -> None:
+    def __init__(self, proto_in: int, proto_out: int, core: CoreConfig, work_root: "Optional[str]" = None) -> None:
+        self.work_root = work_root  # where the preload dir goes (the session's scratch dir); None: the temp dir
         self.core = core
         self.codes = CodeCache()
         self.wrappers = WrapperCache(core.wrapper_call)
@@ -221,7 +222,7 @@ class Runner:
 
     # -- preloading ------------------------------------------------------------------
     def preload(self, zip_bytes: bytes) -> None:
-        self.preload_dir = tempfile.mkdtemp(prefix="%s%d-" % (TMP_PREFIX, os.getpid()))
+        self.preload_dir = tempfile.mkdtemp(prefix="%s%d-" % (TMP_PREFIX, os.getpid()), dir=self.work_root)
         self.preload_zip = os.path.join(self.preload_dir, "preload.zip")
         with open(self.preload_zip, "wb") as f:
             f.write(zip_bytes)
@@ -661,16 +662,31 @@ def sweep_stale_dirs(tmp: "Optional[str]" = None) -> None:
             shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
 
 
+def work_root_of(argv: "List[str]") -> "Optional[str]":
+    """The dir the mux names for the runner's files (under the session's scratch dir, never /tmp: a checkpoint or a
+    fork would keep them there), made if needed; None (the temp dir) when there is none or it cannot be made."""
+    if len(argv) < 4 or not argv[3].startswith("/"):
+        return None
+    try:
+        os.makedirs(argv[3], mode=0o700, exist_ok=True)
+    except OSError:
+        return None
+    return argv[3]
+
+
 def main() -> None:
     core = CoreConfig(json.loads(sys.argv[2]))
-    sweep_stale_dirs()
+    work_root = work_root_of(sys.argv)
+    sweep_stale_dirs()  # older runners' dirs in the temp dir
+    if work_root:
+        sweep_stale_dirs(work_root)
     proto_in = os.dup(0)
     proto_out = os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
     os.dup2(2, 1)  # nothing but frames on the protocol fd
-    Runner(proto_in, proto_out, core).serve()
+    Runner(proto_in, proto_out, core, work_root).serve()
 
 
 if __name__ == "__main__":

@@ -18,11 +18,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import posixpath
 import queue
 import struct
 import threading
 from typing import Any
 
+from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import core_compat
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
@@ -42,20 +44,29 @@ FRAME_MAX = 1024 * 1024
 EVENTS_QUEUED_MAX = 16
 STDERR_KEPT = 2000     # the tail of the runner's own stderr, for the message when it ends
 CORE_CONFIG = core_compat.runner_config()
+WORK_DIR = "warm-runners"  # under the session's scratch dir: the runners' preload dirs
 CORE = wr.CoreConfig(CORE_CONFIG)
 # What a request's queue carries: (kind, data), kind one of ready, started, stdout, stderr, exit, refuse, done, dead.
 Event = tuple[str, Any]
 
 
-def runner_python_argv(interpreter: str) -> list[str]:
-    """`<interpreter> -c <the runner's source> microvm-warm-runner <core config JSON>`."""
-    return [interpreter, "-c", runner_source(), wr.MARKER, json.dumps(CORE_CONFIG)]
+def runner_python_argv(interpreter: str, work_root: str = "") -> list[str]:
+    """`<interpreter> -c <the runner's source> microvm-warm-runner <core config JSON> [<work root>]`."""
+    return [interpreter, "-c", runner_source(), wr.MARKER, json.dumps(CORE_CONFIG)] + ([work_root] if work_root else [])
 
 
-def runner_argv(interpreter: str) -> list[str]:
-    """The Exec argv that starts a warm runner: through sh, so a missing interpreter is an exit code, not an error."""
-    python = runner_python_argv(interpreter)
-    return ["/bin/sh", "-c", 'exec "$0" -c "$1" "$2" "$3"', python[0]] + python[2:]
+def runner_argv(interpreter: str, work_root: str) -> list[str]:
+    """The Exec argv that starts a warm runner: through sh, so a missing interpreter is an exit code, not an error.
+
+    Its files go under `work_root` (in the session's scratch dir), not in the guest's /tmp.
+    """
+    python = runner_python_argv(interpreter, work_root)
+    return ["/bin/sh", "-c", 'exec "$0" -c "$1" "$2" "$3" "$4"', python[0]] + python[2:]
+
+
+def runner_work_root(scratch_dir: str) -> str:
+    """Where a session's warm runners keep their files: its scratch dir, which no export takes."""
+    return posixpath.join(scratch_dir, WORK_DIR)
 
 
 def runner_source() -> str:
@@ -105,9 +116,10 @@ class FrameReader:
 
 
 class ModuleRunner:
-    def __init__(self, client: Any, interpreter: str) -> None:
+    def __init__(self, client: Any, interpreter: str, scratch_dir: str = profile.SCRATCH_DIR) -> None:
         self.client = client   # the link's road client (exec_stream, iter_exec)
         self.interpreter = interpreter
+        self.work_root = runner_work_root(scratch_dir)
         self.lock = threading.Lock()
         self.pending: dict[int, queue.Queue[Event]] = {}  # request id -> queue of events
         self.next_id = 1
@@ -120,7 +132,7 @@ class ModuleRunner:
         self.abandoned: set[int] = set()  # requests whose worker went away: nobody reads their events
 
     def start(self) -> None:
-        self.call, self.feed = self.client.exec_stream(runner_argv(self.interpreter), env={}, workdir="", timeout=0,
+        self.call, self.feed = self.client.exec_stream(runner_argv(self.interpreter, self.work_root), env={}, workdir="", timeout=0,
                                                        deadline=None)
         ready: queue.Queue[Event] = queue.Queue()
         self.pending[0] = ready
@@ -310,8 +322,9 @@ class ModuleRunners:
     differ in their module_utils, so each core's runs preload their own. Interpreters that cannot run
     a runner are remembered."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, scratch_dir: str = profile.SCRATCH_DIR) -> None:
         self.client = client
+        self.scratch_dir = scratch_dir
         self.lock = threading.Lock()
         self.runners: dict[tuple[str, str], ModuleRunner] = {}
         self.broken: dict[str, str] = {}  # interpreter -> why it cannot run a runner
@@ -325,7 +338,7 @@ class ModuleRunners:
                 return runner
             if runner is not None:
                 log.info("warm runner for %s (core %s) died: starting a new one", interpreter, core or "?")
-            runner = ModuleRunner(self.client, interpreter)
+            runner = ModuleRunner(self.client, interpreter, self.scratch_dir)
             try:
                 runner.start()
             except errors.WarmRefused as e:

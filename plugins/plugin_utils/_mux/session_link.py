@@ -157,7 +157,7 @@ class SessionLink:
         self.tunnel.start()
         # A lost stream drops its connection: the agent client then dials through a fresh channel (_dial).
         client = ac.AgentClient(self._dial(), self.label, self.cfg.scratch_dir, redial=self._dial)
-        self.client, self.runners = client, module_runners.ModuleRunners(client)
+        self.client, self.runners = client, module_runners.ModuleRunners(client, self.cfg.scratch_dir)
         try:
             self.ensure_ready(limit=api_road.AUTO_PROBE_SECONDS if auto else None)
         except errors.SandboxError as e:

@@ -134,3 +134,22 @@ def test_a_create_refused_for_something_else_gets_no_size_advice(run_module, fak
     fake_plane.fail_next.append(("POST", "/sessions", 400, "unknown agent 'none'"))
     bad = run_module(session.main, {"name": "web-1", "size": "mars-2vcpu-4gb"})
     assert bad.failed and "size_info" not in bad.result["msg"], bad.result["msg"]
+
+
+def test_a_fork_of_the_session_now_is_refused_while_credentials_are_staged(run_module, fake_plane):
+    src = fake_plane.add_session("base")
+    fake_plane.staged[src["session_id"]] = ["/workspace/.scratch/credentials.abc"]
+    run = run_module(FORK, {"source": "base", "count": 1}, check=True)
+    assert run.failed and "/workspace/.scratch/credentials.abc" in run.result["msg"], run.result
+    assert run.result["staged_credentials"] == ["/workspace/.scratch/credentials.abc"]
+    run = run_module(FORK, {"source": "base", "count": 1})
+    assert run.failed and not [c for c in fake_plane.mutating_calls() if c[1].endswith("/fork")]
+    # a fork from an existing checkpoint copies that checkpoint, not the session now: no check
+    fake_plane._post_sessions_x_checkpoints(["sessions", src["session_id"], "checkpoints"], {"label": "deps"}, {})
+    execs = len(fake_plane.execs)
+    assert not run_module(FORK, {"source": "base", "checkpoint": "deps", "count": 1}).failed
+    assert len(fake_plane.execs) == execs
+    assert not run_module(FORK, {"source": "base", "count": 1, "check_staged_credentials": False}).failed
+    assert len(fake_plane.execs) == execs
+    fake_plane.staged.clear()
+    assert not run_module(FORK, {"source": "base", "count": 2}).failed

@@ -86,3 +86,14 @@ def test_the_preload_dirs_of_dead_runners_are_swept_at_start(tmp_path):
     finally:
         runner.kill()
         other.kill()
+
+
+def test_the_runner_keeps_its_files_under_the_scratch_dir_not_tmp(tmp_path):
+    """Issue 42: nothing of the collection's in a guest's /tmp (a checkpoint or a fork would keep it)."""
+    argv = module_runners.runner_argv("/usr/bin/python3", module_runners.runner_work_root("/workspace/.scratch"))
+    assert argv[-1] == "/workspace/.scratch/warm-runners" and '"$4"' in argv[2]
+    root = tmp_path / "scratch" / "warm-runners"
+    assert wr.work_root_of(["-c", "src", "cfg", str(root)]) == str(root) and root.is_dir()
+    assert oct(root.stat().st_mode & 0o777) == "0o700"
+    assert wr.work_root_of(["-c", "src", "cfg"]) is None
+    assert wr.work_root_of(["-c", "src", "cfg", "relative/dir"]) is None
