@@ -115,7 +115,7 @@ class _Guest:
     ifindex: int | None
     names: dict[str, list[str]]
     tokens: float = BURST
-    stamp: float = field(default_factory=time.monotonic)
+    stamp: float = field(default_factory=lambda: time.monotonic())
 
     def admit(self, now: float) -> bool:
         self.tokens = min(BURST, self.tokens + (now - self.stamp) * RATE)
