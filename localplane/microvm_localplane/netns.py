@@ -135,7 +135,7 @@ def _run(argv, stdin=None, check=True):
     return proc
 
 
-def guest_resolvers(egress=None):
+def guest_resolvers(egress: object = None) -> list[str]:
     """The nameservers of a guest's resolv.conf. Open egress: the host's resolvers a guest can use (not the host's
     loopback: a guest never reaches it). An allowlist: the plane's responder, whatever the address (GUEST_DNS)."""
     if parse_egress(egress) is not None:
@@ -167,7 +167,7 @@ def _lookup(host: str) -> tuple[list[str], Exception | None]:
         pass
     try:
         infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
-        return sorted({info[4][0] for info in infos}), None
+        return sorted({str(info[4][0]) for info in infos}), None
     except (socket.gaierror, UnicodeError, OSError) as e:
         return [], e
 
@@ -242,7 +242,7 @@ def uplink_mtu():
 _host_ready = False
 
 
-def ensure_host_setup():
+def ensure_host_setup() -> None:
     """Forwarding on, our nftables table present and current (idempotent; checked once per process)."""
     global _host_ready
     if _host_ready:
@@ -260,7 +260,7 @@ def ensure_host_setup():
     _host_ready = True
 
 
-def _upgrade_table():
+def _upgrade_table() -> None:
     """A table an older plane made (the table is machine-wide): bring its rules to this version's, in place."""
     forward = _run([TOOLS["nft"], "-a", "list", "chain", "ip", TABLE, "forward"], check=False).stdout
     names = {"table": TABLE, "prefix": IF_PREFIX}
@@ -287,7 +287,7 @@ def slot_addresses(slot):
     return str(ipaddress.IPv4Address(base + 1)), str(ipaddress.IPv4Address(base + 2))
 
 
-def _policy_batch(guest_ip, allowed, stale, dns_port=None):
+def _policy_batch(guest_ip: str, allowed: list[str] | None, stale: list[str], dns_port: int | None = None) -> str:
     """One nft transaction: forget whatever an earlier guest with this address left, then
     restrict this one if it has an allow-list. (add-then-delete never fails on a missing element.)
     The caller has removed the address's dnsports element first (_forget_dns_port): a map element cannot be
@@ -305,7 +305,7 @@ def _policy_batch(guest_ip, allowed, stale, dns_port=None):
     return "\n".join(lines) + "\n"
 
 
-def _forget_dns_port(guest_ip):
+def _forget_dns_port(guest_ip: str) -> None:
     """Remove the address's dnsports element, whatever port it names (absent is fine)."""
     _run([TOOLS["nft"], "delete", "element", "ip", TABLE, "dnsports", "{ %s }" % guest_ip], check=False)
 
@@ -369,7 +369,7 @@ def setup(pid, egress, log):
     return record
 
 
-def reattach(record):
+def reattach(record: dict | None) -> None:
     """A live guest of an earlier plane process (adopted): its DNS is this process's responder from now on."""
     if not record or record.get("allowed") is None:
         return
