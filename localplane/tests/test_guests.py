@@ -606,6 +606,24 @@ def test_allow_list_is_by_name_a_name_sharing_the_address_does_not_resolve(plane
         plane.run(plane.manager.stop("egress-byname"))
 
 
+@pytest.mark.serial  # rewrites the host's /etc/hosts (shared_address_peer)
+def test_a_reattached_guest_gets_its_dns_back(plane, shared_address_peer):
+    """As a plane restarted over live guests does (adopt): the responder and the dnsports element are taken over."""
+    from microvm_localplane import egressdns, netns
+    allowed, _other, addr = shared_address_peer
+    g = plane.boot("egress-reattach", egress=[allowed])
+    stub = plane.stub(g)
+    try:
+        with open(os.path.join(plane.state_dir, "sessions", "egress-reattach", "host", "net.json")) as f:
+            record = json.load(f)
+        egressdns.forget(record["guest_ip"], record["ifindex"])  # what a dead plane's guest has: no responder
+        assert lookup(stub, allowed).startswith("failed")
+        netns.reattach(record)
+        assert lookup(stub, allowed) == addr
+    finally:
+        plane.run(plane.manager.stop("egress-reattach"))
+
+
 def test_guest_cannot_reach_the_host_or_another_guest(plane, open_guest):
     import socket
     _guest, stub = open_guest
