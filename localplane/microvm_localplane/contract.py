@@ -129,6 +129,20 @@ MAX_IDLE_TIMEOUT_SECONDS = 7 * 24 * 3600
 DESTROYED_RETENTION_SECONDS = 3600
 MAX_ENV_ENTRIES = 256
 MAX_EGRESS_HOSTS = 256
+# Decision: an egress host that does not resolve is refused at create, a 400 naming every such host. The Network
+# Egress page says only that naming a host turns the allowlist on and denies every host not named; it is silent on
+# a name that does not resolve. Accepting one would start a session with less egress than asked, without a word.
+# Checked on the plane's host (its resolvers), names in parallel, at most this long in all (slower = unresolvable);
+# `*.` wildcards and IPv4 addresses are not looked up.
+EGRESS_RESOLVE_TIMEOUT_SECONDS = 10.0
+
+
+def egress_unresolvable_message(hosts):
+    """The create refusal naming the egress hosts that do not resolve (each shown, at most 10 named)."""
+    named = ", ".join(shown(h) for h in hosts[:10]) + (" and %d more" % (len(hosts) - 10) if len(hosts) > 10 else "")
+    return ("egress host%s %s do%s not resolve: the session could not reach %s; fix or remove %s"
+            % ("s" if len(hosts) > 1 else "", named, "" if len(hosts) > 1 else "es",
+               "them" if len(hosts) > 1 else "it", "them" if len(hosts) > 1 else "it"))
 
 # -- listing ----------------------------------------------------------------
 DEFAULT_PAGE_SIZE = 50

@@ -258,7 +258,7 @@ class GuestManager:
                 raise GuestError("session %s already has a running guest" % session_id)
             return await self._boot(layout, session_id, sandbox_id, rootfs, env, egress, hostname, size)
 
-    def _prepare(self, layout, rootfs, env, hostname, size):
+    def _prepare(self, layout, rootfs, env, hostname, size, egress=None):
         """Everything before runc starts: ids, dirs, mounts, config. -> (limits, ids)."""
         if not shutil.which(RUNC, path=LAUNCH_PATH):
             raise GuestError("guests need runc: apt-get install runc uidmap (or `make system-deps`)")
@@ -274,7 +274,7 @@ class GuestManager:
             self._hostlib = self.code.hostlib(self.state_dir)
         hostlib = self._hostlib
         layout.create(["root"], ids)
-        rootfs_mod.write_identity(layout, lowers, hostname, ids, netns.guest_resolvers())
+        rootfs_mod.write_identity(layout, lowers, hostname, ids, netns.guest_resolvers(egress))
         # The session's env reaches the agent's command baseline through the guest's own run dir; never logged.
         rootfs_mod.write_session_env(layout, {str(k): str(v) for k, v in (env or {}).items()}, ids)
         limits = limits_mod.for_size(size)
@@ -309,7 +309,7 @@ class GuestManager:
             raise GuestError(str(e)) from e
         await asyncio.to_thread(self._kill, layout)   # a crash may have left a container or mounts behind
         try:
-            _limits, ids = await asyncio.to_thread(self._prepare, layout, rootfs, env, hostname, size)
+            _limits, ids = await asyncio.to_thread(self._prepare, layout, rootfs, env, hostname, size, egress)
         except (RootfsError, OSError, idmap.IdmapError, baseimage.BaseImageError, disk.DiskError) as e:
             await asyncio.to_thread(rootfs_mod.unmount_root, layout)
             raise GuestError("cannot prepare guest %s: %s" % (session_id, e)) from e
@@ -413,8 +413,19 @@ class GuestManager:
                         guest.sandbox_id = sandbox_id
                         layout.write_meta(dict(meta, sandbox_id=sandbox_id))
                     self._guests[session_id] = guest
+                    await asyncio.to_thread(self._reattach_network, layout)
                     return guest
             return await self._boot(layout, session_id, sandbox_id, rootfs, env, egress, hostname, size)
+
+    def _reattach_network(self, layout):
+        """A reattached guest's DNS (an allowlist) is this process's responder now; its policy is unchanged."""
+        try:
+            with open(os.path.join(layout.host, "net.json")) as f:
+                netns.reattach(json.load(f))
+        except FileNotFoundError:
+            pass  # no network (it failed at boot): nothing to answer
+        except (OSError, ValueError, netns.EgressError) as e:
+            _log(layout, "egress DNS not reattached: %s" % e)
 
     async def _answers(self, layout):
         for _attempt in range(3):

@@ -3,11 +3,23 @@
 Every guest has its own network namespace (bwrap --unshare-net): loopback only
 until this module gives it an `eth0`. Egress modes (the session's `egress`):
 
-- None or "unrestricted": open egress, NAT through the host's default route.
-- a list of hosts (names or IPv4 addresses): resolved once at boot; the guest
-  reaches only those addresses, plus the host's DNS resolvers on port 53 so
-  that names resolve inside the guest. Names that do not resolve are skipped
-  (logged to the guest's log).
+- None or "unrestricted": open egress, NAT through the host's default route,
+  DNS from the host's resolvers.
+- a list of hosts (names or IPv4 addresses): names are resolved on the host
+  once, at boot. The guest reaches only those addresses, and its DNS is the
+  plane's own responder (egressdns.py): every UDP query to port 53 is
+  redirected there, and it answers the allowlisted names (with exactly the
+  addresses the allow set holds) and NXDOMAIN for any other name; the host's
+  resolvers are out of the guest's reach. A name that no longer resolves at
+  boot is skipped and logged to the guest's log (the session's create checks
+  every name first: `unresolvable`).
+
+"Filtered by name" means the guest learns addresses only for allowlisted
+names; it does not mean the connection is checked against the name. Another
+name served from an allowlisted address does not resolve in the guest, but
+the address is reachable whatever name the guest puts on it (its own
+/etc/hosts, an HTTP Host header, a TLS SNI): nothing here reads those.
+`*.` wildcards match nothing (there is no name to resolve at boot).
 
 Whatever the mode, a guest can reach neither the host itself (no service of
 the control plane, no other listener) nor another guest. If anything fails
@@ -17,6 +29,8 @@ Addressing: guest i gets 10.213.0.0/16's i-th /30 (host side .1, guest .2);
 interfaces are `mvl<i>` on the host and `eth0` in the guest. The veth pair
 vanishes with the guest's namespace; the nftables elements are removed on stop.
 Slots are machine-wide (several control planes may run), taken under a lock.
+The nftables table is machine-wide too; each plane's responder has its own
+port, which the guest's `dnsports` element names.
 """
 import fcntl
 import ipaddress
@@ -24,7 +38,12 @@ import os
 import re
 import socket
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Callable
+
+from . import egressdns
 
 TABLE = "microvm_localplane"
 SUBNET = ipaddress.ip_network("10.213.0.0/16")
@@ -32,12 +51,18 @@ IF_PREFIX = "mvl"
 SLOTS = SUBNET.num_addresses // 4
 LOCK_FILE = "/run/microvm-localplane-net.lock"
 TOOLS = {"ip": "/usr/sbin/ip", "nft": "/usr/sbin/nft", "nsenter": "/usr/bin/nsenter"}
+# The nameserver a restricted guest's resolv.conf names. Any address would do (all its UDP port 53 goes to the
+# plane's responder); a link-local one is never a real destination of a guest (the forward chain drops them).
+GUEST_DNS = "169.254.53.53"
 
+# `resolvers` is no longer used by this version; it stays declared because planes of an older version on the same
+# host add the host's resolvers to it and would fail on a table without it.
 RULESET = """
 table ip %(table)s {
     set restricted { type ipv4_addr; }
     set allowed { type ipv4_addr . ipv4_addr; }
     set resolvers { type ipv4_addr; }
+    map dnsports { type ipv4_addr : inet_service; }
     chain forward {
         type filter hook forward priority 0; policy accept;
         iifname "%(prefix)s*" oifname "%(prefix)s*" drop
@@ -45,13 +70,14 @@ table ip %(table)s {
         iifname "%(prefix)s*" ip daddr { 127.0.0.0/8, 169.254.0.0/16 } drop
         oifname "%(prefix)s*" ct state established,related accept
         oifname "%(prefix)s*" drop
-        iifname "%(prefix)s*" ip saddr @restricted ip daddr @resolvers meta l4proto { tcp, udp } th dport 53 accept
         iifname "%(prefix)s*" ip saddr . ip daddr @allowed accept
         iifname "%(prefix)s*" ip saddr @restricted drop
     }
+%(dns)s
     chain input {
         type filter hook input priority 0; policy accept;
         iifname "%(prefix)s*" ct state established,related accept
+%(dns_input)s
         iifname "%(prefix)s*" drop
     }
     chain postrouting {
@@ -60,6 +86,18 @@ table ip %(table)s {
     }
 }
 """
+# A restricted guest's DNS: its UDP port 53, to any address, goes to its plane's responder (the port its dnsports
+# element names) on the host end of its veth; the input chain lets exactly those redirected queries in.
+DNS_CHAIN = """    chain prerouting {
+        type nat hook prerouting priority -100; policy accept;
+        iifname "%(prefix)s*" meta l4proto udp udp dport 53 ip saddr @dnsports redirect to : ip saddr map @dnsports
+    }"""
+DNS_INPUT = '''        iifname "%(prefix)s*" meta l4proto udp ct status dnat ct original proto-dst 53 ip saddr @dnsports accept'''
+
+
+def _ruleset() -> str:
+    names = {"table": TABLE, "prefix": IF_PREFIX, "subnet": SUBNET}
+    return RULESET % dict(names, dns=DNS_CHAIN % names, dns_input=DNS_INPUT % names)
 
 
 # IPv6: guests get no IPv6 route, and their veths none at all (disable_ipv6 on both ends);
@@ -97,8 +135,11 @@ def _run(argv, stdin=None, check=True):
     return proc
 
 
-def guest_resolvers():
-    """The host's resolvers a guest can use: not the host's loopback (a guest never reaches it)."""
+def guest_resolvers(egress: object = None) -> list[str]:
+    """The nameservers of a guest's resolv.conf. Open egress: the host's resolvers a guest can use (not the host's
+    loopback: a guest never reaches it). An allowlist: the plane's responder, whatever the address (GUEST_DNS)."""
+    if parse_egress(egress) is not None:
+        return [GUEST_DNS]
     return [r for r in resolvers() if not ipaddress.ip_address(r).is_loopback]
 
 
@@ -119,27 +160,70 @@ def resolvers():
     return found
 
 
-def _lookup(host):
+def _lookup(host: str) -> tuple[list[str], Exception | None]:
     try:
         return [str(ipaddress.IPv4Address(host))], None
     except ValueError:
         pass
     try:
         infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
-        return [info[4][0] for info in infos], None
+        return sorted({str(info[4][0]) for info in infos}), None
     except (socket.gaierror, UnicodeError, OSError) as e:
         return [], e
 
 
-def resolve(hosts, log):
+# Lookups of every create and boot share these few threads: a flood of names queues, never spawns threads.
+_LOOKUPS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="egress-lookup")
+
+
+def is_wildcard(host: str) -> bool:
+    return host.startswith("*.")
+
+
+def resolve_names(hosts: list[str], log: Callable[[str], None]) -> dict[str, list[str]]:
+    """Allowed hosts -> {host: its IPv4 addresses} (resolved now, once; in parallel). A host that does not
+    resolve is left out and logged; wildcards have nothing to resolve."""
+    wanted = [h for h in dict.fromkeys(hosts) if not is_wildcard(h)]
+    names: dict[str, list[str]] = {}
+    for host, (found, error) in zip(wanted, _LOOKUPS.map(_lookup, wanted)):
+        if error is not None or not found:
+            log("egress: %s does not resolve (%s); not allowed" % (host, error))
+        else:
+            names[host] = found
+    return names
+
+
+def resolve(hosts: list[str], log: Callable[[str], None]) -> list[str]:
     """Allowed hosts -> sorted IPv4 addresses (resolved now, once; names in parallel)."""
-    addresses = set()
-    with ThreadPoolExecutor(max_workers=min(8, max(1, len(hosts)))) as pool:
-        for host, (found, error) in zip(hosts, pool.map(_lookup, hosts)):
-            if error is not None:
-                log("egress: %s does not resolve (%s); not allowed" % (host, error))
-            addresses.update(found)
-    return sorted(addresses)
+    return sorted({a for found in resolve_names(hosts, log).values() for a in found})
+
+
+def unresolvable(hosts: list[str] | None, timeout: float) -> list[str]:
+    """The hosts of an allowlist that do not resolve on this host now (within `timeout` seconds in all), in order.
+    Wildcards and IPv4 addresses are never among them."""
+    wanted = [h for h in dict.fromkeys(hosts or []) if not is_wildcard(h)]
+    futures = [(h, _LOOKUPS.submit(_lookup, h)) for h in wanted]
+    deadline = time.monotonic() + timeout
+    missing = []
+    for host, future in futures:
+        try:
+            found, error = future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except FutureTimeout:
+            found, error = [], TimeoutError()
+        if error is not None or not found:
+            missing.append(host)
+    return missing
+
+
+def dns_table(names: dict[str, list[str]]) -> dict[str, list[str]]:
+    """What the guest's DNS answers: allowlisted names only (an IPv4 address is no name to answer for)."""
+    out = {}
+    for host, found in names.items():
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            out[host.rstrip(".").lower()] = list(found)
+    return out
 
 
 def uplink_mtu():
@@ -158,8 +242,8 @@ def uplink_mtu():
 _host_ready = False
 
 
-def ensure_host_setup():
-    """Forwarding on, our nftables table present (idempotent; checked once per process)."""
+def ensure_host_setup() -> None:
+    """Forwarding on, our nftables table present and current (idempotent; checked once per process)."""
     global _host_ready
     if _host_ready:
         return
@@ -168,17 +252,34 @@ def ensure_host_setup():
             with open("/proc/sys/net/ipv4/ip_forward", "w") as w:
                 w.write("1")
     if _run([TOOLS["nft"], "list", "table", "ip", TABLE], check=False).returncode != 0:
-        _run([TOOLS["nft"], "-f", "-"], stdin=RULESET % {"table": TABLE, "prefix": IF_PREFIX, "subnet": SUBNET})
-    elif "169.254.0.0/16" not in _run([TOOLS["nft"], "list", "chain", "ip", TABLE, "forward"], check=False).stdout:
+        _run([TOOLS["nft"], "-f", "-"], stdin=_ruleset())
+    else:
+        _upgrade_table()
+    if _run([TOOLS["nft"], "list", "table", "ip6", TABLE], check=False).returncode != 0:
+        _run([TOOLS["nft"], "-f", "-"], stdin=GUARD6 % {"table": TABLE, "prefix": IF_PREFIX})
+    _host_ready = True
+
+
+def _upgrade_table() -> None:
+    """A table an older plane made (the table is machine-wide): bring its rules to this version's, in place."""
+    forward = _run([TOOLS["nft"], "-a", "list", "chain", "ip", TABLE, "forward"], check=False).stdout
+    names = {"table": TABLE, "prefix": IF_PREFIX}
+    if "169.254.0.0/16" not in forward:
         # a table from before link-local was refused: add the rule at the top of the chain
         _run([TOOLS["nft"], "insert", "rule", "ip", TABLE, "forward", "iifname", '"%s*"' % IF_PREFIX, "ip", "daddr",
               "{ 127.0.0.0/8, 169.254.0.0/16 }", "drop"])
-    if _run([TOOLS["nft"], "list", "table", "ip6", TABLE], check=False).returncode != 0:
-        _run([TOOLS["nft"], "-f", "-"], stdin=GUARD6 % {"table": TABLE, "prefix": IF_PREFIX})
-    dns = resolvers()
-    if dns:
-        _run([TOOLS["nft"], "add", "element", "ip", TABLE, "resolvers", "{ %s }" % ", ".join(dns)])
-    _host_ready = True
+    batch = []
+    if _run([TOOLS["nft"], "list", "map", "ip", TABLE, "dnsports"], check=False).returncode != 0:
+        # before the plane's own DNS: a restricted guest's queries went to the host's resolvers, which resolve
+        # any name. Add the redirect and its input rule; the resolvers rule goes (below).
+        batch.append("add map ip %s dnsports { type ipv4_addr : inet_service; }" % TABLE)
+        batch.append("add chain ip %s prerouting { type nat hook prerouting priority -100; policy accept; }" % TABLE)
+        batch.append("add rule ip %s prerouting %s" % (TABLE, DNS_CHAIN.split("\n")[2].strip() % names))
+        batch.append("insert rule ip %s input %s" % (TABLE, DNS_INPUT.strip() % names))
+    for handle in re.findall(r"@resolvers .*# handle (\d+)", forward):
+        batch.append("delete rule ip %s forward handle %s" % (TABLE, handle))
+    if batch:
+        _run([TOOLS["nft"], "-f", "-"], stdin="\n".join(batch) + "\n")
 
 
 def slot_addresses(slot):
@@ -186,9 +287,11 @@ def slot_addresses(slot):
     return str(ipaddress.IPv4Address(base + 1)), str(ipaddress.IPv4Address(base + 2))
 
 
-def _policy_batch(guest_ip, allowed, stale):
+def _policy_batch(guest_ip: str, allowed: list[str] | None, stale: list[str], dns_port: int | None = None) -> str:
     """One nft transaction: forget whatever an earlier guest with this address left, then
-    restrict this one if it has an allow-list. (add-then-delete never fails on a missing element.)"""
+    restrict this one if it has an allow-list. (add-then-delete never fails on a missing element.)
+    The caller has removed the address's dnsports element first (_forget_dns_port): a map element cannot be
+    added over one with another value."""
     lines = ["add element ip %s restricted { %s }" % (TABLE, guest_ip),
              "delete element ip %s restricted { %s }" % (TABLE, guest_ip)]
     for old in stale:
@@ -197,7 +300,14 @@ def _policy_batch(guest_ip, allowed, stale):
         lines.append("add element ip %s restricted { %s }" % (TABLE, guest_ip))
         if allowed:
             lines.append("add element ip %s allowed { %s }" % (TABLE, ", ".join("%s . %s" % (guest_ip, a) for a in allowed)))
+        if dns_port is not None:
+            lines.append("add element ip %s dnsports { %s : %d }" % (TABLE, guest_ip, dns_port))
     return "\n".join(lines) + "\n"
+
+
+def _forget_dns_port(guest_ip: str) -> None:
+    """Remove the address's dnsports element, whatever port it names (absent is fine)."""
+    _run([TOOLS["nft"], "delete", "element", "ip", TABLE, "dnsports", "{ %s }" % guest_ip], check=False)
 
 
 def stale_allowed(guest_ip):
@@ -214,6 +324,7 @@ def clear_elements(guest_ip, allowed):
         batch += ["add element ip %s allowed { %s . %s }" % (TABLE, guest_ip, a),
                   "delete element ip %s allowed { %s . %s }" % (TABLE, guest_ip, a)]
     _run([TOOLS["nft"], "-f", "-"], stdin="\n".join(batch) + "\n", check=False)
+    _forget_dns_port(guest_ip)
 
 
 def setup(pid, egress, log):
@@ -221,7 +332,9 @@ def setup(pid, egress, log):
     hosts = parse_egress(egress)
     if not available():
         raise EgressError("ip, nft and nsenter are needed for guest networking")
-    allowed = resolve(hosts, log) if hosts is not None else None
+    names = resolve_names(hosts, log) if hosts is not None else None
+    allowed = sorted({a for found in names.values() for a in found}) if names is not None else None
+    dns = egressdns.responder() if names is not None else None
     ensure_host_setup()
     os.makedirs(os.path.dirname(LOCK_FILE), exist_ok=True)
     with open(LOCK_FILE, "w") as lock:
@@ -235,13 +348,17 @@ def setup(pid, egress, log):
         # The policy goes in before the guest has a route, so it never sees an open moment.
         # Stale allow entries only matter to a restricted guest (an open one is not filtered).
         stale = stale_allowed(guest_ip) if allowed is not None else []
-        _run([TOOLS["nft"], "-f", "-"], stdin=_policy_batch(guest_ip, allowed, stale))
+        _forget_dns_port(guest_ip)
+        _run([TOOLS["nft"], "-f", "-"], stdin=_policy_batch(guest_ip, allowed, stale, dns.port if dns else None))
         _run([TOOLS["ip"], "link", "add", host_if, "mtu", str(mtu), "type", "veth", "peer", "name", "eth0",
               "mtu", str(mtu), "netns", str(pid)])
         ifindex = _ifindex(host_if)
         _disable_ipv6("/proc/sys/net/ipv6/conf/%s/disable_ipv6" % host_if)
         _run([TOOLS["ip"], "-batch", "-"], stdin="addr add %s/30 dev %s\nlink set %s up\n" % (host_ip, host_if, host_if))
-    record = {"slot": slot, "host_if": host_if, "guest_ip": guest_ip, "allowed": allowed, "ifindex": ifindex}
+    record = {"slot": slot, "host_if": host_if, "guest_ip": guest_ip, "allowed": allowed, "ifindex": ifindex,
+              "names": dns_table(names) if names is not None else None}
+    if dns is not None:
+        dns.register(guest_ip, ifindex, record["names"])
     try:
         _run([TOOLS["nsenter"], "--net=/proc/%d/ns/net" % pid, "sh", "-c",
               "echo 1 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6 && exec %s -batch -" % TOOLS["ip"]],
@@ -250,6 +367,23 @@ def setup(pid, egress, log):
         teardown(record)
         raise
     return record
+
+
+def reattach(record: dict | None) -> None:
+    """A live guest of an earlier plane process (adopted): its DNS is this process's responder from now on."""
+    if not record or record.get("allowed") is None:
+        return
+    os.makedirs(os.path.dirname(LOCK_FILE), exist_ok=True)
+    with open(LOCK_FILE, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        now, ours = _ifindex(record["host_if"]), record.get("ifindex")
+        if now is None or (ours is not None and now != ours):
+            return  # its link is gone, or the slot is another guest's now
+        ensure_host_setup()
+        dns = egressdns.responder()
+        dns.register(record["guest_ip"], ours, record.get("names") or {})
+        _forget_dns_port(record["guest_ip"])
+        _run([TOOLS["nft"], "add", "element", "ip", TABLE, "dnsports", "{ %s : %d }" % (record["guest_ip"], dns.port)])
 
 
 def _disable_ipv6(path):
@@ -288,3 +422,5 @@ def teardown(record):
         if now is not None:
             _run([TOOLS["ip"], "link", "del", record["host_if"]], check=False)
         clear_elements(record["guest_ip"], record.get("allowed"))
+        if record.get("allowed") is not None:
+            egressdns.forget(record["guest_ip"], ours)

@@ -7,7 +7,7 @@ import time
 
 from aiohttp import web
 
-from . import agentrpc, baseimage, contract, dataplane, portforward, transfers
+from . import agentrpc, baseimage, contract, dataplane, netns, portforward, transfers
 from .checkpoints import Checkpoints
 from .checkpoints import public_view as checkpoint_view
 from .createspec import parse_config_form, parse_create
@@ -25,6 +25,15 @@ from .workspaces import Workspaces
 from .workspaces import public_view as workspace_view
 
 log = logging.getLogger("microvm_localplane.server")
+
+
+async def check_egress_resolves(hosts):
+    """A create whose allowlist names a host that does not resolve is a 400 naming it (contract.py)."""
+    if not hosts:
+        return
+    missing = await asyncio.to_thread(netns.unresolvable, hosts, contract.EGRESS_RESOLVE_TIMEOUT_SECONDS)
+    if missing:
+        raise ApiFailure(400, contract.egress_unresolvable_message(missing))
 
 
 class Plane:
@@ -162,11 +171,11 @@ class Routes:
             if not isinstance(workspace_id, str):
                 raise ApiFailure(400, "workspace_id must be the id of a persistent workspace (a string), got %r"
                                  % (workspace_id,))
-            rec = self.sessions.create_from_config(*parse_config_form(doc), resume_on_topoff=resume_on_topoff,
-                                                   workspace_id=workspace_id)
+            spec = self.sessions.config_spec(*parse_config_form(doc), workspace_id=workspace_id)
         else:
-            rec = self.sessions.create(parse_create(doc, contract.prefix_of(request.path)),
-                                       resume_on_topoff=resume_on_topoff)
+            spec = parse_create(doc, contract.prefix_of(request.path))
+        await check_egress_resolves(spec.get("egress"))
+        rec = self.sessions.create(spec, resume_on_topoff=resume_on_topoff)
         await self.sessions.settle_warm(rec)
         return web.json_response({"session": public_view(rec)}, status=201)
 

@@ -190,7 +190,8 @@ class Sessions:
         self.admit(spec["size_slug"])
         wildcards = [h for h in (spec["egress"] or []) if h.startswith("*.")]
         if wildcards:
-            # The guest runtime resolves allowed hosts to addresses once, at boot; a wildcard matches none.
+            # The guest runtime resolves allowed hosts to addresses once, at boot, and its DNS answers those names
+            # only; a wildcard names nothing to resolve.
             rec["warnings"].append("egress wildcards are not supported by the local control plane and allow nothing: "
                                    "%s" % ", ".join(wildcards))
         member = self._warm_guest(rec, spec)
@@ -269,12 +270,15 @@ class Sessions:
     def create_from_config(self, name, config_id, resume_on_topoff=False, workspace_id=""):
         """The JSON create form {name, config_id, workspace_id?}: the saved spec under a new name (resume_on_topoff
         is per session); a persistent workspace is attached only this way (How to Use Persistent Workspaces)."""
+        return self.create(self.config_spec(name, config_id, workspace_id), resume_on_topoff=resume_on_topoff)
+
+    def config_spec(self, name, config_id, workspace_id=""):
+        """The spec a session from a saved Environment Config starts with (404 for an unknown or deleted config)."""
         config = self.store.configs.get(config_id.lower()) if isinstance(config_id, str) else None
         if config is None or config.get("deleted"):
             raise ApiFailure(404, "config %r not found: give the config_id of an Environment Config (a session "
                                   "created from a YAML spec reports the one made for it)" % config_id[:100])
-        spec = dict(config["spec"], name=name, config_id=config["config_id"], workspace_id=workspace_id)
-        return self.create(spec, resume_on_topoff=resume_on_topoff)
+        return dict(config["spec"], name=name, config_id=config["config_id"], workspace_id=workspace_id)
 
     def update(self, rec, doc):
         """PATCH of the session-scoped settings: today resume_on_topoff only (update_session)."""

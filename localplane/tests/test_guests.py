@@ -552,6 +552,78 @@ def test_allow_list_allows_listed_hosts_only(plane, egress_peer):
         plane.run(plane.manager.stop(sid))
 
 
+@pytest.fixture(scope="module")
+def shared_address_peer():
+    """Two names on one outside address (TEST-NET-3, RFC 5737), in the host's /etc/hosts: a.<tag>.example and
+    b.<tag>.example, as two sites served from one address would be."""
+    import random
+    tag = uuid.uuid4().hex[:6]
+    names = ["a.%s.example" % tag, "b.%s.example" % tag]
+    with outside_peer(["203.0.113.%d/30" % (4 * random.randrange(64))]) as [(_host_ip, peer_ip)]:
+        with open("/etc/hosts", "a") as f:
+            f.writelines("%s %s\n" % (peer_ip, name) for name in names)
+        try:
+            yield names[0], names[1], peer_ip
+        finally:
+            with open("/etc/hosts") as f:
+                kept = [line for line in f if not any(line.rstrip().endswith(" " + n) for n in names)]
+            with open("/etc/hosts", "w") as f:
+                f.writelines(kept)
+
+
+LOOKUP = ("import socket,sys\ntry:\n    print(socket.gethostbyname(sys.argv[1]))\nexcept OSError as e:\n"
+          "    print('failed', e)\n")
+# A raw DNS query (A, IN) for argv[1] to argv[2]:53 -> its rcode, or 'no answer'.
+RAW_QUERY = ("import socket,struct,sys\nq = struct.pack('!HHHHHH', 77, 0x100, 1, 0, 0, 0) + b''.join(\n"
+             "    bytes([len(l)]) + l.encode() for l in sys.argv[1].split('.')) + b'\\0' + struct.pack('!HH', 1, 1)\n"
+             "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)\ns.sendto(q, (sys.argv[2], 53))\n"
+             "try:\n    print('rcode', s.recv(600)[3] & 15)\nexcept OSError:\n    print('no answer')\n")
+
+
+def lookup(stub, name):
+    return run(stub, ["python3", "-c", LOOKUP, name], timeout_seconds=30).stdout.decode().strip()
+
+
+@pytest.mark.serial  # rewrites the host's /etc/hosts (shared_address_peer)
+def test_allow_list_is_by_name_a_name_sharing_the_address_does_not_resolve(plane, shared_address_peer):
+    allowed, other, addr = shared_address_peer
+    g = plane.boot("egress-byname", egress=[allowed])
+    stub = plane.stub(g)
+    try:
+        # the guest's own DNS (no /etc/hosts entry in the guest): the allowlisted name, with its address
+        assert lookup(stub, allowed) == addr
+        assert connect(stub, allowed, 8080) == "connected"
+        # the other name on the same address: no answer for it, so no connection by that name
+        assert lookup(stub, other).startswith("failed")
+        assert connect(stub, other, 8080).startswith("failed")
+        # a query sent to any other resolver is answered by the plane's DNS too (NXDOMAIN): no way around it
+        for server in ("192.0.2.53", "8.8.8.8"):
+            out = run(stub, ["python3", "-c", RAW_QUERY, other, server], timeout_seconds=30).stdout.decode().strip()
+            assert out == "rcode 3", (server, out)
+        out = run(stub, ["python3", "-c", RAW_QUERY, allowed, "192.0.2.53"], timeout_seconds=30).stdout.decode().strip()
+        assert out == "rcode 0"
+    finally:
+        plane.run(plane.manager.stop("egress-byname"))
+
+
+@pytest.mark.serial  # rewrites the host's /etc/hosts (shared_address_peer)
+def test_a_reattached_guest_gets_its_dns_back(plane, shared_address_peer):
+    """As a plane restarted over live guests does (adopt): the responder and the dnsports element are taken over."""
+    from microvm_localplane import egressdns, netns
+    allowed, _other, addr = shared_address_peer
+    g = plane.boot("egress-reattach", egress=[allowed])
+    stub = plane.stub(g)
+    try:
+        with open(os.path.join(plane.state_dir, "sessions", "egress-reattach", "host", "net.json")) as f:
+            record = json.load(f)
+        egressdns.forget(record["guest_ip"], record["ifindex"])  # what a dead plane's guest has: no responder
+        assert lookup(stub, allowed).startswith("failed")
+        netns.reattach(record)
+        assert lookup(stub, allowed) == addr
+    finally:
+        plane.run(plane.manager.stop("egress-reattach"))
+
+
 def test_guest_cannot_reach_the_host_or_another_guest(plane, open_guest):
     import socket
     _guest, stub = open_guest

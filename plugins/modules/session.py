@@ -187,6 +187,8 @@ options:
     description:
       - Hosts the sandbox may reach; everything else is denied.
       - Not set, or V([unrestricted]), leaves egress open.
+      - When the control plane refuses a host (the local plane refuses one that does not resolve, naming it), the
+        task fails with the plane's message.
     type: list
     elements: str
   recreate:

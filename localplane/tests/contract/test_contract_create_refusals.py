@@ -239,10 +239,24 @@ def test_unknown_template_fails(api):
 
 
 def test_egress_list_and_unrestricted_are_accepted(api):
-    for egress in ("unrestricted", ["mirror.example.com", "files.example.org"]):
+    # localhost: a name every host resolves (the local plane refuses one that does not, below)
+    for egress in ("unrestricted", ["localhost"]):
         resp = api.create({"name": unique(), "agent": "custom", "egress": egress})
         assert resp.status_code in (200, 201), resp.text
         api.call("DELETE", "/sessions/%s" % resp.json()["session"]["session_id"])
+
+
+@local_only
+def test_an_egress_host_that_does_not_resolve_is_400_naming_it(api):
+    # .invalid never resolves (RFC 2606); the resolvable entry is not named, nothing is created
+    name = unique()
+    resp = api.create({"name": name, "agent": "custom",
+                       "egress": ["localhost", "nope-%s.invalid" % name.lower(), "*.example.com"]})
+    assert resp.status_code == 400, resp.text
+    message = error_message(resp)
+    assert "nope-%s.invalid" % name.lower() in message and "does not resolve" in message
+    assert "localhost" not in message and "*.example.com" not in message
+    assert not api.call("GET", "/sessions", params={"name": name}).json()["sessions"]
 
 
 @local_only

@@ -61,6 +61,14 @@ def test_a_variable_in_env_and_secrets_is_refused(run_module, fake_plane):
     assert fake_plane.mutating_calls() == []
 
 
+def test_an_egress_host_the_plane_cannot_resolve_fails_the_task_naming_it(run_module, fake_plane):
+    message = "egress host 'nope.example' does not resolve: the session could not reach it; fix or remove it"
+    fake_plane.fail_next.append(("POST", "/sessions", 400, message))
+    run = run_module(MAIN, {"name": "web-1", "egress": ["a.example", "nope.example"]})
+    assert run.failed and "nope.example" in run.result["msg"] and "does not resolve" in run.result["msg"]
+    assert fake_plane.sessions == {}
+
+
 def test_egress_unrestricted_is_the_keyword(run_module, fake_plane):
     run_module(MAIN, {"name": "web-1", "egress": ["unrestricted"]})
     assert list(fake_plane.sessions.values())[0]["_egress"] == "unrestricted"
