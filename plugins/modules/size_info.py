@@ -39,6 +39,8 @@ EXAMPLES = r"""
   microvm.sandbox.session:
     name: small-box
     size: "{{ catalog.sizes[0].slug }}"
+    permissions:
+      default: allow
 """
 
 RETURN = r"""
