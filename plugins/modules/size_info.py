@@ -41,6 +41,11 @@ EXAMPLES = r"""
     size: "{{ catalog.sizes[0].slug }}"
     permissions:
       default: allow
+
+- name: Delete it when done
+  microvm.sandbox.session:
+    name: small-box
+    state: absent
 """
 
 RETURN = r"""
