@@ -98,12 +98,6 @@ EXAMPLES = r"""
     label: deps-installed
   register: cp
 
-- name: On a rerun after the sources changed, take it again (the label now names the new state)
-  microvm.sandbox.checkpoint:
-    session: ci-job-42
-    label: deps-installed
-    retake: true
-
 - name: Roll back to it after a test run (always reports a change)
   microvm.sandbox.checkpoint:
     session: ci-job-42
@@ -115,6 +109,13 @@ EXAMPLES = r"""
     session: ci-job-42
     checkpoint_id: "{{ cp.checkpoint.checkpoint_id }}"
     state: rolled_back
+
+- name: On a rerun after the sources changed, take it again (the label names the new state, the old one goes)
+  microvm.sandbox.checkpoint:
+    session: ci-job-42
+    label: deps-installed
+    retake: true
+  register: cp
 
 - name: Delete it
   microvm.sandbox.checkpoint:

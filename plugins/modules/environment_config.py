@@ -85,6 +85,8 @@ EXAMPLES = r"""
       agent: custom
       size: mars-2vcpu-4gb
       idle_timeout: 30m
+      permissions:
+        default: allow  # every session started from it; omitted, the platform's default is ask
     secrets:
       GITHUB_TOKEN: "{{ vault_github_token }}"
   register: reviewer
@@ -95,7 +97,12 @@ EXAMPLES = r"""
     config_id: "{{ reviewer.config.id }}"
     workspace_id: "{{ notes_workspace_id }}"
 
-- name: Delete it once no session from it is active
+- name: Delete the session (its files stay in the workspace)
+  microvm.sandbox.session:
+    name: review-2
+    state: absent
+
+- name: Delete the config once no session from it is active
   microvm.sandbox.environment_config:
     name: reviewer
     state: absent

@@ -87,10 +87,15 @@ EXAMPLES = r"""
 - name: Start a session from a saved config with that workspace as its /workspace
   microvm.sandbox.session:
     name: notes-run-7
-    config_id: "{{ config.config_id }}"
+    config_id: "{{ notes_config_id }}"  # the id of a saved config (microvm.sandbox.environment_config)
     workspace_id: "{{ notes.workspace.workspace_id }}"
 
-- name: Delete it once no session holds it
+- name: Delete the session; its files are saved to the workspace
+  microvm.sandbox.session:
+    name: notes-run-7
+    state: absent
+
+- name: Delete the workspace once no session holds it
   microvm.sandbox.persistent_workspace:
     workspace_id: "{{ notes.workspace.workspace_id }}"
     state: absent

@@ -230,6 +230,8 @@ EXAMPLES = r"""
     egress:
       - packages.example.com
       - files.example.com
+    permissions:
+      default: allow  # omitted, the platform's default is ask: each command waits for a person's approval
   register: sandbox
 
 - name: A sandbox with a repository cloned in, resumed on its own after a low-balance pause
@@ -242,22 +244,30 @@ EXAMPLES = r"""
       - github.com
       - api.github.com
     resume_on_topoff: true
+    permissions:
+      default: allow
 
 - name: Pause it while nothing runs
   microvm.sandbox.session:
     name: ci-job-42
     state: paused
+    permissions:
+      default: allow  # used only if this task creates the session
 
 - name: Resume it
   microvm.sandbox.session:
     name: ci-job-42
     state: running
+    permissions:
+      default: allow
 
 - name: Recreate it with a shorter idle timeout
   microvm.sandbox.session:
     name: ci-job-42
     idle_timeout: 5m
     recreate: true
+    permissions:
+      default: allow
 
 - name: Delete it
   microvm.sandbox.session:
@@ -273,6 +283,13 @@ EXAMPLES = r"""
     - name: Create
       microvm.sandbox.session:
         name: scratch
+        permissions:
+          default: allow
+
+    - name: Delete
+      microvm.sandbox.session:
+        name: scratch
+        state: absent
 """
 
 RETURN = r"""

@@ -114,6 +114,11 @@ EXAMPLES = r"""
     ansible_connection: microvm.sandbox.agent
   loop: "{{ shards.names }}"
 
+- name: A second checkpoint of the same source
+  microvm.sandbox.checkpoint:
+    session: build-base
+    label: lint-ready
+
 - name: Another fan-out of the same source, kept apart by forking from its own checkpoint
   microvm.sandbox.session_fork:
     source: build-base
@@ -123,8 +128,9 @@ EXAMPLES = r"""
 - name: Delete the copies when done
   microvm.sandbox.session_fork:
     source: build-base
-    checkpoint: deps-installed
+    checkpoint: "{{ item }}"
     state: absent
+  loop: [deps-installed, lint-ready]
 """
 
 RETURN = r"""

@@ -40,6 +40,13 @@ EXAMPLES = r"""
   microvm.sandbox.session:
     name: small-box
     size: "{{ catalog.sizes[0].slug }}"
+    permissions:
+      default: allow
+
+- name: Delete it when done
+  microvm.sandbox.session:
+    name: small-box
+    state: absent
 """
 
 RETURN = r"""
