@@ -160,11 +160,43 @@ def resolvers():
     return found
 
 
+# A hosts file (the /etc/hosts format) the plane reads before the system's resolver: names a private network
+# resolves for its own sessions, or, in the tests, the example names the documentation uses. IPv4 entries only.
+HOSTS_FILE_ENV = "MICROVM_LOCALPLANE_HOSTS"
+
+
+def static_hosts(path: str | None = None) -> dict[str, list[str]]:
+    """name (lower case) -> sorted IPv4 addresses, from MICROVM_LOCALPLANE_HOSTS (empty when unset or unreadable)."""
+    path = path if path is not None else os.environ.get(HOSTS_FILE_ENV, "")
+    found: dict[str, set[str]] = {}
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read(1 << 20).splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        words = line.split("#", 1)[0].split()
+        if len(words) < 2:
+            continue
+        try:
+            address = str(ipaddress.IPv4Address(words[0]))
+        except ValueError:
+            continue
+        for name in words[1:]:
+            found.setdefault(name.lower().rstrip("."), set()).add(address)
+    return {name: sorted(addrs) for name, addrs in found.items()}
+
+
 def _lookup(host: str) -> tuple[list[str], Exception | None]:
     try:
         return [str(ipaddress.IPv4Address(host))], None
     except ValueError:
         pass
+    listed = static_hosts().get(host.lower().rstrip("."))
+    if listed:
+        return listed, None
     try:
         infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
         return sorted({str(info[4][0]) for info in infos}), None

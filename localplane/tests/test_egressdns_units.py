@@ -161,3 +161,14 @@ def test_the_policy_batch_points_a_restricted_guest_at_the_responder() -> None:
     batch = netns._policy_batch("10.213.0.2", ["203.0.113.9"], [], 5353)
     assert "add element ip %s dnsports { 10.213.0.2 : 5353 }" % netns.TABLE in batch
     assert "dnsports" not in netns._policy_batch("10.213.0.2", None, [], None)
+
+
+def test_a_hosts_file_answers_before_the_system_resolver(tmp_path, monkeypatch):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# comment\n192.0.2.10 Packages.Example.com alias.example\n::1 six.example\n192.0.2.11 packages.example.com\n"
+                     "not-an-address x.example\n")
+    assert netns.static_hosts(str(hosts)) == {"packages.example.com": ["192.0.2.10", "192.0.2.11"],
+                                              "alias.example": ["192.0.2.10"]}
+    monkeypatch.setenv(netns.HOSTS_FILE_ENV, str(hosts))
+    assert netns._lookup("PACKAGES.example.com.") == (["192.0.2.10", "192.0.2.11"], None)
+    assert netns.static_hosts(str(tmp_path / "missing")) == {}

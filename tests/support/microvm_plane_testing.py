@@ -126,6 +126,8 @@ def start_local_plane(state_dir, token=None, extra_env=None):
     # Every plane a test run starts shares one cache: the base template's rootfs is built once (per machine: the
     # shared cache of every clone, as the Makefile's MICROVM_LOCALPLANE_CACHE).
     env.setdefault("MICROVM_LOCALPLANE_CACHE", localplane_cache())
+    # The names the documentation's examples allow as egress resolve, as they would for a reader (netns.HOSTS_FILE_ENV).
+    env.setdefault("MICROVM_LOCALPLANE_HOSTS", os.path.join(os.path.dirname(os.path.abspath(__file__)), "example-hosts"))
     env.update(extra_env or {})
     log = open(os.path.join(state_dir, "plane.log"), "ab")
     proc = subprocess.Popen([sys.executable, "-m", "microvm_localplane", "serve", "--listen", "127.0.0.1:0",
