@@ -53,7 +53,7 @@ def registry_answers(registry: str) -> bool:
 
 
 def buildah_lines(*args: str) -> list[str]:
-    out = subprocess.run(["buildah", *args], capture_output=True, text=True, check=True)
+    out = subprocess.run(["buildah", *args], stdin=subprocess.DEVNULL, capture_output=True, text=True, check=True)
     return out.stdout.split()
 
 
@@ -99,7 +99,7 @@ def image_env(plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     registry = "localhost:%d" % free_port()
     repository = "microvm/life%s" % uuid.uuid4().hex[:6]
     yield {"env": env, "registry": registry, "state": str(state), "repository": repository}
-    runner()("""
+    stopped = runner()("""
 - hosts: localhost
   gather_facts: false
   tasks:
@@ -107,6 +107,7 @@ def image_env(plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         name: microvm.sandbox.template_image
         tasks_from: registry_stop
 """, LOCALHOST, env, workdir=str(tmp_path_factory.mktemp("lifecycle-stop")))
+    assert stopped.rc == 0, stopped.output[-3000:]
     # This module's tags go; the shared base layers stay cached for other runs.
     for tag in buildah_lines("images", "--format", "{{.Name}}:{{.Tag}}"):
         if tag.startswith("%s/%s:" % (registry, repository)):
@@ -182,6 +183,7 @@ def test_build_context_is_in_the_recipe(image_env: dict[str, Any], tmp_path: Any
     try:
         out = subprocess.run(["buildah", "run", "--isolation", "chroot", ctr, "--", "/bin/sh", "-c",
                               "cat /opt/app/hello.txt; ls /opt/app; stat -c %a /opt/app/run.sh"],
+                             stdin=subprocess.DEVNULL,  # buildah run makes an inherited stdin non-blocking
                              capture_output=True, text=True, check=True).stdout.split()
     finally:
         subprocess.run(["buildah", "rm", ctr], capture_output=True, check=False)
