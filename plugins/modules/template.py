@@ -32,6 +32,10 @@ attributes:
     support: full
     details:
       - The diff shows the template's name, base template and status before and after.
+notes:
+  - While the task waits more than a few seconds (a build), its action plugin shows what the wait is on as it happens,
+    at the default verbosity (the status, the platform's warnings, the seconds so far), and RV(stages) afterwards.
+    See the collection's docs/modules.md, "Progress while a task waits".
 options:
   name:
     description:
