@@ -3,7 +3,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Action plugin of microvm.sandbox.template: runs the module, and shows a long wait (a build) as it happens.
 
-See plugin_utils/progress_action.py.
+See plugin_utils/_worker/progress_action.py.
 """
 
 from __future__ import absolute_import, annotations, division, print_function
@@ -13,7 +13,7 @@ __metaclass__ = type
 from typing import Any
 
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.progress_action import ProgressAction, template_lookup
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.progress_action import ProgressAction, template_lookup
 
 
 class ActionModule(ProgressAction):

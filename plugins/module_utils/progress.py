@@ -4,7 +4,7 @@
 """Progress of the long first steps (issue 42): a module's per-stage timeline, and the lines shown while it waits.
 
 A module cannot print while it runs, so it returns its `stages` (what it waited on, and for how long); the action
-plugins of `session` and `template` (plugin_utils/progress_action.py) show the wait as it happens. Both format here,
+plugins of `session` and `template` (plugin_utils/_worker/progress_action.py) show the wait as it happens. Both format here,
 so the lines read the same. Nothing here ever sees a token, env or secret: only names, statuses and seconds.
 """
 

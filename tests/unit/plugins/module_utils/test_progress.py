@@ -8,8 +8,8 @@ import threading
 import time
 
 from ansible_collections.microvm.sandbox.plugins.module_utils.progress import Timeline, summary_line, wait_line
-from ansible_collections.microvm.sandbox.plugins.plugin_utils import progress_action
-from ansible_collections.microvm.sandbox.plugins.plugin_utils.progress_action import Watcher
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import progress_action
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.progress_action import Watcher
 
 
 class Clock:

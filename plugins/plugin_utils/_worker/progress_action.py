@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action.normal import ActionModule as NormalAction
 from ansible.utils.display import Display
 
@@ -38,8 +39,9 @@ POLL_EVERY = 2.0
 HEARTBEAT = 15.0       # a line at least this often while nothing changes
 NOTE_MAX = 300         # a platform warning is cut to this many characters
 LOOKUP_TIMEOUT = 5.0
+STOP_WAIT = 0.5
 
-Look = Callable[[], "tuple[str, list[str]]"]   # -> (state, platform warnings)
+Look = Callable[[], tuple[str, list[str]]]   # -> (state, platform warnings)
 
 
 class Watcher(threading.Thread):
@@ -57,7 +59,8 @@ class Watcher(threading.Thread):
 
     def stop(self) -> None:
         self._stopped.set()
-        self.join(LOOKUP_TIMEOUT + 1)
+        # a lookup in flight is not waited out: it says nothing once stopped, and the task's result goes on now
+        self.join(STOP_WAIT)
 
     def run(self) -> None:
         if self._stopped.wait(self.quiet):
@@ -95,7 +98,7 @@ def controller_client(args: dict[str, Any]) -> ApiClient | None:
         return ApiClient(api_url=arg("api_url", (profile.API_URL_ENV,)),
                          api_token=arg("api_token", tuple(profile.API_TOKEN_ENVS)),
                          prefix=arg("route_prefix", (profile.API_PREFIX_ENV,)) or profile.DEFAULT_PREFIX,
-                         timeout=LOOKUP_TIMEOUT, retries=0, validate_certs=args.get("validate_certs") is not False)
+                         timeout=LOOKUP_TIMEOUT, retries=0, validate_certs=boolean(args.get("validate_certs", True), strict=False))
     except Exception:   # no token here, a refused URL: the lines then say only how long the module has run
         return None
 
@@ -111,7 +114,8 @@ class ProgressAction(NormalAction):
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         args = dict(self._task.args or {})
         name = str(args.get("name") or "")
-        if self._task.check_mode or self._task.async_val or not name:
+        # the play context's check mode is the task's own (check_mode: on the task included)
+        if self._play_context.check_mode or self._task.async_val or not name:
             return super().run(tmp, task_vars)
         client = controller_client(args)
 
