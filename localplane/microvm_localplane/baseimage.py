@@ -19,9 +19,12 @@ import fcntl
 import hashlib
 import inspect
 import os
+import select
 import shutil
 import subprocess
+import sys
 import time
+from typing import Callable, IO
 
 SUITE = "bookworm"
 PACKAGES = ("python3", "sudo", "python3-venv", "python3-pip", "ca-certificates", "git")
@@ -90,20 +93,115 @@ def pending_note(state_dir: str) -> str | None:
     """What a user waiting on the first `base` session should read, or None once the rootfs is built."""
     if ready(state_dir):
         return None
+    stage = current_stage(state_dir)
     return ("the local control plane builds the `base` template's Debian %s root filesystem before this session "
-            "boots (once per cache dir, about a minute); debootstrap's log: %s" % (SUITE, build_log_path(state_dir)))
+            "boots (once per cache dir, about a minute%s); debootstrap's log: %s"
+            % (SUITE, "; now at: %s" % stage if stage else "", build_log_path(state_dir)))
 
 
-def ensure(state_dir, log=lambda msg: None):
-    """-> the base rootfs dir, building it first if needed (minutes, once per cache dir)."""
+# Progress of a build: a line per stage, and one every HEARTBEAT seconds while a stage goes on (a silent
+# two-minute step looks hung). debootstrap's own "I: <Verb> ..." lines name its stages; the verbs map to a few
+# coarse ones, since it alternates Retrieving/Validating per package.
+HEARTBEAT = 30.0
+DEBOOTSTRAP_STAGES = {
+    "Retrieving": "download", "Validating": "download", "Checking": "download", "Valid": "download",
+    "Found": "download", "Resolving": "resolve dependencies", "Extracting": "extract",
+    "Installing": "install core packages", "Unpacking": "unpack", "Configuring": "configure",
+    "Base": "base system installed",
+}
+Progress = Callable[[str, float], None]   # (stage, seconds since the build started)
+
+
+def progress_line(stage: str, elapsed: float) -> str:
+    """The line the CLI prints for a stage: `base image: <stage> (<n> s)`."""
+    return "base image: %s (%.0f s)" % (stage, elapsed)
+
+
+def debootstrap_stage(line: str) -> str | None:
+    """The coarse stage an "I: <Verb> ..." line of debootstrap starts, or None (other lines, unknown verbs)."""
+    if not line.startswith("I: "):
+        return None
+    words = line[3:].split(None, 1)
+    stage = DEBOOTSTRAP_STAGES.get(words[0]) if words else None
+    return "debootstrap: %s" % stage if stage else None
+
+
+def progress_path(state_dir: str) -> str:
+    """The stage a build is at, for pending_note (a plane that builds on demand, or another one waiting)."""
+    return os.path.join(os.path.dirname(rootfs_path(state_dir)), "progress")
+
+
+def current_stage(state_dir: str) -> str | None:
+    try:
+        with open(progress_path(state_dir)) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+class _Stages:
+    """Reports each new stage (and a heartbeat while one lasts) to `progress`, and records it in the progress file."""
+
+    def __init__(self, state_dir: str, progress: Progress | None) -> None:
+        self.path = progress_path(state_dir)
+        self.progress = progress
+        self.started = time.monotonic()
+        self.stage: str | None = None
+        self.said = self.started
+
+    def __call__(self, stage: str) -> None:
+        if stage == self.stage:
+            if time.monotonic() - self.said >= HEARTBEAT:
+                self._say(stage + ", still")
+            return
+        self.stage = stage
+        self._say(stage)
+        try:
+            with open(self.path, "w") as f:
+                f.write("%s since %.0f s into the build\n" % (stage, self.elapsed()))
+        except OSError:
+            pass   # the record is a courtesy to other readers; the build goes on
+
+    def beat(self) -> None:
+        if self.stage is not None:
+            self(self.stage)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def _say(self, text: str) -> None:
+        self.said = time.monotonic()
+        if self.progress is not None:
+            self.progress(text, self.elapsed())
+
+    def done(self) -> None:
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def ensure(state_dir, log=lambda msg: None, progress: Progress | None = None):
+    """-> the base rootfs dir, building it first if needed (minutes, once per cache dir).
+
+    `progress(stage, elapsed)` hears of every stage of a build (nothing when the rootfs is ready).
+    """
     path = rootfs_path(state_dir)
     if ready(state_dir):
         return path
     top = os.path.dirname(path)
     os.makedirs(top, exist_ok=True)
+    stages = _Stages(state_dir, progress)
     with open(os.path.join(top, ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)   # another plane may be building it: wait for that one
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # another plane (or make) is building it: say so, then wait for that one
+            stages("waiting for another build (%s)" % (current_stage(state_dir) or "stage unknown"))
+            fcntl.flock(lock, fcntl.LOCK_EX)
         if ready(state_dir):
+            if stages.stage is not None:
+                stages("built by the other build")
             return path
         build = os.path.join(top, "build")
         shutil.rmtree(build, ignore_errors=True)
@@ -112,21 +210,64 @@ def ensure(state_dir, log=lambda msg: None):
                                  "(or `make system-deps`)")
         log("building the base template's Debian %s root filesystem (once; a few minutes); log: %s"
             % (SUITE, build_log_path(state_dir)))
-        started = time.monotonic()
-        argv = ["debootstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES), SUITE, build]
-        with open(build_log_path(state_dir), "wb") as out:
-            try:
-                proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT, check=False)
-            except subprocess.TimeoutExpired as e:
-                raise BaseImageError("debootstrap took more than %d s; see %s" % (BUILD_TIMEOUT, out.name)) from e
-        if proc.returncode != 0:
-            raise BaseImageError("debootstrap failed (exit %d); see %s"
-                                 % (proc.returncode, build_log_path(state_dir)))
-        _finish(build)
-        shutil.rmtree(path, ignore_errors=True)
-        os.rename(build, path)
-        log("base template built in %.0f s" % (time.monotonic() - started))
+        try:
+            _build(state_dir, build, path, stages)
+        finally:
+            stages.done()   # no stale stage for pending_note once this build ended, either way
+        log("base template built in %.0f s" % stages.elapsed())
     return path
+
+
+def _build(state_dir: str, build: str, path: str, stages: _Stages) -> None:
+    """debootstrap into `build`, finish it, rename it to `path`; each stage told to `stages`."""
+    stages("debootstrap: start")
+    argv = ["debootstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES), SUITE, build]
+    with open(build_log_path(state_dir), "wb") as out:
+        code = _run_debootstrap(argv, out, stages)
+    if code != 0:
+        raise BaseImageError("debootstrap failed (exit %d); see %s"
+                             % (code, build_log_path(state_dir)))
+    stages("finish (sandbox user, sudo)")
+    _finish(build)
+    shutil.rmtree(path, ignore_errors=True)
+    os.rename(build, path)
+    stages("done")
+
+
+def _run_debootstrap(argv: list[str], out: IO[bytes], stages: _Stages) -> int:
+    """Run debootstrap, its output to `out`, its stages to `stages` as they start. -> its exit code."""
+    deadline = time.monotonic() + BUILD_TIMEOUT
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    pending = b""
+    try:
+        while True:
+            if time.monotonic() >= deadline:
+                raise BaseImageError("debootstrap took more than %d s; see %s" % (BUILD_TIMEOUT, out.name))
+            # a timeout, so that a stage that prints nothing for long still gets its heartbeat
+            readable, _w, _x = select.select([proc.stdout], [], [], 1.0)
+            if not readable:
+                stages.beat()
+                continue
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            out.write(chunk)
+            out.flush()
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                stage = debootstrap_stage(line.decode("utf-8", "replace"))
+                if stage:
+                    stages(stage)
+                else:
+                    stages.beat()
+        return proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
 
 
 def _finish(root):
@@ -165,8 +306,12 @@ def main(argv=None):
     parser.add_argument("--state-dir", default=os.path.join(os.getcwd(), ".local", "plane"),
                         help="used for the cache dir when MICROVM_LOCALPLANE_CACHE is not set")
     args = parser.parse_args(argv)
+    # Progress on stderr, flushed per line (make and a terminal show it as it comes); stdout keeps only the path.
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
     try:
-        print(ensure(args.state_dir, log=print))
+        print(ensure(args.state_dir, log=say, progress=lambda stage, elapsed: say(progress_line(stage, elapsed))))
     except BaseImageError as e:
         raise SystemExit("base template: %s" % e) from e
 

@@ -57,6 +57,13 @@ BOOT_CONCURRENCY = 2 * (os.cpu_count() or 1)
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,62})$")
 _logger = logging.getLogger("microvm_localplane.guests")
+
+
+def _base_progress(stage, elapsed):
+    """A base rootfs built on demand: its stages in the plane's log (a session's warnings name the current one)."""
+    _logger.info(baseimage.progress_line(stage, elapsed))
+
+
 RUNC = "runc"
 BRIDGE_FD = 3              # runc --preserve-fds 1 hands fd 3 to the guest's PID 1
 LAUNCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -262,7 +269,8 @@ class GuestManager:
         """Everything before runc starts: ids, dirs, mounts, config. -> (limits, ids)."""
         if not shutil.which(RUNC, path=LAUNCH_PATH):
             raise GuestError("guests need runc: apt-get install runc uidmap (or `make system-deps`)")
-        base_dir = baseimage.ensure(self.state_dir, log=_logger.info) if rootfs.kind == "base" else None
+        base_dir = (baseimage.ensure(self.state_dir, log=_logger.info, progress=_base_progress)
+                    if rootfs.kind == "base" else None)
         os.makedirs(layout.root, mode=0o700, exist_ok=True)
         ids = self._ids(layout, size)
         lowers = rootfs_mod.lower_dirs(self.state_dir, rootfs, self.code, base_dir)

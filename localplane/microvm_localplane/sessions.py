@@ -22,6 +22,16 @@ PUBLIC_FIELDS = ("session_id", "name", "parent_session_id", "fork_id", "fork_fro
                  "openai_environment_id", "region", "workspace_id")
 _BOOL_FIELDS = frozenset(["keep_warm", "resume_on_topoff"])
 _LIST_FIELDS = frozenset(["warnings"])
+# A test hook: seconds every new session's boot waits before its guest starts (it stays PROVISIONING), so that a
+# test can watch a slow first create (the progress the session module shows while it waits) without a slow host.
+BOOT_DELAY_ENV = "MICROVM_LOCALPLANE_TEST_BOOT_DELAY"
+
+
+def boot_delay():
+    try:
+        return max(0.0, float(os.environ.get(BOOT_DELAY_ENV) or 0))
+    except ValueError:
+        return 0.0
 
 
 def guest_env(rec):
@@ -306,6 +316,8 @@ class Sessions:
         try:
             if clone_from is not None:
                 await self.guests.clone_state(clone_from[0], sid, clone_from[1])
+            if not adopt and boot_delay():
+                await asyncio.sleep(boot_delay())
             starter = self.guests.adopt if adopt else self.guests.boot
             await starter(sid, sandbox_id, self.rootfs_spec(rec), guest_env(rec), rec["egress"],
                           hostname_for(rec["name"]), size=rec.get("size_slug"))

@@ -585,18 +585,19 @@ class ApiClient(object):
 
     @overload
     def wait_session(self, session_id: str, until: Collection[str] = ..., timeout: float = ...,
-                     gone_ok: Literal[False] = ...) -> dict[str, Any]: ...
+                     gone_ok: Literal[False] = ..., observe: Callable[[str], None] | None = ...) -> dict[str, Any]: ...
 
     @overload
     def wait_session(self, session_id: str, until: Collection[str] = ..., timeout: float = ...,
-                     gone_ok: bool = ...) -> dict[str, Any] | None: ...
+                     gone_ok: bool = ..., observe: Callable[[str], None] | None = ...) -> dict[str, Any] | None: ...
 
     def wait_session(self, session_id: str, until: Collection[str] = profile.USABLE, timeout: float = 300.0,
-                     gone_ok: bool = False) -> dict[str, Any] | None:
+                     gone_ok: bool = False, observe: Callable[[str], None] | None = None) -> dict[str, Any] | None:
         """Poll until the session's status is in `until` (fast at first, then slower).
 
         With `gone_ok`, a 404 ends the wait (returning None) and gone statuses
         are waited through; otherwise reaching a gone status raises WaitTimeout.
+        `observe(status)` hears every status polled (a module's timeline of the wait).
         """
         started = time.time()
         deadline = started + timeout
@@ -611,6 +612,8 @@ class ApiClient(object):
                     return None
                 raise
             status = profile.short_status(last.get("status"))
+            if observe is not None:
+                observe(status)
             if status in until:
                 return last
             if status in profile.GONE and not gone_ok:
@@ -743,9 +746,10 @@ class ApiClient(object):
                 return None
             raise
 
-    def wait_build(self, template_id: str, known_build_ids: Iterable[str] = (),
-                   timeout: float = 600.0) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """Wait for the template's newest build (one not in `known_build_ids`) to finish.
+    def wait_build(self, template_id: str, known_build_ids: Iterable[str] = (), timeout: float = 600.0,
+                   observe: Callable[[str], None] | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """Wait for the template's newest build (one not in `known_build_ids`) to finish; `observe(status)` hears
+        every build status polled.
 
         Returns (template, build). A failed build raises WaitTimeout carrying the
         build's own error. The template's status alone is not enough: a READY
@@ -759,6 +763,8 @@ class ApiClient(object):
             template = self.get_template(template_id)
             status = build_status(build) if build else template_status(template)
             name = template.get("name") or template_id
+            if observe is not None:
+                observe(status)
             if status in ("SUCCEEDED", "READY"):
                 return template, build
             if status == "FAILED":

@@ -38,6 +38,10 @@ attributes:
     support: full
     details:
       - The diff shows the session object before and after (status, agent kind, idle timeout, ids, lineage).
+notes:
+  - While the task waits more than a few seconds (a first create), its action plugin shows what the wait is on as it happens,
+    at the default verbosity (the status, the platform's warnings, the seconds so far), and RV(stages) afterwards.
+    See the collection's docs/modules.md, "Progress while a task waits".
 options:
   name:
     description:
@@ -380,6 +384,16 @@ created:
   returned: always
   type: bool
   sample: true
+stages:
+  description:
+    - What the task did and waited on, in order, with the seconds each took (to a tenth); the call C(create),
+      C(delete), C(pause) or C(resume), then each status the session passed on the way (for example C(PROVISIONING))
+      until the one waited for. Empty when the task changed nothing and waited on nothing (and in check mode).
+    - While the task runs, a wait longer than a few seconds is also shown as it happens (see the notes).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"stage": "create", "seconds": 0.2}, {"stage": "PROVISIONING", "seconds": 41.3}]
 """
 
 from typing import Any, Callable, Collection  # noqa: E402
@@ -389,6 +403,7 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import (  # noqa: E402
     api_argument_spec, describe_error, parse_duration, run_api_module)
+from ansible_collections.microvm.sandbox.plugins.module_utils.progress import Timeline  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, WaitTimeout  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.views import agent_kind, same_adapter, session_view, status_of  # noqa: E402
 
@@ -408,6 +423,7 @@ class SessionManager(object):
         self.timeout = self.p["wait_timeout"]
         self.last_seen: dict[str, Any] | None = None
         self.created = False
+        self.timeline = Timeline()   # the task's calls and waits, returned as `stages`
 
     # -- the task ----------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -419,7 +435,7 @@ class SessionManager(object):
             session = self.present(existing)
             session = self.settings_in_place(session)
             session = self.to_state(session)
-        result = dict(changed=self.changed, session=session or {}, created=self.created)
+        result = dict(changed=self.changed, session=session or {}, created=self.created, stages=self.timeline.as_list())
         if self.module._diff:
             result["diff"] = dict(before=before, after=session_view(session) if self.p["state"] != "absent" else {})
         return result
@@ -502,6 +518,7 @@ class SessionManager(object):
         self.created = True
         if self.check:
             return self.predicted()
+        self.timeline.mark("create")
         if self.p["config_id"]:
             session = self.client.create_session_from_config(self.p["name"], self.p["config_id"],
                                                              workspace_id=self.p["workspace_id"],
@@ -520,7 +537,7 @@ class SessionManager(object):
             # It exists now: say so, so that whoever cleans up after the run (the cleanup callback) knows.
             msg, details = describe_error(e, self.client)
             details.setdefault("session", session)
-            self.module.fail_json(msg=msg, created=True, **details)
+            self.module.fail_json(msg=msg, created=True, stages=self.timeline.as_list(), **details)
 
     def fail_on_size(self, error: ApiError) -> None:
         """A create refused for its size: say where the slugs on offer are listed, under the prefix in use."""
@@ -587,8 +604,18 @@ class SessionManager(object):
     def settle(self, session: dict[str, Any], need_usable: bool = False) -> dict[str, Any]:
         """Wait for a provisioning session to become usable when the task waits (or must)."""
         if status_of(session) == "PROVISIONING" and (self.p["wait"] or need_usable) and not self.check:
-            return self.client.wait_session(session["session_id"], until=profile.USABLE, timeout=self.timeout)
+            return self.client.wait_session(session["session_id"], until=profile.USABLE, timeout=self.timeout,
+                                            observe=self.watch(profile.USABLE))
         return session
+
+    def watch(self, until: Collection[str]) -> Callable[[str], None]:
+        """An observer of a wait: each status on the way is a stage; reaching one of `until` ends the last."""
+        def observe(status: str) -> None:
+            if status in until:
+                self.timeline.end()
+            else:
+                self.timeline.mark(status)
+        return observe
 
     # -- running / paused --------------------------------------------------
     def to_state(self, session: dict[str, Any]) -> dict[str, Any]:
@@ -606,10 +633,13 @@ class SessionManager(object):
         self.changed = True
         if self.check:
             return dict(session, status=predicted_status)
+        self.timeline.mark(getattr(call, "__name__", "call").replace("_session", ""))   # pause / resume
         call(session["session_id"])
         if not self.p["wait"]:
+            self.timeline.end()
             return self.client.get_session(session["session_id"])
-        return self.client.wait_session(session["session_id"], until=until, timeout=self.timeout)
+        return self.client.wait_session(session["session_id"], until=until, timeout=self.timeout,
+                                        observe=self.watch(until))
 
     # -- absent ------------------------------------------------------------
     def absent(self, existing: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -628,6 +658,7 @@ class SessionManager(object):
         self.last_seen = dict(session, status=DELETED)
         if self.check:
             return
+        self.timeline.mark("delete")
         try:
             self.client.delete_session(session["session_id"])
         except ApiError as e:
@@ -637,7 +668,7 @@ class SessionManager(object):
         if self.p["wait"] or self.p["state"] != "absent":
             # A recreate must wait: the name stays taken until the old session is gone.
             gone = self.client.wait_session(session["session_id"], until=frozenset(["DESTROYED"]),
-                                            timeout=self.timeout, gone_ok=True)
+                                            timeout=self.timeout, gone_ok=True, observe=self.watch(["DESTROYED"]))
         else:
             gone = self.client.find_session(session["session_id"])  # most likely DESTROYING
         if gone is not None:

@@ -32,6 +32,10 @@ attributes:
     support: full
     details:
       - The diff shows the template's name, base template and status before and after.
+notes:
+  - While the task waits more than a few seconds (a build), its action plugin shows what the wait is on as it happens,
+    at the default verbosity (the status, the platform's warnings, the seconds so far), and RV(stages) afterwards.
+    See the collection's docs/modules.md, "Progress while a task waits".
 options:
   name:
     description:
@@ -152,6 +156,16 @@ build:
     build_id: 0d8b6a7c-3f61-4c1e-a0f5-b2b1d6e0f7a9
     status: SUCCEEDED
     error: ""
+stages:
+  description:
+    - What the task did and waited on, in order, with the seconds each took (to a tenth); the call C(create),
+      C(update) or C(delete), then each status the build passed (C(build PENDING), C(build BUILDING)) until it
+      ended. Empty when the task changed nothing and waited on nothing (and in check mode).
+    - While the task runs, a build that lasts more than a few seconds is also shown as it happens (see the notes).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"stage": "create", "seconds": 0.1}, {"stage": "build BUILDING", "seconds": 63.0}]
 """
 
 from typing import Any, Collection  # noqa: E402
@@ -160,6 +174,7 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import api_argument_spec, run_api_module  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.oci import parse_image_ref  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.module_utils.progress import Timeline  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, template_status  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.views import object_view  # noqa: E402
 
@@ -174,6 +189,7 @@ class TemplateManager(object):
         self.p = module.params
         self.check = module.check_mode
         self.build: dict[str, Any] | None = None
+        self.timeline = Timeline()   # the task's calls and the build's statuses, returned as `stages`
 
     def run(self) -> dict[str, Any]:
         existing = self.client.find_template(self.p["name"])
@@ -183,7 +199,7 @@ class TemplateManager(object):
         else:
             changed, after = self.present(existing)
             template = after
-        result: dict[str, Any] = dict(changed=changed, template=template or {})
+        result: dict[str, Any] = dict(changed=changed, template=template or {}, stages=self.timeline.as_list())
         if self.build is not None:
             result["build"] = self.build
         if self.module._diff:
@@ -196,7 +212,8 @@ class TemplateManager(object):
             return True, self.create()
         if self.p["wait"] and template_status(existing) in IN_PROGRESS and not self.check:
             # A build started earlier (wait: false) decides what the template holds now.
-            existing, self.build = self.client.wait_build(existing["template_id"], timeout=self.p["wait_timeout"])
+            existing, self.build = self.client.wait_build(existing["template_id"], timeout=self.p["wait_timeout"],
+                                                          observe=self.watch)
         reasons = self.rebuild_reasons(existing)
         if not reasons:
             return False, existing
@@ -229,6 +246,7 @@ class TemplateManager(object):
         self.wanted_image()  # refuse a malformed reference before any call
         if self.check:
             return self.predicted({})
+        self.timeline.mark("create")
         template = self.client.create_template(self.p["name"], self.p["source_oci_ref"], self.p["base_template"])
         return self.wait_for_build(template, known=())
 
@@ -240,6 +258,7 @@ class TemplateManager(object):
         if self.p["source_oci_ref"]:
             self.wanted_image()
         # With force_rebuild and no source given, the platform rebuilds what it has.
+        self.timeline.mark("update")
         template = self.client.update_template(tid, source_oci_ref=self.p["source_oci_ref"],
                                                base_template=self.p["base_template"])
         return self.wait_for_build(template, known)
@@ -247,10 +266,19 @@ class TemplateManager(object):
     def wait_for_build(self, template: dict[str, Any], known: Collection[Any]) -> dict[str, Any]:
         tid = template["template_id"]
         if not self.p["wait"]:
+            self.timeline.end()
             self.build = self.client.newest_build(tid, exclude=known)
             return template
-        template, self.build = self.client.wait_build(tid, known_build_ids=known, timeout=self.p["wait_timeout"])
+        template, self.build = self.client.wait_build(tid, known_build_ids=known, timeout=self.p["wait_timeout"],
+                                                      observe=self.watch)
         return template
+
+    def watch(self, status: str) -> None:
+        """Each build status on the way is a stage (`build PENDING`, `build BUILDING`); the outcome ends the last."""
+        if status in ("SUCCEEDED", "READY", "FAILED"):
+            self.timeline.end()
+        else:
+            self.timeline.mark("build " + status)
 
     def predicted(self, existing: dict[str, Any]) -> dict[str, Any]:
         spec = dict(existing.get("spec") or {})
@@ -264,6 +292,7 @@ class TemplateManager(object):
         if existing is None:
             return False, {}
         if not self.check:
+            self.timeline.mark("delete")
             try:
                 self.client.delete_template(existing["template_id"])
             except ApiError as e:

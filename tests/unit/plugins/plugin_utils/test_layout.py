@@ -45,7 +45,9 @@ def files(*parts):
 ALLOWED = {
     "_guest": (STDLIB, set()),
     "_shared": (IN_THE_WORKER, {"module_utils.profile"}),
-    "_worker": (IN_THE_WORKER, {"module_utils.profile", "plugin_utils._shared", "plugin_utils._guest"}),
+    # module_utils.rest and .progress (the session and template actions' progress watcher): stdlib and ansible-core only
+    "_worker": (IN_THE_WORKER, {"module_utils.profile", "module_utils.rest", "module_utils.progress", "plugin_utils._shared",
+                                "plugin_utils._guest"}),
 }
 
 
