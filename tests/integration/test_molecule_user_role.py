@@ -53,6 +53,12 @@ ROLE = {
           - name: instance
             template: base
             name_prefix: motd
+        ansible:
+          cfg:
+            defaults:
+              callbacks_enabled: microvm.sandbox.cleanup
+            microvm_cleanup:
+              molecule: true
         scenario:
           test_sequence: [destroy, syntax, create, converge, idempotence, verify, destroy]
         """,
@@ -116,6 +122,8 @@ def test_molecule_test_of_a_users_role(user, plane):
     assert "missing files" not in output and " missing=0 " in output, output[-8000:]
     assert "interpreter" not in output.lower(), output[-8000:]
     assert "[WARNING]" not in output, output[-8000:]
+    # the installed collection's cleanup callback is loaded (Ctrl-C would delete the session) and keeps it for destroy
+    assert "keeping the 1 session(s) it created (Molecule's destroy deletes them)" in output, output[-8000:]
     made = [s for s in plane.client().list_sessions(status="SESSION_STATUS_ALL") if s["session_id"] not in before]
     assert made and all(s["name"].startswith("motd-default-instance-") for s in made), made
     assert [s for s in made if s["status"] not in GONE] == []
