@@ -306,6 +306,7 @@ def main(argv=None):
     parser.add_argument("--state-dir", default=os.path.join(os.getcwd(), ".local", "plane"),
                         help="used for the cache dir when MICROVM_LOCALPLANE_CACHE is not set")
     args = parser.parse_args(argv)
+
     # Progress on stderr, flushed per line (make and a terminal show it as it comes); stdout keeps only the path.
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

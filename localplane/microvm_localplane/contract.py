@@ -22,6 +22,8 @@ def prefix_of(path):
         if path == prefix or path.startswith(prefix + "/"):
             return prefix
     return DEFAULT_PREFIX
+
+
 API_URL_ENV = "DO_AGENTS_API_URL"
 API_TOKEN_ENV = "DO_AGENTS_API_TOKEN"
 # Tokens this plane makes start with this, so the collection's clients can
@@ -143,6 +145,7 @@ def egress_unresolvable_message(hosts):
     return ("egress host%s %s do%s not resolve: the session could not reach %s; fix or remove %s"
             % ("s" if len(hosts) > 1 else "", named, "" if len(hosts) > 1 else "es",
                "them" if len(hosts) > 1 else "it", "them" if len(hosts) > 1 else "it"))
+
 
 # -- listing ----------------------------------------------------------------
 DEFAULT_PAGE_SIZE = 50

@@ -115,7 +115,7 @@ class _Guest:
     ifindex: int | None
     names: dict[str, list[str]]
     tokens: float = BURST
-    stamp: float = field(default_factory=lambda: time.monotonic())
+    stamp: float = field(default_factory=lambda: time.monotonic())  # pylint: disable=unnecessary-lambda  # late-bound: tests patch the clock
 
     def admit(self, now: float) -> bool:
         self.tokens = min(BURST, self.tokens + (now - self.stamp) * RATE)

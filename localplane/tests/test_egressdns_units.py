@@ -24,13 +24,14 @@ def addresses(answer: bytes, question_len: int) -> list[str]:
     count = struct.unpack_from("!H", answer, 6)[0]
     pos = 12 + question_len
     out = []
-    for _ in range(count):
+    for _answer in range(count):
         out.append(socket.inet_ntoa(answer[pos + 12:pos + 16]))
         pos += 16
     return out
 
 
-def answer_to(data: bytes, names: dict[str, list[str]] = NAMES) -> bytes:
+def answer_to(data: bytes, names: dict[str, list[str]] | None = None) -> bytes:
+    names = NAMES if names is None else names
     parsed = egressdns.parse_query(data)
     assert parsed is not None
     return egressdns.build_answer(parsed, names)
@@ -96,7 +97,7 @@ def test_a_guest_is_answered_only_from_its_own_address_and_interface_within_its_
     clock = [1000.0]
     monkeypatch.setattr(egressdns.time, "monotonic", lambda: clock[0])
     r.register("10.213.0.2", 41, NAMES)
-    answered = sum(r.handle(data, "10.213.0.2", 41) is not None for _ in range(int(egressdns.BURST) * 3))
+    answered = sum(r.handle(data, "10.213.0.2", 41) is not None for _query in range(int(egressdns.BURST) * 3))
     assert answered <= egressdns.BURST + 1
     clock[0] += 1.0
     assert r.handle(data, "10.213.0.2", 41) is not None  # refilled over time

@@ -109,17 +109,17 @@ def test_a_slow_create_shows_its_wait_as_it_happens(slow_plane, tmp_path):
                 return i, t
         pytest.fail("no line matching %r in:\n%s" % (pattern, text))
 
-    task1, _ = first(r"TASK \[Create the session")
+    task1, _t1 = first(r"TASK \[Create the session")
     progress, t_progress = first(r"localhost: microvm\.sandbox\.session %s: PROVISIONING, \d+ s so far" % name, task1)
     result, t_result = first(r"^(changed|ok): \[localhost\]", task1)
     # The progress line came while the task ran, before its result, and visibly earlier (not flushed at the end).
     assert progress < result, text
     assert t_result - t_progress >= 1.0, lines[task1:result + 1]
-    summary, _ = first(r"localhost: microvm\.sandbox\.session %s: done in \d+ s \(create [\d.]+ s, PROVISIONING "
-                       r"[\d.]+ s\)" % name, progress)
+    summary, _t2 = first(r"localhost: microvm\.sandbox\.session %s: done in \d+ s \(create [\d.]+ s, PROVISIONING "
+                         r"[\d.]+ s\)" % name, progress)
     assert summary < result
     # The fast task shows no progress at all.
-    task2, _ = first(r"TASK \[The same session again", result)
-    task3, _ = first(r"TASK \[Show the timeline", task2)
+    task2, _t3 = first(r"TASK \[The same session again", result)
+    task3, _t4 = first(r"TASK \[Show the timeline", task2)
     assert not [line for _t, line in lines[task2:task3] if "so far" in line or "done in" in line], text
     assert "stages=create,PROVISIONING" in text

@@ -385,8 +385,8 @@ FORK_WHILE_STAGED_PLAY = """
 """
 
 
-def test_no_fork_or_checkpoint_while_credentials_are_staged_and_nothing_left_in_the_copy(plane, provisioned, roles_env,
-                                                                                          tmp_path, playbook_runner):
+def test_no_fork_or_checkpoint_while_credentials_are_staged_and_nothing_left_in_the_copy(
+        plane, provisioned, roles_env, tmp_path, playbook_runner):
     """Issue 42: a fork (and a checkpoint) taken while credentials are staged would keep them after their cleanup.
 
     Both are refused, naming the staged directory and the fix; once the credentials are removed the fork is made, and
