@@ -161,13 +161,14 @@ def ci_run(plane: Any, project: Project, shards: int, work: str) -> dict[str, An
 
 def ci_stages(plane: Any, shards: int, work: str) -> dict[str, float]:
     """bench/ci_stages.yml: each fan-out stage as a task of its own."""
-    timing = os.path.join(work, "stages.timing.jsonl")
+    name = unique_name("stages")
+    timing = os.path.join(work, name + ".timing.jsonl")
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=benchlib.COLLECTIONS, ANSIBLE_NOCOLOR="1",
                ANSIBLE_CALLBACK_PLUGINS=CALLBACKS, ANSIBLE_CALLBACKS_ENABLED="microvm_ci_timing",
                ANSIBLE_PYTHON_INTERPRETER=sys.executable, MICROVM_CI_TIMING=timing, **plane.env)
     argv = [os.path.join(benchlib.BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local",
             os.path.join(ROOT, "bench", "ci_stages.yml"), "-e", "run=%s out=%s shards=%d" % (
-                unique_name("stages"), os.path.join(work, "stages-out"), shards)]
+                name, os.path.join(work, name + "-out"), shards)]
     proc, _wall = benchlib.timed_run(argv, env, work)
     if proc.returncode != 0:
         raise RuntimeError("bench/ci_stages.yml failed:\n%s" % proc.stdout[-3000:])
