@@ -16,7 +16,7 @@ import math
 import os
 import tempfile
 import xml.etree.ElementTree as ET
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 from xml.parsers import expat
 
 
@@ -40,7 +40,7 @@ def parse_bounded(path: str, max_bytes: int, max_elements: int) -> ET.Element:
     root: list[ET.Element] = []
     count = [0]
 
-    def refuse(*_args: Any) -> None:
+    def refuse(*_args: Any) -> NoReturn:
         raise Refused("a document type or entity declaration (refused: no DTD is read)")
 
     def start(tag: str, attrs: dict[str, str]) -> None:
@@ -188,7 +188,8 @@ def run(params: dict[str, Any], check_mode: bool, warn: Callable[[str], None]) -
     if len(names) != len(params["src"]):
         return dict(failed=True, msg="names has %d entries and src %d: give one name per file" % (
             len(names), len(params["src"])))
-    present, missing = [], []
+    present: list[tuple[str, str]] = []
+    missing: list[tuple[str, str]] = []
     for name, path in zip(names, params["src"]):
         (present if os.path.lexists(path) else missing).append((name, path))
     gone = [m[1] for m in missing]
