@@ -147,7 +147,6 @@ def merge(files: list[tuple[str, str]], max_bytes: int, max_elements: int) -> tu
     return ET.tostring(out, encoding="utf-8", xml_declaration=True) + b"\n", totals
 
 
-
 def write_if_changed(dest: str, data: bytes, check_mode: bool = False) -> bool:
     """Write data to dest atomically (temporary file, rename) unless dest holds it already; -> changed."""
     try:

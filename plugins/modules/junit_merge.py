@@ -31,6 +31,7 @@ attributes:
     description: Reads and checks every file and reports whether O(dest) would change, without writing it.
     support: full
   diff_mode:
+    description: No diff; RV(files) says what each file added.
     support: none
   platform:
     description: Runs on the controller.
