@@ -275,9 +275,9 @@ def main() -> None:
         plane = start_local_plane(os.path.join(work, "plane"))
         try:
             ci_run(plane, project, opts.shards, work)  # warm-up: the base template's caches, the plane's first boot
-            ci_runs = [ci_run(plane, project, opts.shards, work) for _ in range(opts.repeat)]
+            ci_runs = [ci_run(plane, project, opts.shards, work) for _run in range(opts.repeat)]
             if opts.stages:
-                report["stages"] = [ci_stages(plane, opts.shards, work) for _ in range(opts.repeat)]
+                report["stages"] = [ci_stages(plane, opts.shards, work) for _run in range(opts.repeat)]
         finally:
             stop_local_plane(plane)
         report["ci"] = summary(ci_runs, ("wall", "pytest", "overhead", "prepare", "fanout", "fanout_overhead"))
@@ -289,7 +289,7 @@ def main() -> None:
             env = podman_env(work)
             image = podman_image(env, work)
             podman_run(env, image, project, opts.shards, work)  # warm-up
-            pod_runs = [podman_run(env, image, project, opts.shards, work) for _ in range(opts.repeat)]
+            pod_runs = [podman_run(env, image, project, opts.shards, work) for _run in range(opts.repeat)]
             report["podman"] = summary(pod_runs, ("wall", "pytest", "overhead"))
             report["podman"]["tests"] = pod_runs[0]["tests"]
             report["ratio_wall_median"] = round(report["ci"]["wall"]["median"] / report["podman"]["wall"]["median"], 2)
