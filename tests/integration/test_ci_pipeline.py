@@ -262,6 +262,34 @@ def test_ci_playbook_a_failing_setup_fails_the_run_and_leaves_nothing(ci_plane, 
     assert_nothing_left(ci_plane)
 
 
+def test_ci_playbook_kept_session_reruns_on_new_sources(ci_plane, tmp_path, wheels):
+    """ci_keep with a labelled checkpoint: the session stays (no shard does), and a rerun on it tests the new
+    sources (the checkpoint is retaken), not those the kept checkpoint holds."""
+    project = tmp_path / "project"
+    shutil.copytree(PROJECT, str(project))
+    extra = {"ci_keep": True, "ci_checkpoint_label": "ci-ready"}
+    run, results, out = ci_playbook(ci_plane, tmp_path, wheels, project=project, shards=2, extra=extra)
+    assert out.rc == 0, failures(out)
+    client = ci_plane.client()
+    try:
+        session = client.find_session(run)
+        assert session is not None and not client.forks_of(session["session_id"])
+        (project / "tests" / "check_more.py").write_text("def test_new():\n    pass\n")
+        extra["ci_name"] = run
+        _run, results, again = ci_playbook(ci_plane, tmp_path, wheels, project=project, shards=2, extra=extra)
+        assert again.rc == 0, failures(again)
+        assert again.result("Start the session")["created"] is False
+        every = sorted(n for names in junit_cases(results / "junit.xml").values() for n in names)
+        assert every == ["test_add", "test_mul", "test_new", "test_runs_in_a_venv", "test_version"], every
+        assert [cp["label"] for cp in client.list_checkpoints(session["session_id"])] == ["ci-ready"]
+    finally:
+        left = client.find_session(run)
+        if left is not None:
+            client.delete_session(left["session_id"])
+            client.wait_session(left["session_id"], until=frozenset(["DESTROYED"]), gone_ok=True)
+    assert_nothing_left(ci_plane)
+
+
 def test_down_leaves_nothing_behind(ci_plane, tmp_path, wheels):
     """Last: a session running when the plane stops; afterwards not even its dir under /run is left."""
     client = ci_plane.client()
