@@ -290,6 +290,20 @@ def test_ci_playbook_kept_session_reruns_on_new_sources(ci_plane, tmp_path, whee
     assert_nothing_left(ci_plane)
 
 
+def test_ci_playbook_an_unreachable_shard_is_deleted_by_the_last_play(ci_plane, tmp_path, wheels):
+    """Shard 1 kills every process of its guest, the agent included: it goes unreachable, so its own deletion
+    (in `always`, which an unreachable host never runs) does not happen, and the last play deletes it."""
+    command = ('if [ "$SHARD_INDEX" = 1 ]; then kill -9 -1; sleep 5; fi; %s -m pytest -p microvm_ci_shard '
+               '--junitxml="$CI_JUNIT_XML" -o python_files=check_*.py tests' % CI_PYTHON)
+    _run, results, out = ci_playbook(ci_plane, tmp_path, wheels, shards=2, extra={"ci_command": command})
+    assert out.rc == 4, out
+    assert out.result("Fail the run when any part failed")["msg"] == "The CI job failed. Failed shards: shard-1."
+    left = out.result("Delete the shards not deleted yet (unreachable, or their deletion failed)")
+    assert [r["item"]["ci_shard_name"] for r in left["results"]] == ["shard-1"], left
+    assert list(junit_cases(results / "junit.xml")) == ["shard-0/pytest"]
+    assert_nothing_left(ci_plane)
+
+
 def test_down_leaves_nothing_behind(ci_plane, tmp_path, wheels):
     """Last: a session running when the plane stops; afterwards not even its dir under /run is left."""
     client = ci_plane.client()
