@@ -31,4 +31,6 @@ echo "== fleet: 100 sessions vs SSH to 100 hosts, 10 tasks, forks 50 (bench/flee
 "$PY" bench/fleet_bench.py
 echo "== fairness: one mux, a session flooding output and helper output next to one running small commands (bench/fairness_bench.py)"
 "$PY" bench/fairness_bench.py --repeat "$REPEAT"
+echo "== CI job: microvm.sandbox.ci with 3 shards vs podman with 3 containers on one pytest suite, wall and overhead outside pytest (bench/ci_job_bench.py)"
+"$PY" bench/ci_job_bench.py --repeat "$REPEAT" --stages
 echo "results: bench/results/"

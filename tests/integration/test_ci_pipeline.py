@@ -7,6 +7,7 @@ pytest comes into the sandbox as wheels pushed by sync (no network inside): they
 """
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -176,6 +177,130 @@ def test_cleanup_callback_on_ctrl_c_or_a_cancelled_job(ci_plane, tmp_path, wheel
             proc.kill()
     assert proc.returncode != 0
     assert "microvm.sandbox.cleanup: the run %s; deleted the 1 session(s) it created" % how in out, out
+    assert_nothing_left(ci_plane)
+
+
+CI_PYTHON = "/workspace/venv/bin/python"
+
+
+def ci_playbook(plane, tmp_path, wheels, project=PROJECT, shards=3, extra=None):
+    """The shipped playbook microvm.sandbox.ci by its FQCN, on `project` (pytest from the pushed wheels)."""
+    run = unique_name("cij")
+    results = tmp_path / "ci-results"
+    args = {
+        "ci_name": run, "ci_project": str(project), "ci_shards": shards, "ci_results_dir": str(results),
+        "ci_push": [{"src": wheels, "dest": "/workspace/wheels"}],
+        "ci_setup_command": "python3 -m venv /workspace/venv && /workspace/venv/bin/pip install --quiet --no-index "
+                            "--find-links /workspace/wheels pytest",
+        "ci_python": CI_PYTHON, "ci_pytest_args": "-o python_files=check_*.py tests",
+        "ci_env": {"PYTHONPATH": "/workspace/project/src"},
+        # the shard's own view of its index, as an artifact: the shards must each have had another one
+        "ci_command": 'echo "$SHARD_INDEX/$SHARD_COUNT" > shard.txt && %s -m pytest -p microvm_ci_shard '
+                      '-p no:cacheprovider --junitxml="$CI_JUNIT_XML" -o python_files=check_*.py tests' % CI_PYTHON,
+        "ci_artifacts": ["shard.txt", "src/calc"],
+    }
+    args.update(extra or {})
+    play = "- ansible.builtin.import_playbook: microvm.sandbox.ci\n"
+    return run, results, run_playbook(plane, tmp_path, play, args=["-e", json.dumps(args)], timeout=600)
+
+
+def junit_cases(path):
+    """{suite name: [test names]} of a merged JUnit file."""
+    import xml.etree.ElementTree as ET
+    root = ET.parse(str(path)).getroot()
+    assert root.tag == "testsuites", root.tag
+    return {s.get("name"): [c.get("name") for c in s.iter("testcase")] for s in root.findall("testsuite")}
+
+
+def test_ci_playbook_shards_merge_artifacts_and_nothing_left(ci_plane, tmp_path, wheels):
+    run, results, out = ci_playbook(ci_plane, tmp_path, wheels)
+    assert out.rc == 0, failures(out)
+    forks = out.result("Fork the shards")["names"]
+    assert len(forks) == 3
+    cases = junit_cases(results / "junit.xml")
+    assert sorted(cases) == ["shard-0/pytest", "shard-1/pytest", "shard-2/pytest"], cases
+    every = [name for names in cases.values() for name in names]
+    # every test of the suite ran once, in exactly one shard, and every shard ran some
+    assert sorted(every) == ["test_add", "test_mul", "test_runs_in_a_venv", "test_version"], cases
+    assert all(cases.values()), cases
+    merged = out.result("Merge the shards' JUnit files")
+    assert (merged["tests"], merged["failures"], merged["errors"]) == (4, 0, 0), merged
+    seen = sorted((results / "shards" / ("shard-%d" % i) / "artifacts" / "shard.txt").read_text().strip()
+                  for i in range(3))
+    assert seen == ["0/3", "1/3", "2/3"], seen
+    for i in range(3):
+        assert "def add" in (results / "shards" / ("shard-%d" % i) / "artifacts" / "src" / "calc" / "__init__.py").read_text()
+    assert sorted(r["host"] for r in out.records if r["task"] == "Delete the shard" and r["result"].get("changed")) \
+        == sorted(forks)
+    assert ci_plane.client().find_session(run) is None
+    assert_nothing_left(ci_plane)
+
+
+def test_ci_playbook_a_failing_shard_fails_the_run_names_it_and_cleans_up(ci_plane, tmp_path, wheels):
+    project = tmp_path / "project"
+    shutil.copytree(PROJECT, str(project))
+    # collected last (5th item): round robin over 2 shards puts it in shard-0, alone with a failure
+    (project / "tests" / "check_zz_broken.py").write_text("def test_broken():\n    assert 1 + 1 == 3\n")
+    _run, results, out = ci_playbook(ci_plane, tmp_path, wheels, project=project, shards=2)
+    assert out.rc == 2, out
+    fail = out.result("Fail the run when any part failed")
+    assert "Failed shards: shard-0." in fail["msg"], fail
+    assert "shard-0 (1 of 2" in out.stdout and "exit code 1" in out.stdout, out
+    cases = junit_cases(results / "junit.xml")
+    assert "test_broken" in cases["shard-0/pytest"] and "test_broken" not in cases["shard-1/pytest"], cases
+    merged = out.result("Merge the shards' JUnit files")
+    assert (merged["tests"], merged["failures"]) == (5, 1), merged
+    assert len([r for r in out.records if r["task"] == "Delete the shard" and r["result"].get("changed")]) == 2
+    assert_nothing_left(ci_plane)
+
+
+def test_ci_playbook_a_failing_setup_fails_the_run_and_leaves_nothing(ci_plane, tmp_path, wheels):
+    _run, _results, out = ci_playbook(ci_plane, tmp_path, wheels, extra={"ci_setup_command": "exit 7"})
+    assert out.rc == 2, out
+    assert "The session was not prepared." in out.result("Fail the run when any part failed")["msg"]
+    assert not [r for r in out.records if r["task"] == "Fork the shards" and r["status"] == "ok"]
+    assert_nothing_left(ci_plane)
+
+
+def test_ci_playbook_kept_session_reruns_on_new_sources(ci_plane, tmp_path, wheels):
+    """ci_keep with a labelled checkpoint: the session stays (no shard does), and a rerun on it tests the new
+    sources (the checkpoint is retaken), not those the kept checkpoint holds."""
+    project = tmp_path / "project"
+    shutil.copytree(PROJECT, str(project))
+    extra = {"ci_keep": True, "ci_checkpoint_label": "ci-ready"}
+    run, results, out = ci_playbook(ci_plane, tmp_path, wheels, project=project, shards=2, extra=extra)
+    assert out.rc == 0, failures(out)
+    client = ci_plane.client()
+    try:
+        session = client.find_session(run)
+        assert session is not None and not client.forks_of(session["session_id"])
+        (project / "tests" / "check_more.py").write_text("def test_new():\n    pass\n")
+        extra["ci_name"] = run
+        _run, results, again = ci_playbook(ci_plane, tmp_path, wheels, project=project, shards=2, extra=extra)
+        assert again.rc == 0, failures(again)
+        assert again.result("Start the session")["created"] is False
+        every = sorted(n for names in junit_cases(results / "junit.xml").values() for n in names)
+        assert every == ["test_add", "test_mul", "test_new", "test_runs_in_a_venv", "test_version"], every
+        assert [cp["label"] for cp in client.list_checkpoints(session["session_id"])] == ["ci-ready"]
+    finally:
+        left = client.find_session(run)
+        if left is not None:
+            client.delete_session(left["session_id"])
+            client.wait_session(left["session_id"], until=frozenset(["DESTROYED"]), gone_ok=True)
+    assert_nothing_left(ci_plane)
+
+
+def test_ci_playbook_an_unreachable_shard_is_deleted_by_the_last_play(ci_plane, tmp_path, wheels):
+    """Shard 1 kills every process of its guest, the agent included: it goes unreachable, so its own deletion
+    (in `always`, which an unreachable host never runs) does not happen, and the last play deletes it."""
+    command = ('if [ "$SHARD_INDEX" = 1 ]; then kill -9 -1; sleep 5; fi; %s -m pytest -p microvm_ci_shard '
+               '--junitxml="$CI_JUNIT_XML" -o python_files=check_*.py tests' % CI_PYTHON)
+    _run, results, out = ci_playbook(ci_plane, tmp_path, wheels, shards=2, extra={"ci_command": command})
+    assert out.rc == 4, out
+    assert out.result("Fail the run when any part failed")["msg"] == "The CI job failed. Failed shards: shard-1."
+    left = out.result("Delete the shards not deleted yet (unreachable, or their deletion failed)")
+    assert [r["item"]["ci_shard_name"] for r in left["results"]] == ["shard-1"], left
+    assert list(junit_cases(results / "junit.xml")) == ["shard-0/pytest"]
     assert_nothing_left(ci_plane)
 
 
