@@ -155,12 +155,14 @@ class _Stages:
                 self._say(stage + ", still")
             return
         self.stage = stage
-        self._say(stage)
+        # Recorded before it is said: whoever sees the line finds the same stage on record.
         try:
-            with open(self.path, "w") as f:
+            with open(self.path + ".new", "w") as f:   # renamed over: a reader never sees it half written
                 f.write("%s since %.0f s into the build\n" % (stage, self.elapsed()))
+            os.replace(self.path + ".new", self.path)
         except OSError:
             pass   # the record is a courtesy to other readers; the build goes on
+        self._say(stage)
 
     def beat(self) -> None:
         if self.stage is not None:
