@@ -199,6 +199,11 @@ def world(plane, tmp_path_factory):
     write(os.path.join(work, "project", "debug.log"), "noise\n")
     tarball(os.path.join(work, "out", "ci-42-workspace.tar.gz"), {"home/notes.txt": "restored\n"})
     tarball(os.path.join(work, "out", "project.tar.gz"), {"README": "the project\n"})
+    # Two shards' JUnit files, as microvm.sandbox.ci pulls them back (junit_merge.py's EXAMPLES merge them).
+    for shard, cases in (("shard-0", '<testcase classname="t" name="a"/><testcase classname="t" name="b"/>'),
+                         ("shard-1", '<testcase classname="t" name="c"><failure message="no"/></testcase>')):
+        write(os.path.join(work, "results", "shards", shard, "junit.xml"),
+              '<?xml version="1.0"?>\n<testsuites><testsuite name="pytest">%s</testsuite></testsuites>\n' % cases)
     sessions = {}
     try:
         for name in WORLD_SESSIONS:
@@ -258,6 +263,7 @@ PLAYBOOK_SOURCES = [
     "plugins/modules/persistent_workspace_info.py",
     "plugins/modules/template_info.py",
     "plugins/modules/session_fork.py",
+    "plugins/modules/junit_merge.py",
     "plugins/modules/checkpoint.py",
     "plugins/modules/checkpoint_info.py",
     "plugins/modules/session_info.py",
@@ -284,6 +290,9 @@ CHECKS = {
         r.changed("Roll back by id") and r.changed("Delete it")
         and r.result("On a rerun after the sources changed, take it again (the label names the new state, "
                      "the old one goes)")["replaced"]),
+    "plugins/modules/junit_merge.py": lambda r, w: (
+        (r.result("Merge the shards' results")["tests"], r.result("Merge the shards' results")["failures"]) == (3, 1)
+        and os.path.exists(os.path.join(w, "results", "junit.xml"))),
     "plugins/modules/session_info.py": lambda r, w: "ci-job-42" in [
         s["name"] for s in r.result("Every usable or paused CI session")["sessions"]],
     "plugins/modules/sync.py": lambda r, w: open(os.path.join(w, "out", "results", "junit.xml")).read() == "ok\n",
