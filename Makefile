@@ -47,7 +47,7 @@ CORE_SUITES := tests/unit/plugins/plugin_utils/test_core_compat.py tests/integra
 
 help:
 	@echo "make demo   - set up everything and run the demo end to end on the local control plane"
-	@echo "make test   - set up and run the whole suite (lint, sanity, unit, integration, e2e), about 15 minutes"
+	@echo "make test   - set up and run the whole suite (lint, sanity, unit, integration, e2e), about 17 minutes"
 	@echo "make check  - the fast tier for every merge: lint, types, unit tests, the plane's unit tests (minutes)"
 	@echo "make integration-api - the connection, become and sync suites over transport api, agent port closed"
 	@echo "make docs   - build the HTML docsite into docs/build/html"

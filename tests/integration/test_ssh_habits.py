@@ -366,6 +366,7 @@ HOME_AND_ASYNC = r"""
           - a2.ansible_job_id and a2.results_file.startswith(ansible_env.HOME ~ '/.ansible_async/')
           - a3.stdout == 'later'
           - a4 is failed
+        fail_msg: "async results: a1={{ a1 | to_json }} a2={{ a2 | to_json }} a3={{ a3 | to_json }}"
 
     - name: the facts describe the session's size and the guest's init
       ansible.builtin.assert:

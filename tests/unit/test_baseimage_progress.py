@@ -9,6 +9,7 @@ holds in its download stage until the test lets it go, so the lines are proven t
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -64,7 +65,7 @@ def test_stage_lines_arrive_in_order_while_the_build_runs(tmp_path, monkeypatch)
                PYTHONUNBUFFERED="1")
     env[baseimage.CACHE_ENV] = str(tmp_path / "cache")
     proc = subprocess.Popen([sys.executable, "-m", "microvm_localplane.baseimage", "--state-dir", str(tmp_path / "st")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         early = []
         while not early or "debootstrap: download" not in early[-1]:
@@ -82,7 +83,7 @@ def test_stage_lines_arrive_in_order_while_the_build_runs(tmp_path, monkeypatch)
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)  # the stand-in debootstrap too: it would wait for `release` forever
             proc.wait()
     assert proc.returncode == 0, err
     stages = [line.rsplit(" (", 1)[0].replace("base image: ", "") for line in err.splitlines() if line.startswith("base image: ")]
