@@ -62,6 +62,11 @@ ARGUMENT_SPEC = dict(
 )
 COPY_CHUNK = 1024 * 1024
 ANSWER_LIMIT = 64 * 1024  # what a step after the manifest may print: one JSON line
+# The stage and drop steps are plain sh (a python3 start costs more than the rest of such a step). The name is this
+# run's own (sync-<random>) in the run's TMPDIR; mkdir fails on any entry already there, a link included, so a
+# planted stage is refused; rm -rf removes the entry itself and never what a link in it leads to.
+STAGE_SH = 'mkdir -m 700 -- "$TMPDIR/$1"'
+DROP_SH = 'rm -rf -- "$TMPDIR/$1"'
 
 
 class SyncFailed(Exception):
@@ -197,16 +202,19 @@ class ActionModule(ActionBase):
             return value
         return "python3"
 
-    def _step(self, phase: str, request: dict[str, Any], as_user: bool, stdin: str | None = None) -> ExecStream:
-        """Start one step of the guest side with its whole stdin (the file at path stdin, or none) already sent.
+    def _program(self, phase: str, request: dict[str, Any]) -> list[str]:
+        """argv of one step of the guest side (_guest/sync_tree.py run by the guest's python3)."""
+        return ["/bin/sh", "-c", 'exec "$0" -c "$1" "$2"', self._python(), guest_program(),
+                st.json.dumps(dict(request, phase=phase, workspace=profile.TRANSFER_ROOT))]
+
+    def _step(self, argv: list[str], as_user: bool, stdin: str | None = None) -> ExecStream:
+        """Start one step in the guest with its whole stdin (the file at path stdin, or none) already sent.
 
         Every step's stdin is one-shot, so the same steps run on either road: the api road carries nothing else
         without the team's interactive stdin.
         """
         self._started = self._started or time.monotonic()
-        stream, self._guest_run_dir = self._sandbox.exec_stream(
-            ["/bin/sh", "-c", 'exec "$0" -c "$1" "$2"', self._python(), guest_program(),
-             st.json.dumps(dict(request, phase=phase, workspace=profile.TRANSFER_ROOT))], as_user=as_user)
+        stream, self._guest_run_dir = self._sandbox.exec_stream(argv, as_user=as_user)
         try:
             if stdin is not None:
                 with open(stdin, "rb") as f:
@@ -218,10 +226,9 @@ class ActionModule(ActionBase):
             raise
         return stream
 
-    def _answer(self, phase: str, request: dict[str, Any], as_user: bool, what: str,
-                stdin: str | None = None) -> dict[str, Any]:
+    def _answer(self, argv: list[str], as_user: bool, what: str, stdin: str | None = None) -> dict[str, Any]:
         """Run a step to its end; -> its JSON answer ({} when it prints none). The guest's stdout is bounded."""
-        stream = self._step(phase, request, as_user, stdin)
+        stream = self._step(argv, as_user, stdin)
         try:
             out = b""
             for chunk in stream.stdout():
@@ -250,7 +257,7 @@ class ActionModule(ActionBase):
         request = {"mode": mode, "root": root, "checksum": checksum, "excludes": guest_excludes}
         # A pull reads as the task's user. A push reads and applies as the agent's user, who owns what its
         # Upload extracted into the stage, and hands every entry it moves in to the task's user (like put_file).
-        stream = self._step("manifest", request, as_user=(mode == "pull"))
+        stream = self._step(self._program("manifest", request), as_user=(mode == "pull"))
         self._timing("guest side started")
         return stream, ManifestReader(stream.stdout()), guest_excludes, stage_name
 
@@ -263,7 +270,7 @@ class ActionModule(ActionBase):
     def _drop(self, stage_name: str, as_user: bool) -> None:
         """Remove the run's stage in the guest (best effort: the run's scratch dir goes when the run ends)."""
         try:
-            self._answer("drop", {"stage_name": stage_name}, as_user, "could not remove the stage %s" % stage_name)
+            self._answer(["/bin/sh", "-c", DROP_SH, "sh", stage_name], as_user, "could not remove the stage %s" % stage_name)
         except (SyncFailed, AnsibleError, OSError, mp.ProtocolError, errors.SandboxError) as e:
             self._display.warning("sync: could not remove %s from the run's scratch dir: %s" % (stage_name, e))
 
@@ -345,7 +352,7 @@ class ActionModule(ActionBase):
             if writer.members:
                 stage = posixpath.join(self._guest_run_dir, stage_name)
                 check_archive(tar_path, stage)
-                self._answer("stage", {"stage_name": stage_name}, False, "could not make the stage dir %s" % stage)
+                self._answer(["/bin/sh", "-c", STAGE_SH, "sh", stage_name], False, "could not make the stage dir %s" % stage)
                 staged = True
                 try:
                     self._sandbox.put_archive(tar_path, stage)
@@ -354,7 +361,8 @@ class ActionModule(ActionBase):
                                      % (stage, outcomes.task_failure(e, "sync"))) from e
                 request["stage_name"] = stage_name
                 self._timing("archive of %d members uploaded" % writer.members)
-            summary = self._answer("apply", request, False, "could not apply the changes to %s" % dest, stdin=ops_path)
+            summary = self._answer(self._program("apply", request), False, "could not apply the changes to %s" % dest,
+                                   stdin=ops_path)
             staged = False  # the apply step removes the stage whatever happened to it
         finally:
             if staged:
@@ -407,7 +415,7 @@ class ActionModule(ActionBase):
             return outcome
         local_tar = os.path.join(tmp, "changes.tar")
         try:
-            made = self._answer("pack", {"mode": "pull", "root": src, "stage_name": stage_name}, True,
+            made = self._answer(self._program("pack", {"mode": "pull", "root": src, "stage_name": stage_name}), True,
                                 "could not pack the changes of %s" % src, stdin=wanted_path)
             try:
                 # the path this run chose, never one the guest names

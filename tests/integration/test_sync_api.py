@@ -13,7 +13,8 @@ stdin off:
 - microvm.sandbox.workspace_archive (action plugin: a command, then Upload with is_archive), with the roles
   workspace_restore and workspace_export built on it: test_workspace_archive_api.py;
 - any other module run on a sandbox host (ansible.builtin's and the like, through exec_command, put_file and
-  fetch_file): test_connection_api.py.
+  fetch_file): test_connection.py, test_connection_shared.py and test_ssh_habits.py over the api road
+  (`make integration-api`, interactive stdin off there).
 Controller-only (they talk to the REST API, object storage or local files, never through the connection), so no
 such test: session, session_info, session_fork, checkpoint, checkpoint_info, template, template_info,
 environment_config, environment_config_info, persistent_workspace, persistent_workspace_info, size_info,

@@ -862,13 +862,12 @@ def guest_main(argv: "list[str]") -> int:
     Each step is a command of its own whose stdin is whole before it matters (one-shot: the api road carries
     nothing else without the team's interactive stdin), and whose stdout is its answer:
     manifest: the manifest of root, ended by the END record ({"exists"}); a pull's walk leaves out unsafe links.
-    stage:    (push) make the stage dir (0700, ours) in the run's scratch dir, before anything names it in the
-              guest: one that exists already (planted) is refused. The agent's Upload extracts the archive into it.
-    apply:    (push) with stage_name, move the stage's entries into place; then the operations on stdin (deletions
-              and fixes) -> a JSON summary. The stage dir is removed whatever happened.
+    apply:    (push) with stage_name (the stage dir, 0700, the controller's sh step made in the run's scratch dir
+              and the agent's Upload extracted the archive into), move the stage's entries into place, refusing a
+              stage that is not ours; then the operations on stdin (deletions and fixes) -> a JSON summary. The
+              stage dir is removed whatever happened.
     pack:     (pull) the wanted paths on stdin -> a tar of exactly those in the stage file (0600, ours, made
-              here) and a JSON line; the file stays for the controller's Download.
-    drop:     remove the stage (a file or a dir, no link followed); one already gone is fine.
+              here) and a JSON line; the file stays for the controller's Download (then its sh step removes it).
     Every path is opened from held directory fds (open_root, open_beneath): a guest user who swaps a directory
     for a link while this runs as root moves nothing outside the tree.
     """
@@ -887,12 +886,6 @@ def guest_main(argv: "list[str]") -> int:
             split_rel(stage_name)
             if b"/" in stage_name:
                 raise SyncError("the stage name %r is not one name" % args["stage_name"])
-        if phase == "stage" and stage_name is not None:
-            os.mkdir(stage_name, 0o700, dir_fd=run_fd)
-            return 0
-        if phase == "drop" and stage_name is not None:
-            remove_entry(run_fd, stage_name, b"stage")
-            return 0
         records = split_stream(read_chunks(sys.stdin.buffer))
         if phase == "apply":
             return guest_push(args, run_fd, stage_name, records, out)
@@ -921,7 +914,7 @@ def guest_manifest(args: dict, out: "BinaryIO") -> int:
 
 
 def open_stage(run_fd: int, stage_name: bytes) -> int:
-    """The stage dir the stage step made: a directory (no link followed) of ours that nobody else may write."""
+    """The stage dir the controller made: a directory (no link followed) of ours that nobody else may write."""
     fd = os.open(stage_name, DIR_FLAGS, dir_fd=run_fd)
     st = os.fstat(fd)
     if st.st_uid != os.geteuid() or st.st_mode & 0o022:

@@ -1,5 +1,6 @@
-"""The guest side's steps (sync_tree.guest_main), run as the guest runs them (`python3 -c <source> <json>`, stdin
-whole and closed, TMPDIR the run's scratch dir), on a local directory standing in for the guest's tree."""
+"""The guest side's steps (sync_tree.guest_main, and the action's sh steps that make and drop a stage), run as the
+guest runs them (`python3 -c <source> <json>` or `sh -c`, stdin whole and closed, TMPDIR the run's scratch dir), on
+a local directory standing in for the guest's tree."""
 import io
 import json
 import os
@@ -9,6 +10,7 @@ import tarfile
 
 import pytest
 
+from ansible_collections.microvm.sandbox.plugins.action import sync as sync_action
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import source_of
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import sync_tree as st
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import sync_plan as sp
@@ -19,6 +21,11 @@ def step(run_dir, phase, stdin=b"", **request):
     proc = subprocess.run([sys.executable, "-c", source_of(st), json.dumps(dict(request, phase=phase))], input=stdin,
                           capture_output=True, env=dict(os.environ, TMPDIR=str(run_dir)), timeout=60, check=False)
     return proc.returncode, proc.stdout, proc.stderr
+
+
+def sh(run_dir, script, name):
+    return subprocess.run(["/bin/sh", "-c", script, "sh", name], capture_output=True, env=dict(os.environ, TMPDIR=str(run_dir)),
+                          timeout=60, check=False)
 
 
 @pytest.fixture()
@@ -38,7 +45,7 @@ def test_push_steps_manifest_stage_apply(dirs):
     assert rc == 0
     reader = sp.ManifestReader(iter([out]))
     assert [e.path for e in reader.entries()] == [b".", b"a.txt", b"d", b"d/b.txt"] and reader.info == {"exists": True}
-    assert step(run, "stage", stage_name="sync-1")[0] == 0
+    assert sh(run, sync_action.STAGE_SH, "sync-1").returncode == 0
     assert oct((run / "sync-1").stat().st_mode & 0o777) == "0o700"
     (run / "sync-1" / "new.txt").write_text("new\n")  # what the agent's Upload would extract there
     rc, out, err = step(run, "apply", stdin=st.op_delete(b"d/b.txt"), mode="push", root=str(tree), stage_name="sync-1")
@@ -51,19 +58,17 @@ def test_push_steps_manifest_stage_apply(dirs):
 def test_a_planted_stage_is_refused_and_removed(dirs):
     run, tree = dirs
     (run / "sync-2").mkdir()
-    rc, _out, err = step(run, "stage", stage_name="sync-2")
-    assert rc != 0 and b"exists" in err  # made by someone else before this run named it
+    made = sh(run, sync_action.STAGE_SH, "sync-2")
+    assert made.returncode != 0 and b"exists" in made.stderr  # made by someone else before this run named it
+    os.symlink(str(tree), str(run / "sync-link"))
+    assert sh(run, sync_action.STAGE_SH, "sync-link").returncode != 0  # a link is never taken for the stage
     os.chmod(run / "sync-2", 0o777)
     (run / "sync-2" / "evil").write_text("x\n")
     rc, _out, err = step(run, "apply", mode="push", root=str(tree), stage_name="sync-2")
     assert rc == 3 and b"refused the stage dir" in err
-    assert not (tree / "evil").exists() and os.listdir(run) == []
-
-
-def test_a_stage_name_that_is_a_path_is_refused(dirs):
-    run, tree = dirs
-    rc, _out, err = step(run, "stage", stage_name="../escape")
-    assert rc == 3 and not (run.parent / "escape").exists(), err
+    assert not (tree / "evil").exists() and os.listdir(run) == ["sync-link"]
+    assert sh(run, sync_action.DROP_SH, "sync-link").returncode == 0
+    assert os.listdir(run) == [] and (tree / "a.txt").exists()  # the link went, not what it leads to
 
 
 def test_pull_steps_pack_then_drop(dirs):
@@ -74,9 +79,9 @@ def test_pull_steps_pack_then_drop(dirs):
     with tarfile.open(fileobj=io.BytesIO((run / "sync-3.tar").read_bytes())) as tar:
         assert tar.getnames() == ["a.txt", "d", "d/b.txt"]
     assert oct((run / "sync-3.tar").stat().st_mode & 0o777) == "0o600"
-    assert step(run, "drop", stage_name="sync-3.tar")[0] == 0
+    assert sh(run, sync_action.DROP_SH, "sync-3.tar").returncode == 0
     assert os.listdir(run) == []
-    assert step(run, "drop", stage_name="sync-3.tar")[0] == 0  # one already gone is fine
+    assert sh(run, sync_action.DROP_SH, "sync-3.tar").returncode == 0  # one already gone is fine
 
 
 def test_a_pull_of_a_missing_root_is_named(dirs):
