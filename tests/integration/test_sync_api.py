@@ -29,7 +29,7 @@ from test_sync import guest_sh, guest_state, local_state, result, sample_tree, s
 from microvm_localplane import dataplane
 from microvm_plane_testing import stop_muxes, team_defaults, unique_name
 
-BIG_FILES = 12_000  # with these names, a manifest past the exec's 1 MiB answer and deletions past one-shot stdin
+BIG_FILES = 15_000  # with these names: a manifest of 1.3 MB (past the exec answer's 1 MiB) and deletions of 1 MB (past 512 KiB)
 NAME = "f-%05d-" + "x" * 60
 
 
