@@ -3,19 +3,23 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Action plugin of microvm.sandbox.sync: a directory tree into or out of a sandbox, rsync-style.
 
-One run is one Exec of the guest side of _guest/sync_tree.py (the guest's python3) plus at most one archive:
+A run is a few steps of the guest side of _guest/sync_tree.py (the guest's python3), each a command of its own
+whose stdin is whole before it runs (one-shot), plus at most one archive. No step needs stdin while it runs, so
+the same steps run on both roads: on `transport: api` they are the documented buffered exec (as jobs: big output
+downloaded, big stdin staged) and the documented file API, without the team's interactive stdin.
 
-push: the guest streams the destination's manifest -> the controller walks the source beside it and
-      writes the changes into one tar and the deletions and fixes into an operations file (both on
-      local disk, never in memory) -> the tar is checked like workspace_archive's and extracted by the
-      agent (Upload with is_archive) into a stage dir in the run's scratch -> "+" and the operations
-      go down the same Exec's stdin: the guest renames each staged entry into place, then deletes and
-      fixes modes and mtimes.
-pull: the guest streams the source's manifest, judged again here (sync_tree.source_entries: the guest is
-      hostile) -> the controller walks its destination beside it and sends back the wanted paths -> the guest
-      writes a tar of exactly those into its scratch -> Download of the path this run chose, checked member
-      by member (only the paths asked for), extracted into a local stage dir, its links resolved against dest
-      as it is on disk (judge_links), and renamed into place from dest's fd, no link followed.
+push: manifest step: the guest streams the destination's manifest -> the controller walks the source beside
+      it and writes the changes into one tar and the deletions and fixes into an operations file (both on
+      local disk, never in memory); nothing changed: done, one command -> the tar is checked like
+      workspace_archive's; stage step: the guest makes a stage dir (0700) in the run's scratch, into which the
+      agent extracts the tar (Upload with is_archive) -> apply step, the operations as its stdin: the guest
+      renames each staged entry into place, then deletes and fixes modes and mtimes, and removes the stage.
+pull: manifest step: the guest streams the source's manifest, judged again here (sync_tree.source_entries: the
+      guest is hostile) -> the controller walks its destination beside it; pack step, the wanted paths as its
+      stdin: the guest writes a tar of exactly those into its scratch -> Download of the path this run chose,
+      then a drop step removes it -> the tar is checked member by member (only the paths asked for), extracted
+      into a local stage dir, its links resolved against dest as it is on disk (judge_links), and renamed into
+      place from dest's fd, no link followed.
 """
 
 from __future__ import absolute_import, annotations, division, print_function
@@ -57,6 +61,12 @@ ARGUMENT_SPEC = dict(
     preserve_setid=dict(type="bool", default=False),
 )
 COPY_CHUNK = 1024 * 1024
+ANSWER_LIMIT = 64 * 1024  # what a step after the manifest may print: one JSON line
+# The stage and drop steps are plain sh (a python3 start costs more than the rest of such a step). The name is this
+# run's own (sync-<random>) in the run's TMPDIR; mkdir fails on any entry already there, a link included, so a
+# planted stage is refused; rm -rf removes the entry itself and never what a link in it leads to.
+STAGE_SH = 'mkdir -m 700 -- "$TMPDIR/$1"'
+DROP_SH = 'rm -rf -- "$TMPDIR/$1"'
 
 
 class SyncFailed(Exception):
@@ -137,6 +147,8 @@ class ActionModule(ActionBase):
     _supports_check_mode = True
     _requires_connection = True
     _sandbox: SandboxConnection  # self._connection, once run() checked it is microvm.sandbox.agent
+    _guest_run_dir = ""  # the run's TMPDIR in the guest, where the stage lives (each step tells it again)
+    _started = 0.0
 
     def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super(ActionModule, self).run(tmp, task_vars)
@@ -190,30 +202,84 @@ class ActionModule(ActionBase):
             return value
         return "python3"
 
-    def _start(self, mode: str, root: str, checksum: bool,
-               excludes: list[str]) -> tuple[ExecStream, ManifestReader, list[str], str]:
-        """Start the guest side; -> (stream, manifest reader, guest excludes, stage path in the run's scratch)."""
-        conn = self._sandbox
-        scratch = conn.get_option("scratch_dir") or profile.SCRATCH_DIR
+    def _program(self, phase: str, request: dict[str, Any]) -> list[str]:
+        """argv of one step of the guest side (_guest/sync_tree.py run by the guest's python3)."""
+        return ["/bin/sh", "-c", 'exec "$0" -c "$1" "$2"', self._python(), guest_program(),
+                st.json.dumps(dict(request, phase=phase, workspace=profile.TRANSFER_ROOT))]
+
+    def _step(self, argv: list[str], as_user: bool, stdin: str | None = None) -> ExecStream:
+        """Start one step in the guest with its whole stdin (the file at path stdin, or none) already sent.
+
+        Every step's stdin is one-shot, so the same steps run on either road: the api road carries nothing else
+        without the team's interactive stdin.
+        """
+        self._started = self._started or time.monotonic()
+        stream, self._guest_run_dir = self._sandbox.exec_stream(argv, as_user=as_user)
+        try:
+            if stdin is not None:
+                with open(stdin, "rb") as f:
+                    for chunk in iter(lambda: f.read(COPY_CHUNK), b""):
+                        stream.write(chunk)
+            stream.close_stdin()
+        except BaseException:
+            stream.close()
+            raise
+        return stream
+
+    def _answer(self, argv: list[str], as_user: bool, what: str, stdin: str | None = None) -> dict[str, Any]:
+        """Run a step to its end; -> its JSON answer ({} when it prints none). The guest's stdout is bounded."""
+        stream = self._step(argv, as_user, stdin)
+        try:
+            out = b""
+            for chunk in stream.stdout():
+                out += chunk
+                if len(out) > ANSWER_LIMIT:
+                    raise SyncFailed("%s: the guest side said more than %d bytes" % (what, ANSWER_LIMIT))
+            rc = (stream.exit or {}).get("rc")
+            if rc != 0:
+                raise self._guest_failed(stream, what)
+            try:
+                answer = st.json.loads(out.decode("utf-8")) if out.strip() else {}
+            except ValueError as e:
+                raise SyncFailed("%s: the guest side answered %s" % (what, shown(out[:200], text=True))) from e
+            if not isinstance(answer, dict):
+                raise SyncFailed("%s: the guest side answered %s" % (what, shown(out[:200], text=True)))
+            return answer
+        finally:
+            stream.close()
+
+    def _manifest(self, mode: str, root: str, checksum: bool,
+                  excludes: list[str]) -> tuple[ExecStream, ManifestReader, list[str], str]:
+        """Start the manifest step; -> (stream, manifest reader, guest excludes, a stage name for this run)."""
+        scratch = self._sandbox.get_option("scratch_dir") or profile.SCRATCH_DIR
         guest_excludes = excludes + protected(root, scratch)
         stage_name = "sync-%s%s" % (uuid.uuid4().hex[:16], ".tar" if mode == "pull" else "")
-        request = {"mode": mode, "root": root, "checksum": checksum, "excludes": guest_excludes,
-                   "workspace": profile.TRANSFER_ROOT, "stage_name": stage_name}
-        # A pull reads as the task's user. A push applies as the agent's user, who owns what its Upload
-        # extracted into the stage, and hands every entry it moves in to the task's user (like put_file).
-        if mode == "push":
-            request["owner"] = conn.guest_user()
-        self._started = time.monotonic()
-        stream, run_dir = conn.exec_stream(["/bin/sh", "-c", 'exec "$0" -c "$1" "$2"', self._python(), guest_program(),
-                                            st.json.dumps(request)], as_user=(mode == "pull"))
+        request = {"mode": mode, "root": root, "checksum": checksum, "excludes": guest_excludes}
+        # A pull reads as the task's user. A push reads and applies as the agent's user, who owns what its
+        # Upload extracted into the stage, and hands every entry it moves in to the task's user (like put_file).
+        stream = self._step(self._program("manifest", request), as_user=(mode == "pull"))
         self._timing("guest side started")
-        return stream, ManifestReader(stream.stdout()), guest_excludes, posixpath.join(run_dir, stage_name)
+        return stream, ManifestReader(stream.stdout()), guest_excludes, stage_name
+
+    def _manifest_done(self, stream: ExecStream, reader: ManifestReader, what: str) -> None:
+        """The manifest step ran to its end (what it printed after its END record is read and dropped)."""
+        reader.finish()
+        if (stream.exit or {}).get("rc") != 0:
+            raise self._guest_failed(stream, what)
+
+    def _drop(self, stage_name: str, as_user: bool) -> None:
+        """Remove the run's stage in the guest (best effort: the run's scratch dir goes when the run ends)."""
+        try:
+            self._answer(["/bin/sh", "-c", DROP_SH, "sh", stage_name], as_user, "could not remove the stage %s" % stage_name)
+        except (SyncFailed, AnsibleError, OSError, mp.ProtocolError, errors.SandboxError) as e:
+            self._display.warning("sync: could not remove %s from the run's scratch dir: %s" % (stage_name, e))
 
     def _timing(self, what: str) -> None:
         self._display.vvv("SYNC %s after %.3fs" % (what, time.monotonic() - self._started))
 
-    def _guest_failed(self, stream: ExecStream, reader: ManifestReader, what: str) -> SyncFailed:
-        reader.finish()
+    def _guest_failed(self, stream: ExecStream, what: str, reader: ManifestReader | None = None) -> SyncFailed:
+        if reader is not None:
+            reader.finish()
         rc = (stream.exit or {}).get("rc")
         err = shown(stream.stderr, text=True).strip()
         return SyncFailed("%s (the guest side ended with rc %s): %s" % (what, rc, err[-2000:] or "no message"))
@@ -255,7 +321,7 @@ class ActionModule(ActionBase):
 
     def _push_tree(self, args: dict[str, Any], excludes: list[str], src: str, root_fd: int, dest: str,
                    tmp: str) -> dict[str, Any]:
-        stream, reader, guest_excludes, stage = self._start("push", dest, args["checksum"], excludes)
+        stream, reader, guest_excludes, stage_name = self._manifest("push", dest, args["checksum"], excludes)
         try:
             tar_path, ops_path = os.path.join(tmp, "changes.tar"), os.path.join(tmp, "ops")
             writer = TarWriter(tar_path, root_fd)
@@ -268,40 +334,42 @@ class ActionModule(ActionBase):
                     try:
                         planner.run(local, reader.entries())
                     except st.SyncError as e:
-                        raise self._guest_failed(stream, reader, "could not read %s in the sandbox" % dest) from e
+                        raise self._guest_failed(stream, "could not read %s in the sandbox" % dest, reader) from e
             finally:
                 writer.close()
-            outcome = self._outcome(planner, args, src, dest)
-            self._timing("compared")
-            if self._task.check_mode or not planner.changed:
-                stream.close_stdin()
-                reader.finish()
-                self._timing("done")
-                return outcome
+            self._manifest_done(stream, reader, "could not read %s in the sandbox" % dest)
+        finally:
+            stream.close()
+        outcome = self._outcome(planner, args, src, dest)
+        self._timing("compared")
+        if self._task.check_mode or not planner.changed:
+            self._timing("done")
+            return outcome
+        request: dict[str, Any] = {"mode": "push", "root": dest, "excludes": guest_excludes,
+                                   "owner": self._sandbox.guest_user()}
+        staged = False
+        try:
             if writer.members:
+                stage = posixpath.join(self._guest_run_dir, stage_name)
                 check_archive(tar_path, stage)
+                self._answer(["/bin/sh", "-c", STAGE_SH, "sh", stage_name], False, "could not make the stage dir %s" % stage)
+                staged = True
                 try:
                     self._sandbox.put_archive(tar_path, stage)
                 except AnsibleError as e:
                     raise SyncFailed("the sandbox refused or failed to extract the changes into %s: %s"
                                      % (stage, outcomes.task_failure(e, "sync"))) from e
-                stream.write(b"+\0")
+                request["stage_name"] = stage_name
                 self._timing("archive of %d members uploaded" % writer.members)
-            else:
-                stream.write(b".\0")
-            with open(ops_path, "rb") as ops:
-                for chunk in iter(lambda: ops.read(COPY_CHUNK), b""):
-                    stream.write(chunk)
-            stream.close_stdin()
-            summary = reader.line()
-            if summary is None:
-                raise self._guest_failed(stream, reader, "could not apply the changes to %s" % dest)
-            reader.finish()
-            self._timing("applied")
-            outcome["applied"] = summary
-            return outcome
+            summary = self._answer(self._program("apply", request), False, "could not apply the changes to %s" % dest,
+                                   stdin=ops_path)
+            staged = False  # the apply step removes the stage whatever happened to it
         finally:
-            stream.close()
+            if staged:
+                self._drop(stage_name, as_user=False)
+        self._timing("applied")
+        outcome["applied"] = summary
+        return outcome
 
     # -- pull -----------------------------------------------------------------------------------------
     def _pull(self, args: dict[str, Any], excludes: list[str]) -> dict[str, Any]:
@@ -317,7 +385,7 @@ class ActionModule(ActionBase):
 
     def _pull_tree(self, args: dict[str, Any], excludes: list[str], src: str, root_fd: int | None, dest: str,
                    tmp: str) -> dict[str, Any]:
-        stream, reader, guest_excludes, stage = self._start("pull", src, args["checksum"], excludes)
+        stream, reader, guest_excludes, stage_name = self._manifest("pull", src, args["checksum"], excludes)
         local_excludes = st.Excludes(guest_excludes)
         try:
             wanted_path, ops_path = os.path.join(tmp, "wanted"), os.path.join(tmp, "ops")
@@ -334,37 +402,33 @@ class ActionModule(ActionBase):
                 try:
                     planner.run(source, local)
                 except st.SyncError as e:
-                    raise self._guest_failed(stream, reader, "could not read %s in the sandbox" % src) from e
-            outcome = self._outcome(planner, args, src, dest)
-            self._timing("compared")
-            if self._task.check_mode or not planner.changed or not counter["wanted"]:
-                stream.close_stdin()
-                reader.finish()
-                if not self._task.check_mode and planner.changed:
-                    self._apply_local(_dest_fd(root_fd, dest), None, ops_path, local_excludes, dest, args)
-                self._timing("done")
-                return outcome
-            with open(wanted_path, "rb") as wanted_paths:
-                for chunk in iter(lambda: wanted_paths.read(COPY_CHUNK), b""):
-                    stream.write(chunk)
-            stream.write(b"\0")
-            made = reader.line()
-            if made is None:
-                raise self._guest_failed(stream, reader, "could not pack the changes of %s" % src)
-            local_tar = os.path.join(tmp, "changes.tar")
-            try:
-                self._sandbox.fetch_file(stage, local_tar)  # the path this run chose, never one the guest names
-            except AnsibleError as e:
-                raise SyncFailed("could not download the changes of %s: %s" % (src, outcomes.task_failure(e, "sync"))) from e
-            stream.close_stdin()
-            reader.finish()
-            self._timing("archive of %s members downloaded" % made.get("members"))
-            check_archive(local_tar, dest)
-            self._apply_local(_dest_fd(root_fd, dest), local_tar, ops_path, local_excludes, dest, args, wanted_path)
-            self._timing("applied")
-            return outcome
+                    raise self._guest_failed(stream, "could not read %s in the sandbox" % src, reader) from e
+            self._manifest_done(stream, reader, "could not read %s in the sandbox" % src)
         finally:
             stream.close()
+        outcome = self._outcome(planner, args, src, dest)
+        self._timing("compared")
+        if self._task.check_mode or not planner.changed or not counter["wanted"]:
+            if not self._task.check_mode and planner.changed:
+                self._apply_local(_dest_fd(root_fd, dest), None, ops_path, local_excludes, dest, args)
+            self._timing("done")
+            return outcome
+        local_tar = os.path.join(tmp, "changes.tar")
+        try:
+            made = self._answer(self._program("pack", {"mode": "pull", "root": src, "stage_name": stage_name}), True,
+                                "could not pack the changes of %s" % src, stdin=wanted_path)
+            try:
+                # the path this run chose, never one the guest names
+                self._sandbox.fetch_file(posixpath.join(self._guest_run_dir, stage_name), local_tar)
+            except AnsibleError as e:
+                raise SyncFailed("could not download the changes of %s: %s" % (src, outcomes.task_failure(e, "sync"))) from e
+        finally:
+            self._drop(stage_name, as_user=True)  # made by the pack step as the task's user, or never made
+        self._timing("archive of %s members downloaded" % made.get("members"))
+        check_archive(local_tar, dest)
+        self._apply_local(_dest_fd(root_fd, dest), local_tar, ops_path, local_excludes, dest, args, wanted_path)
+        self._timing("applied")
+        return outcome
 
     @staticmethod
     def _apply_local(root_fd: int, tar_path: "str | None", ops_path: str, excludes: "st.Excludes | None", dest: str,

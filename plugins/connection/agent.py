@@ -123,8 +123,8 @@ options:
       - V(api) is the platform's documented exec (its buffered answer) and workspace file API only, for templates
         without the agent or networks that block the port-forward. Each command runs as a job in the scratch dir, so
         neither the answer's 1 MiB per stream nor the platform's 240 second exec limit cuts it; there is no warm
-        runner; C(sudo) with a password sends it first on the command's stdin; stdin while a command runs (C(su)
-        with a password, M(microvm.sandbox.sync)) needs the team's interactive stdin; see docs/connection.md.
+        runner; C(sudo) with a password sends it first on the command's stdin; stdin while a command runs (only
+        C(su) with a password) needs the team's interactive stdin; see docs/connection.md.
       - V(auto) tries the agent and falls back to V(api) when the agent port does not answer within 5 seconds of the
         session being usable.
     type: str
@@ -838,8 +838,8 @@ class Connection(ConnectionBase):
     def exec_stream(self, argv: list[str], as_user: bool = True) -> tuple[command_stream.ExecStream, str]:
         """Start argv in the guest over its own connection to the mux; -> (command_stream.ExecStream, the run's TMPDIR).
 
-        Not part of Ansible's connection API: microvm.sandbox.sync streams a manifest out of it and
-        operations into it while it moves an archive with put_archive / fetch_file. With as_user false
+        Not part of Ansible's connection API: microvm.sandbox.sync's steps stream a manifest out of it, or take
+        their operations as one-shot stdin (written whole, then closed), beside put_archive / fetch_file. With as_user false
         it runs as the agent's user even when remote_user asks for another (the caller hands files over).
         """
         self._connect()

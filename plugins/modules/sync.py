@@ -18,10 +18,12 @@ description:
     O(exclude) and O(exclude_from) leave paths out.
   - A file is changed when its size or its mtime (whole seconds) differ, or with O(checksum) when its content
     differs. A directory whose mode or mtime differ is updated in place.
-  - One run is one command in the guest (the guest's C(python3)) that streams the other side's manifest, and
-    at most one archive with every change in it - the guest agent's C(Upload) with C(is_archive) for a push,
-    C(Download) of an archive the guest packs for a pull - never a round trip per file. Deletions and mode and
-    mtime fixes travel in the same command.
+  - One run is a few commands in the guest (the guest's C(python3)) - one that streams the other side's
+    manifest, and when something changed, one that applies the deletions and mode and mtime fixes (a push) or
+    packs what is wanted (a pull) - and at most one archive with every change in it - C(Upload) with
+    C(is_archive) for a push, C(Download) of an archive the guest packs for a pull - never a round trip per
+    file. No command needs stdin while it runs, so with P(microvm.sandbox.agent#connection)'s C(transport=api)
+    it works on the documented exec and file API alone, without the team's interactive stdin.
   - The archive is checked like M(microvm.sandbox.workspace_archive)'s before anything is written - every
     member must stay inside its target, or nothing is written - and extracted into a stage directory (the
     run's scratch dir in the sandbox, a hidden directory beside O(dest) on the controller). Each entry is then

@@ -1,6 +1,5 @@
 """microvm.sandbox.sync through the real stack: ansible-playbook -> action plugin -> mux -> gRPC -> port-forward
 WebSocket -> local control plane -> guest agent and the guest's python3, both ways."""
-import contextlib
 import json
 import os
 import shutil
@@ -13,7 +12,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from ansible_runner_util import run_playbook  # noqa: E402
-from microvm_plane_testing import run_transport, stop_muxes, team, unique_name  # noqa: E402
+from microvm_plane_testing import stop_muxes, unique_name  # noqa: E402
 
 # The state of a tree as {relative path: [kind, mode, mtime, sha256 or link target]}, the same on both sides.
 STATE_SCRIPT = r"""
@@ -89,12 +88,9 @@ def make_box(plane, tmp_path_factory):
     inv = base / "inventory.ini"
     inv.write_text("[sbx]\nbox ansible_host=%s\n\n[sbx:vars]\nansible_connection=microvm.sandbox.agent\n"
                    "ansible_python_interpreter=/usr/bin/python3\n" % session["session_id"])
-    # sync streams stdin while its command runs: on the api road that is the team's interactive stdin, which the
-    # run's team lacks (the platform's default); these suites switch it on for themselves
-    streaming = team(plane, interactive_stdin=True, closed_ports=[8443]) if run_transport() == "api" else contextlib.nullcontext()
+    # no team switch on the api road: sync needs no interactive stdin there (the team's default, off, applies)
     try:
-        with streaming:
-            yield {"sid": session["session_id"], "inventory": str(inv), "env": {"MICROVM_MUX_DIR": mux, "MICROVM_PERSIST": "30"}}
+        yield {"sid": session["session_id"], "inventory": str(inv), "env": {"MICROVM_MUX_DIR": mux, "MICROVM_PERSIST": "30"}}
     finally:
         stop_muxes(mux)
         client.delete_session(session["session_id"])

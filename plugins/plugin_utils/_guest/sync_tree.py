@@ -22,7 +22,8 @@ guest's python3 (`python3 -c <this file> <json>`), so it is stdlib only and self
 - `apply_stage()` moves a staged tree into place one entry at a time with rename(2) (atomic per
   file: a cut leaves each file old or new), and `run_ops()` does the deletions and the
   directory/mode/mtime fixes, in the order the plan wrote them.
-- `guest_main()`: the guest side of one sync run over one Exec stream (see plugins/action/sync.py).
+- `guest_main()`: one step of a sync run in the guest, a command of its own with one-shot stdin (see
+  plugins/action/sync.py).
 """
 
 import errno
@@ -856,99 +857,122 @@ def read_chunks(stream: BinaryIO, size: int = 65536) -> "Iterator[bytes]":
 
 
 def guest_main(argv: "list[str]") -> int:
-    """python3 -c <this file> '<json>': one sync run's guest side, over the Exec's stdin and stdout.
+    """python3 -c <this file> '<json>': one step of a sync run in the guest (plugins/action/sync.py runs them).
 
-    push: make the stage dir (0700, ours) -> manifest of the destination -> wait for b"+" (the archive is
-          extracted in the stage dir) -> move it into place, then the deletions and fixes that follow -> a JSON
-          summary.
-    pull: manifest of the source -> the wanted paths, ended by an empty record -> a tar of them in the stage
-          file (0600, ours) and a JSON line -> at stdin EOF, remove the stage file.
+    Each step is a command of its own whose stdin is whole before it matters (one-shot: the api road carries
+    nothing else without the team's interactive stdin), and whose stdout is its answer:
+    manifest: the manifest of root, ended by the END record ({"exists"}); a pull's walk leaves out unsafe links.
+    apply:    (push) with stage_name (the stage dir, 0700, the controller's sh step made in the run's scratch dir
+              and the agent's Upload extracted the archive into), move the stage's entries into place, refusing a
+              stage that is not ours; then the operations on stdin (deletions and fixes) -> a JSON summary. The
+              stage dir is removed whatever happened.
+    pack:     (pull) the wanted paths on stdin -> a tar of exactly those in the stage file (0600, ours, made
+              here) and a JSON line; the file stays for the controller's Download (then its sh step removes it).
     Every path is opened from held directory fds (open_root, open_beneath): a guest user who swaps a directory
     for a link while this runs as root moves nothing outside the tree.
     """
     args = json.loads(argv[1])
     out = sys.stdout.buffer
-    stdin = sys.stdin.buffer
-    excludes = Excludes(args.get("excludes") or [])
-    mode = args["mode"]
+    phase = args["phase"]
     workspace = args.get("workspace")
-    run_fd = root_fd = stage_fd = None
+    if phase == "manifest":
+        return guest_manifest(args, out)
+    run_fd = open_root(os.environ.get("TMPDIR") or "/tmp", workspace=workspace)
+    if run_fd is None:
+        raise SyncError("the run's scratch dir %s does not exist" % os.environ.get("TMPDIR"))
     try:
-        run_fd = open_root(os.environ.get("TMPDIR") or "/tmp", workspace=workspace)
-        if run_fd is None:
-            raise SyncError("the run's scratch dir %s does not exist" % os.environ.get("TMPDIR"))
-        stage_name = os.fsencode(args["stage_name"])
-        split_rel(stage_name)
-        if mode == "push":
-            # Made here, before anything names it in the guest: one that exists already (planted) is refused.
-            os.mkdir(stage_name, 0o700, dir_fd=run_fd)
-            stage_fd = os.open(stage_name, DIR_FLAGS, dir_fd=run_fd)
-        root_fd = open_root(args["root"], create=False, workspace=workspace)
-        if root_fd is None and mode == "pull":
-            raise SyncError("%s does not exist" % args["root"])
+        stage_name = os.fsencode(args["stage_name"]) if args.get("stage_name") else None
+        if stage_name is not None:
+            split_rel(stage_name)
+            if b"/" in stage_name:
+                raise SyncError("the stage name %r is not one name" % args["stage_name"])
+        records = split_stream(read_chunks(sys.stdin.buffer))
+        if phase == "apply":
+            return guest_push(args, run_fd, stage_name, records, out)
+        if phase == "pack" and stage_name is not None:
+            return guest_pull(args, run_fd, stage_name, records, out)
+        raise SyncError("unknown step %r (or no stage name)" % phase)
+    finally:
+        os.close(run_fd)
+
+
+def guest_manifest(args: dict, out: "BinaryIO") -> int:
+    root_fd = open_root(args["root"], create=False, workspace=args.get("workspace"))
+    if root_fd is None and args["mode"] == "pull":
+        raise SyncError("%s does not exist" % args["root"])
+    try:
         if root_fd is not None:
-            for entry in walk(root_fd, excludes, args.get("checksum"), skip_unsafe_links=(mode == "pull")):
+            excludes = Excludes(args.get("excludes") or [])
+            for entry in walk(root_fd, excludes, bool(args.get("checksum")), skip_unsafe_links=(args["mode"] == "pull")):
                 out.write(entry.encode())
         out.write(b"\0END\0" + json.dumps({"exists": root_fd is not None}).encode() + b"\0")
         out.flush()
-        if mode == "pull":
-            return guest_pull(root_fd, run_fd, stage_name, stdin, out)  # type: ignore[arg-type]  # pull: refused above when None
-        return guest_push(args, root_fd, stage_fd, stdin, out, excludes)  # type: ignore[arg-type]  # push: made above
     finally:
-        if stage_fd is not None:
-            remove_entry(run_fd, stage_name, b"stage")  # type: ignore[arg-type]  # whatever happened: the stage never outlives the run
-        for fd in (run_fd, root_fd, stage_fd):
-            if fd is not None:
-                os.close(fd)
-
-
-def guest_pull(root_fd: int, run_fd: int, stage_name: bytes, stdin: "BinaryIO", out: "BinaryIO") -> int:
-    records = split_stream(read_chunks(stdin))
-    wanted = iter(lambda: next(records, b""), b"")
-    fd = os.open(stage_name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
-                 0o600, dir_fd=run_fd)
-    try:
-        with os.fdopen(os.dup(fd), "wb") as f:
-            members = tar_selected(root_fd, wanted, f)
-        out.write(json.dumps({"members": members, "size": os.fstat(fd).st_size}).encode() + b"\n")
-        out.flush()
-        for _chunk in read_chunks(stdin):
-            pass  # hold the stage file until the controller has it
-    finally:
-        os.close(fd)
-        try:
-            os.unlink(stage_name, dir_fd=run_fd)
-        except OSError:
-            pass
+        if root_fd is not None:
+            os.close(root_fd)
     return 0
 
 
-def guest_push(args: dict, root_fd: "int | None", stage_fd: int, stdin: "BinaryIO", out: "BinaryIO",
-               excludes: Excludes) -> int:
-    records = split_stream(read_chunks(stdin))
-    summary = {"moved": 0, "deleted": 0, "fixed": 0}
-    first = next(records, None)
-    if first is None:
-        return 0  # nothing to do (or check mode)
-    owner = args.get("owner")
-    made = root_fd is None
+def open_stage(run_fd: int, stage_name: bytes) -> int:
+    """The stage dir the controller made: a directory (no link followed) of ours that nobody else may write."""
+    fd = os.open(stage_name, DIR_FLAGS, dir_fd=run_fd)
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        raise SyncError("refused the stage dir: it is not the one this run made (owner %d, mode %o)"
+                        % (st.st_uid, stat.S_IMODE(st.st_mode)))
+    return fd
+
+
+def guest_pull(args: dict, run_fd: int, stage_name: bytes, records: "Iterator[bytes]", out: "BinaryIO") -> int:
+    root_fd = open_root(args["root"], create=False, workspace=args.get("workspace"))
     if root_fd is None:
-        root_fd = open_root(args["root"], create=True, workspace=args.get("workspace"))
-        if root_fd is None:  # open_root returns None only without create
-            raise SyncError("%s could not be created" % args["root"])
-        if owner:
-            os.fchown(root_fd, owner[0], owner[1])
+        raise SyncError("%s does not exist" % args["root"])
+    wanted = (p for p in records if p)
     try:
-        if first == b"+":
-            summary["moved"] = apply_stage(stage_fd, root_fd, owner=owner)
-            if not summary["moved"]:
-                raise SyncError("the stage dir held nothing: the archive was not extracted where this run made it")
-        elif first != b".":
-            raise SyncError("unexpected first operation %r" % first[:20])
-        summary["deleted"], summary["fixed"] = run_ops(root_fd, records, excludes)
+        fd = os.open(stage_name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                     0o600, dir_fd=run_fd)
+        try:
+            with os.fdopen(os.dup(fd), "wb") as f:
+                members = tar_selected(root_fd, wanted, f)
+            out.write(json.dumps({"members": members, "size": os.fstat(fd).st_size}).encode() + b"\n")
+            out.flush()
+        finally:
+            os.close(fd)
     finally:
-        if made:
+        os.close(root_fd)
+    return 0
+
+
+def guest_push(args: dict, run_fd: int, stage_name: "bytes | None", records: "Iterator[bytes]",
+               out: "BinaryIO") -> int:
+    summary = {"moved": 0, "deleted": 0, "fixed": 0}
+    stage_fd = None
+    try:
+        if stage_name is not None:
+            stage_fd = open_stage(run_fd, stage_name)
+        owner = args.get("owner")
+        workspace = args.get("workspace")
+        root_fd = open_root(args["root"], create=False, workspace=workspace)
+        if root_fd is None:
+            root_fd = open_root(args["root"], create=True, workspace=workspace)
+            if root_fd is None:  # open_root returns None only without create
+                raise SyncError("%s could not be created" % args["root"])
+            if owner:
+                os.fchown(root_fd, owner[0], owner[1])
+        try:
+            if stage_fd is not None:
+                summary["moved"] = apply_stage(stage_fd, root_fd, owner=owner)
+                if not summary["moved"]:
+                    raise SyncError("the stage dir held nothing: the archive was not extracted where this run made it")
+            summary["deleted"], summary["fixed"] = run_ops(root_fd, records, Excludes(args.get("excludes") or []))
+        finally:
             os.close(root_fd)
+    finally:
+        if stage_fd is not None:
+            os.close(stage_fd)
+        if stage_name is not None:
+            remove_entry(run_fd, stage_name, b"stage")  # whatever happened: the stage never outlives this step
     out.write(json.dumps(summary).encode() + b"\n")
     out.flush()
     return 0

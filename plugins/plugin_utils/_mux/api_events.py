@@ -3,11 +3,10 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Exec over Server-Sent Events with interactive stdin: OUR READING of a stream no page spells out.
 
-Used only for a command that needs stdin while it runs (su's password prompt, microvm.sandbox.sync's
-stream) on a team whose platform offers interactive stdin (`keep_stdin_open`, a per-team switch: 403
-otherwise). The pages say output "streams over Server-Sent Events" and that the exec id "comes from the
-started event"; the event names and shapes below are our reading (docs/platform-contract.md, section 0,
-"Decisions"), kept in this module alone:
+Used only for a command that needs stdin while it runs (su's password prompt) on a team whose platform offers
+interactive stdin (`keep_stdin_open`, a per-team switch: 403 otherwise). The pages say output "streams over
+Server-Sent Events" and that the exec id "comes from the started event"; the event names and shapes below are
+our reading (docs/platform-contract.md, section 0, "Decisions"), kept in this module alone:
 
 - `Accept: text/event-stream` asks for the stream;
 - `started` {"exec_id"}, then `stdout` / `stderr` {"data": <base64>}, last `exit` {"exit_code", "timed_out",

@@ -96,11 +96,11 @@ class ApiRoadClient:
         return call, feed
 
     def _needs_interactive(self) -> str:
-        return ("session %s: this command needs stdin while it runs (su's password prompt, or "
-                "microvm.sandbox.sync's stream), which the api transport carries only with %s; it is not enabled "
-                "for this team (the platform answered 403). Use become_method sudo (its password goes with the "
-                "command), enable interactive stdin for the team, use transport agent, or become without a password "
-                "(NOPASSWD). Nothing was run." % (self.label, api_events.TEAM_SETTING))
+        return ("session %s: this command needs stdin while it runs (su's password prompt), which the api "
+                "transport carries only with %s; it is not enabled for this team (the platform answered 403). Use "
+                "become_method sudo (its password goes with the command), enable interactive stdin for the team, use "
+                "transport agent, or become without a password (NOPASSWD). Nothing was run."
+                % (self.label, api_events.TEAM_SETTING))
 
     def iter_exec(self, call: Call, feed: queue.Queue[bytes | None] | None = None) -> Iterator[tuple[str, Any]]:
         """Yield ('stdout'|'stderr', bytes) and finally ('exit', ExecResult); raise CommandLost otherwise."""

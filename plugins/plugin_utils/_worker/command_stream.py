@@ -1,10 +1,12 @@
 # Copyright (c) 2026, microvm.sandbox contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""A command in the guest as a live stream: stdout read as it arrives, stdin written whenever the caller wants.
+"""A command in the guest as a live stream: stdout read as it arrives, after its stdin was written and closed.
 
 The mux's `exec` op already relays both directions frame by frame; MuxClient.exec() collects the output
-into memory, which a manifest of a big tree must not be. This talks the same op over its own connection
+into memory, which a manifest of a big tree must not be. Stdin is one-shot (no `hold_stdin`): write it whole
+and close it before reading stdout; on the api road the command starts only then, as a job of the documented
+buffered exec, so it needs no interactive stdin. This talks the same op over its own connection
 to the mux (stdlib only, like everything on the worker side), so an action plugin can run an
 Exec, an Upload and a Download of the same session side by side.
 """
@@ -35,7 +37,7 @@ class ExecStream:
         self._stdin_open = True
         self.sock = client.connect()._socket()
         mp.send_frame(self.sock, mp.REQUEST, {"op": "exec", "argv": list(argv), "env": env or {}, "workdir": "",
-                                              "timeout": 0, "run": run, "hold_stdin": True})
+                                              "timeout": 0, "run": run})
         frame = mp.recv_frame(self.sock)
         if frame is None or frame[0] != mp.ACK:
             raise errors.Unreachable("the connection multiplexer did not take the command")

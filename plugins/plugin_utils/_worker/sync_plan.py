@@ -12,7 +12,7 @@ everything inside it). It keeps counts and the first `limit` paths of each kind 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import sync_tree as st
 
@@ -194,11 +194,10 @@ class Planner:
 
 
 class ManifestReader:
-    """The guest's stdout during a run: manifest records up to the END record, then JSON lines."""
+    """The manifest step's stdout: manifest records up to the END record."""
 
     def __init__(self, chunks: Iterator[bytes]) -> None:
         self._chunks = chunks
-        self._rest = b""
         self.info = None
 
     def entries(self) -> Iterator[st.Entry]:
@@ -216,23 +215,10 @@ class ManifestReader:
                     if meta != b"END":
                         raise st.SyncError("bad end of manifest from the guest")
                     self.info = st.json.loads(extra.decode("utf-8"))
-                    self._rest = b"\0".join(pending[i + 3:] + [tail])
                     return
                 yield st.parse_meta(path, meta, extra)
             del pending[:usable]
         raise st.SyncError("the guest ended its manifest early")
-
-    def line(self) -> Any:
-        """The next JSON line after the manifest, or None when the output ended first."""
-        buf = self._rest
-        while b"\n" not in buf:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                self._rest = buf
-                return None
-            buf += chunk
-        line, self._rest = buf.split(b"\n", 1)
-        return st.json.loads(line.decode("utf-8"))
 
     def finish(self) -> None:
         for _chunk in self._chunks:
