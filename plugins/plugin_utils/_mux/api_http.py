@@ -97,7 +97,8 @@ class Http:
         url = self.base + path + ("?" + urllib.parse.urlencode(query) if query else "")
         all_headers = {"Authorization": "Bearer " + self._token, "User-Agent": USER_AGENT}
         all_headers.update(headers or {})
-        start = _body_start(body)
+        start = _file_start(body)
+        replayable = body is None or isinstance(body, (bytes, bytearray)) or start is not None
         waited, attempt = 0.0, 0
         while True:
             conn = self._connection()
@@ -121,7 +122,7 @@ class Http:
             if resp.status != 429:
                 raise errors.HttpRefused(resp.status, "HTTP %d: %s" % (resp.status, text))
             wait = rate_limit_wait(resp.getheader("Retry-After"), attempt)
-            if waited + wait > RATE_LIMIT_BUDGET or (body is not None and start is None):
+            if waited + wait > RATE_LIMIT_BUDGET or not replayable:
                 raise errors.HttpRefused(429, "HTTP 429: %s: the platform is rate limiting this team's calls and kept "
                                               "refusing this one (%d tries, %.0f s waited); it was not taken: run "
                                               "again later, or with fewer forks" % (text, attempt + 1, waited))
@@ -169,10 +170,10 @@ class Http:
             raise
 
 
-def _body_start(body: bytes | BinaryIO | None) -> int | None:
-    """Where a file body starts (it is sent again from there after a 429); None for a body that cannot be re-read."""
+def _file_start(body: bytes | BinaryIO | None) -> int | None:
+    """Where a file body starts (it is sent again from there after a 429); None when it is no seekable file."""
     if body is None or isinstance(body, (bytes, bytearray)):
-        return 0
+        return None
     try:
         return body.tell() if body.seekable() else None
     except (AttributeError, OSError, ValueError):
