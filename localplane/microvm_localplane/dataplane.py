@@ -4,10 +4,13 @@
 duration_ms}, each stream capped at 1 MiB (a cut one named in a header, our reading: agentrpc.TRUNCATED_HEADERS),
 timeout_seconds clamped (default 60, at most the plane's exec_max_timeout, 240 as documented). Only for a team
 with interactive stdin (a plane setting here) does a client that asks for `text/event-stream` get the command's
-output as events (page "How to Send Interactive Stdin to a Sandbox Command", 18 Nov 2026; the event names and
-shapes are OUR READING, docs/platform-contract.md, section 0), and `keep_stdin_open: true` keep stdin open for
-writes to `.../sandbox/exec/{exec_id}/stdin` (403 for any other team). Commands run in the guest through the same
-agent as the REST exec (agentrpc).
+output as Server-Sent Events, and `keep_stdin_open: true` keep stdin open for writes to
+`.../sandbox/exec/{exec_id}/stdin` (403 for any other team), the exec id coming with the `started` event; the
+writes answer the documented codes (404 unknown or finished exec; 409 closed stdin, offset gap, or a team that
+cannot take it; at most 1 MiB each). Documented on 18 Nov 2026 ("How to Send Interactive Stdin to a Sandbox
+Command", DoTs harness-post-session-sandbox-exec-stdin); the other event names and shapes, the Accept header and
+the write's answer are OUR READING (docs/platform-contract.md, "Data plane"). Commands run in the guest through
+the same agent as the REST exec (agentrpc).
 
 Plane settings (the team's switches, `docs/platform-contract.md`, "Data plane"): the environment
 gives the defaults, a `team-settings.json` in the state dir overrides them while the plane runs.

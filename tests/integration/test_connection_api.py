@@ -97,6 +97,36 @@ def test_become_with_a_password_without_interactive_stdin_sudo_works_and_su_name
         client.delete_session(session["session_id"])
 
 
+def test_su_answers_its_prompt_on_interactive_stdin_and_su_from_root_needs_none(plane, env, playbook_runner):
+    """A team with interactive stdin, the agent port closed: su from `sandbox` with root's password answers its
+    prompt over the documented stdin writes (a wrong one is refused). A team without it: su from root, a become
+    password set or not, runs on the buffered exec (su from root asks for none). Passwords never printed."""
+    client = plane.client()
+    user_password, root_password = "pw-%s" % os.urandom(6).hex(), "root-%s" % os.urandom(6).hex()
+    session = client.create_session({"name": "api-su-%s" % os.urandom(4).hex(), "agent": "custom", "secrets": {
+        "SANDBOX_USER_PASSWORD": user_password, "SANDBOX_ROOT_PASSWORD": root_password}})
+    su = ["-e", "method=ansible.builtin.su"]
+    printed = []
+    try:
+        client.wait_session(session["session_id"], timeout=120)
+        as_sandbox = inventory({"box": session["session_id"]}, ansible_user="sandbox")
+        res = playbook_runner(BECOME, as_sandbox, env, extra_args=su + ["-e", "user_password=%s" % root_password])
+        assert res.rc == 0 and "BECAME=root" in res.stdout, res
+        printed.append(res.stdout + res.stderr)
+        res = playbook_runner(BECOME, as_sandbox, env, extra_args=su + ["-e", "user_password=wrong-%s" % root_password])
+        assert res.rc != 0 and "Incorrect su password" in res.stdout, res
+        printed.append(res.stdout + res.stderr)
+        with team(plane, interactive_stdin=False, closed_ports=[8443]):
+            as_root = inventory({"box": session["session_id"]})
+            for password in (root_password, ""):
+                res = playbook_runner(BECOME, as_root, env, extra_args=su + ["-e", "user_password=%s" % password])
+                assert res.rc == 0 and "BECAME=root" in res.stdout, res
+                printed.append(res.stdout + res.stderr)
+        assert not any(user_password in text or root_password in text for text in printed)
+    finally:
+        client.delete_session(session["session_id"])
+
+
 LONG_STDIN = r"""
 - hosts: sbx
   gather_facts: false

@@ -12,6 +12,8 @@ import json
 import pytest
 from contract_support import PREFIX, Api, error_message, local_only
 
+from microvm_localplane import dataplane
+
 from microvm_plane_testing import team
 
 EVENTS = {"Accept": "text/event-stream"}
@@ -182,6 +184,38 @@ def test_interactive_stdin_offsets_retries_and_eof(plane, api, make_session):
         assert rest[-1][1]["exit_code"] == 0
         # finished: unknown from now on
         assert write(offset=11, data=b"x").status_code == 404
+
+
+@local_only
+def test_stdin_writes_refused_as_the_dots_page_says(plane, api, make_session):
+    """STDIN-WRITE, for an exec still running: a second eof, or a write after eof, is a 409; more than 1 MiB in one
+    write is a 413; once the team cannot accept interactive stdin, a write is a 409 (not a 403)."""
+    sid = make_session()["session_id"]
+    with team(plane, interactive_stdin=True):
+        resp = start(api, sid, {"argv": ["sh", "-c", "cat >/dev/null; sleep 20"], "keep_stdin_open": True,
+                                "timeout_seconds": 30})
+        event, data = next(read_events(resp))
+        assert event == "started"
+        path = "/sessions/%s/sandbox/exec/%s/stdin" % (sid, data["exec_id"])
+
+        def write(**body):
+            if "data" in body:
+                body["data"] = base64.b64encode(body["data"]).decode()
+            return api.call("POST", path, json=body)
+
+        too_big = write(offset=0, data=b"x" * (1024 * 1024 + 1))
+        assert too_big.status_code == 413, too_big.text
+        assert write(offset=0, data=b"x" * (1024 * 1024)).status_code == 200  # "at most 1 MiB": 1 MiB is taken
+        dataplane.write_settings(plane.state_dir, interactive_stdin=False)  # the team loses it mid-exec
+        off = write(offset=1024 * 1024, data=b"y")
+        assert off.status_code == 409, off.text
+        dataplane.write_settings(plane.state_dir, interactive_stdin=True)
+        assert write(offset=1024 * 1024, eof=True).status_code == 200
+        second = write(offset=1024 * 1024, eof=True)
+        assert second.status_code == 409 and "closed" in error_message(second)
+        late = write(offset=1024 * 1024, data=b"z")
+        assert late.status_code == 409 and "closed" in error_message(late)
+        resp.close()
 
 
 @local_only

@@ -11,18 +11,26 @@ NOPASSWD), a small guest-side script takes the password line off again, so it ne
 What sudo printed is then judged after the fact, as the interaction would have: its prompt seen, its
 success marker, its "incorrect password" text (the caller's checks).
 
-su has no -S: with a password on the api road it is left to interactive stdin, which the mux refuses at
-once, naming sudo and the team setting, when the team does not have it.
+su has no -S: where it would prompt (the connection user is not root) it is left to interactive stdin, which
+the mux refuses at once, naming sudo and the team setting, when the team does not have it. su from root asks
+nothing, so su on the api road runs first behind a guard (ROOT_FIRST) on the buffered exec: as root the
+command runs there, judged after the fact like sudo's; as anyone else the guard stops before su with a marker
+only this call knows (nothing ran), and the connection takes the interactive road for this and later su commands.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 # $1 the become exe; then the become command. The password line is taken off stdin when sudo will not ask.
 # $e unquoted: a become_exe of several words ("sudo -u dev sudo") is split as the become command splits it.
 PASSWORD_FIRST = 'e=$1; shift; if $e -n true </dev/null >/dev/null 2>&1; then IFS= read -r _ || :; fi; exec "$@"'
 SUDO_NAMES = ("sudo", "ansible.builtin.sudo")
+SU_NAMES = ("su", "ansible.builtin.su")
+# $1 the marker; then the become command, run only by root (whose su never prompts).
+ROOT_FIRST = 'm=$1; shift; if [ "$(id -u)" = 0 ]; then exec "$@"; fi; printf "%s\\n" "$m" >&2; exit 125'
+NOT_ROOT_RC = 125
 
 
 def applies(become: Any, attached: dict[str, Any] | None) -> bool:
@@ -42,3 +50,19 @@ def judge(become: Any, stdout: bytes, stderr: bytes, prompted: list[bool], succe
         prompted.append(True)
     if become.check_success(stdout):
         succeeded.append(True)
+
+
+def su_first(become: Any, attached: dict[str, Any] | None) -> bool:
+    """True for su on a link of the api road: tried first where it needs no password (root)."""
+    return (attached or {}).get("road") == "api" and getattr(become, "name", "") in SU_NAMES
+
+
+def root_only(argv: list[str]) -> tuple[list[str], str]:
+    """(argv that runs the become command only as root, the marker it prints instead when not root)."""
+    marker = "microvm-su-not-root-%s" % os.urandom(8).hex()
+    return ["/bin/sh", "-c", ROOT_FIRST, "sh", marker] + list(argv), marker
+
+
+def not_root(rc: int, stderr: bytes, marker: str) -> bool:
+    """The guard stopped before su: nothing ran, su would have prompted."""
+    return rc == NOT_ROOT_RC and stderr.rstrip(b"\n").endswith(marker.encode())
