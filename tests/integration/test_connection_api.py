@@ -151,6 +151,28 @@ def test_a_payload_too_big_for_one_shot_stdin_is_staged(plane, sandbox, env, tmp
     assert "REMOTE=%s" % hashlib.sha1(text.encode()).hexdigest() in res.stdout, res
 
 
+def test_a_rate_limited_team_runs_its_play_once_the_platform_takes_the_calls(plane, sandbox, env, playbook_runner):
+    """The plane answers the next execs 429 with Retry-After (its `throttle` team setting): the api road waits and
+    sends them again (a 429 was not taken), and the play passes."""
+    with team(plane, interactive_stdin=False, closed_ports=[8443],
+              throttle={"id": os.urandom(8).hex(), "calls": 2, "retry_after": 1}):
+        res = playbook_runner(ROAD, inventory({"box": sandbox["session_id"]}), env)
+    assert res.rc == 0 and "failed=0" in res.stdout, res
+    assert re.search(r"answered 429 \(throttle \S+: 2 of 2\)", tail(plane.state_dir, 1 << 20)), "both 429s were met"
+
+
+def test_a_stdin_too_big_for_the_platform_is_a_413_that_says_what_to_do(plane, sandbox):
+    """The plane's documented 1 MiB body bound, met by an exec the road would have staged: the 413 names the bound
+    and what to do, and nothing ran."""
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_road
+    client = api_road.ApiRoadClient(plane.url, "/v2/harness-runtime", plane.token, sandbox["session_id"], "box")
+    with pytest.raises(errors.SandboxError) as e:
+        client.jobs.raw(["sh", "-c", "cat > /workspace/too-big"], stdin=b"x" * (900 * 1024))
+    text = str(e.value)
+    assert "HTTP 413" in text and "nothing was taken" in text and "smaller stdin or file" in text, text
+    assert client.jobs.raw(["test", "-e", "/workspace/too-big"]).exit_code == 1
+
+
 def test_auto_keeps_the_agent_road_when_the_agent_answers(plane, sandbox, env, playbook_runner):
     """auto with the agent port open: the agent road (its warm runner runs the modules), not the api."""
     with team(plane, interactive_stdin=False, closed_ports=[]):

@@ -260,3 +260,24 @@ def test_relative_transfer_paths_resolve_under_the_workspace(plane, api, make_se
     escape = api.call("POST", "/sessions/%s/workspace/upload" % sid, params={"path": "../etc/x"}, data=b"x",
                       headers={"Content-Type": "application/octet-stream"})
     assert escape.status_code == 403, escape.text
+
+
+@local_only
+def test_a_throttled_team_gets_429_with_retry_after_before_its_exec_is_taken(plane, api, make_session):
+    """The plane's stand-in for a rate-limited team (the `throttle` team setting): the next `calls` execs answer
+    the documented 429 with Retry-After (RETRY-AFTER) and run nothing; then execs run again."""
+    import uuid
+    sid = make_session()["session_id"]
+    body = {"argv": ["sh", "-c", "echo ran >> /workspace/throttled-runs"]}
+    with team(plane, throttle={"id": uuid.uuid4().hex, "calls": 2, "retry_after": 3}):
+        for _ in range(2):
+            resp = api.call("POST", "/sessions/%s/sandbox/exec" % sid, json=body)
+            assert resp.status_code == 429 and resp.headers["Retry-After"] == "3", resp.text
+            assert resp.json()["id"] == "too_many_requests"
+        assert api.call("POST", "/sessions/%s/sandbox/exec" % sid, json=body).json()["exit_code"] == 0
+    runs = api.call("POST", "/sessions/%s/sandbox/exec" % sid, json={"argv": ["cat", "/workspace/throttled-runs"]})
+    assert runs.json()["stdout"] == "ran\n"  # the refused calls ran nothing
+    with pytest.raises(ValueError, match="throttle must be"):
+        dataplane.write_settings(plane.state_dir, throttle={"calls": -1})
+        dataplane.read_settings(plane.state_dir)
+    dataplane.write_settings(plane.state_dir, throttle=None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import random
 import socket
 import ssl
@@ -27,6 +28,8 @@ from typing import BinaryIO, Callable, Protocol
 
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import USER_AGENT, retry_after_seconds
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
+
+log = logging.getLogger("microvm.mux")
 
 READ_TIMEOUT = 120.0     # the longest a data-plane answer may stay silent (a buffered exec waits at most WAIT_SLICE)
 COPY_CHUNK = 1024 * 1024
@@ -126,6 +129,8 @@ class Http:
                 raise errors.HttpRefused(429, "HTTP 429: %s: the platform is rate limiting this team's calls and kept "
                                               "refusing this one (%d tries, %.0f s waited); it was not taken: run "
                                               "again later, or with fewer forks" % (text, attempt + 1, waited))
+            log.info("session %s: %s %s answered 429 (%s): sending it again in %.1f s", self.label, method,
+                     path.split("?")[0], text, wait)
             if call is None:
                 self.sleep(wait)
             elif call.cancelled.wait(wait):  # a cancelled call stops waiting at once
