@@ -36,6 +36,7 @@ COPY_CHUNK = 1024 * 1024
 RATE_LIMIT_BUDGET = 120.0  # all the waits one call spends on 429s before it gives up (a task is not held longer)
 RATE_LIMIT_WAIT_MAX = 30.0  # one wait, whatever Retry-After asks (as the REST client caps it)
 RATE_LIMIT_BACKOFF = 0.5    # the first wait of a 429 without Retry-After; doubled each time
+RATE_LIMIT_RETRIES = 8      # sends after a 429, whatever the waits (a Retry-After of 0 must not loop forever)
 
 
 class Readable(Protocol):
@@ -125,7 +126,7 @@ class Http:
             if resp.status != 429:
                 raise errors.HttpRefused(resp.status, "HTTP %d: %s" % (resp.status, text))
             wait = rate_limit_wait(resp.getheader("Retry-After"), attempt)
-            if waited + wait > RATE_LIMIT_BUDGET or not replayable:
+            if waited + wait > RATE_LIMIT_BUDGET or attempt >= RATE_LIMIT_RETRIES or not replayable:
                 raise errors.HttpRefused(429, "HTTP 429: %s: the platform is rate limiting this team's calls and kept "
                                               "refusing this one (%d tries, %.0f s waited); it was not taken: run "
                                               "again later, or with fewer forks" % (text, attempt + 1, waited))

@@ -99,6 +99,14 @@ def test_a_second_409_after_the_resend_is_a_closed_stdin(fake):
     assert not call.cancelled.is_set()
 
 
+def test_a_write_answered_with_a_body_that_is_no_json_object_counts_as_taken(fake):
+    server, client = fake
+    server.answers[STDIN] = [(200, {}, b"ok"), (200, {}, b"[1]"), ok(offset=6, eof=True)]
+    call = write_all(client, b"abc", b"def")
+    assert writes(server) == [(0, b"abc", False), (3, b"def", False), (6, b"", True)]
+    assert not call.cancelled.is_set()
+
+
 def test_a_write_without_an_answer_is_sent_again_from_the_acknowledged_offset(fake):
     server, client = fake
     server.answers[STDIN] = [ok(offset=3), refused(503, "busy"), ok(offset=6), ok(offset=6, eof=True)]
@@ -155,6 +163,14 @@ def test_a_429_without_retry_after_backs_off_briefly_and_gives_up_within_its_bud
     assert e.value.status == 429
     assert 0 < waits[0] <= api_http.RATE_LIMIT_BACKOFF and all(w <= api_http.RATE_LIMIT_WAIT_MAX for w in waits)
     assert sum(waits) <= api_http.RATE_LIMIT_BUDGET and len(server.seen) == len(waits) + 1
+
+
+def test_a_429_that_asks_for_no_wait_is_still_sent_again_a_bounded_number_of_times(fake, waits):
+    server, client = fake
+    server.answers[STDIN] = [refused(429, "slow down", {"Retry-After": "0"})] * 50
+    with pytest.raises(errors.HttpRefused, match="429"):
+        client.http.json_call("POST", "/sandbox/exec/%s/stdin" % EXEC_ID, {"offset": 0, "eof": True})
+    assert len(server.seen) == api_http.RATE_LIMIT_RETRIES + 1 and set(waits) == {0.0}
 
 
 def test_an_upload_answered_429_is_sent_again_whole(fake, waits, tmp_path):
