@@ -689,6 +689,7 @@ class Connection(ConnectionBase):
         become_timeout = 0
         one_shot = False  # sudo's password first on the api road's one-shot stdin (one_shot_become.py)
         root_marker = ""  # su on the api road, run first where it needs no password (one_shot_become.py)
+        plain = argv  # the command without that guard
         if sudoable and self.become and self.become.expect_prompt():
             become = self.become
             attached = self._attached().attached
@@ -697,7 +698,7 @@ class Connection(ConnectionBase):
                 argv, stdin = one_shot_become.wrap(become, argv, stdin, to_bytes(become.get_option("become_pass") or ""))
             elif one_shot_become.su_first(become, attached) and not self._su_prompts:
                 one_shot = True
-                plain, (argv, root_marker) = argv, one_shot_become.root_only(argv)
+                argv, root_marker = one_shot_become.root_only(argv)
             else:
                 interact = self._become_interaction(prompted, succeeded)
                 become_timeout = self._become_timeout()

@@ -145,6 +145,7 @@ class StdinWriter:
                 doc["data"] = base64.b64encode(piece).decode()
             if self.eof and self.sent + len(piece) >= len(self.held):
                 doc["eof"] = True
+            failure: Exception | None = None
             try:
                 answer = self._post(doc)
             except errors.HttpRefused as e:
@@ -161,7 +162,7 @@ class StdinWriter:
                     return False
                 if e.status < 500:
                     return self._give_up("refused (%s)" % e)
-                failure: Exception = e
+                failure = e
             except (OSError, http.client.HTTPException) as e:
                 failure = e
             except errors.CommandLost as e:  # the link was closed: the command goes with it
