@@ -708,7 +708,7 @@ class Connection(ConnectionBase):
             rc, stdout, stderr, info = self._call("a command", self._attached().exec, self._as_user(argv), env=env,
                                                   timeout=timeout, stdin=stdin, run=run, interact=interact,
                                                   interact_timeout=become_timeout)
-            if root_marker and one_shot_become.not_root(rc, stderr, root_marker):
+            if root_marker and one_shot_become.su_asked(become, rc, stdout, stderr, root_marker):
                 self._su_prompts, one_shot = True, False  # nothing ran: su answers its prompt on interactive stdin
                 interact, become_timeout = self._become_interaction(prompted, succeeded), self._become_timeout()
                 rc, stdout, stderr, info = self._call("a command", self._attached().exec, self._as_user(plain), env=env,

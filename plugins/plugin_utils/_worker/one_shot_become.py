@@ -15,7 +15,9 @@ su has no -S: where it would prompt (the connection user is not root) it is left
 the mux refuses at once, naming sudo and the team setting, when the team does not have it. su from root asks
 nothing, so su on the api road runs first behind a guard (ROOT_FIRST) on the buffered exec: as root the
 command runs there, judged after the fact like sudo's; as anyone else the guard stops before su with a marker
-only this call knows (nothing ran), and the connection takes the interactive road for this and later su commands.
+only this call knows (nothing ran), and the connection takes the interactive road for this and later su commands;
+so does a su that asked root all the same (it gave up on the empty stdin: nothing ran). Only su itself: another
+become_exe may ask root too, so it goes to the interactive road at once.
 """
 
 from __future__ import annotations
@@ -53,16 +55,24 @@ def judge(become: Any, stdout: bytes, stderr: bytes, prompted: list[bool], succe
 
 
 def su_first(become: Any, attached: dict[str, Any] | None) -> bool:
-    """True for su on a link of the api road: tried first where it needs no password (root)."""
-    return (attached or {}).get("road") == "api" and getattr(become, "name", "") in SU_NAMES
+    """True for su itself (not another become_exe, which may ask root too) on a link of the api road: tried first
+    where it needs no password (root)."""
+    if (attached or {}).get("road") != "api" or getattr(become, "name", "") not in SU_NAMES:
+        return False
+    exe = (become.get_option("become_exe") or "su").split()
+    return bool(exe) and os.path.basename(exe[0]) == "su"
+
+
+def su_asked(become: Any, rc: int, stdout: bytes, stderr: bytes, marker: str) -> bool:
+    """The guarded su did not run the command because it needs a password: the guard stopped before it (not root),
+    or su asked all the same and gave up (a PAM that asks root too); either way nothing ran as the target user."""
+    if rc == NOT_ROOT_RC and stderr.rstrip(b"\n").endswith(marker.encode()):
+        return True
+    asked = become.check_password_prompt(stdout) or become.check_password_prompt(stderr)
+    return bool(asked) and not become.check_success(stdout)
 
 
 def root_only(argv: list[str]) -> tuple[list[str], str]:
     """(argv that runs the become command only as root, the marker it prints instead when not root)."""
     marker = "microvm-su-not-root-%s" % os.urandom(8).hex()
     return ["/bin/sh", "-c", ROOT_FIRST, "sh", marker] + list(argv), marker
-
-
-def not_root(rc: int, stderr: bytes, marker: str) -> bool:
-    """The guard stopped before su: nothing ran, su would have prompted."""
-    return rc == NOT_ROOT_RC and stderr.rstrip(b"\n").endswith(marker.encode())

@@ -374,6 +374,28 @@ def test_su_that_would_prompt_on_the_api_road_answers_it_on_interactive_stdin(co
     assert len(mux.calls) == 3 and mux.calls[2][2]["interact"] is not None
 
 
+def test_su_that_asks_root_too_or_another_become_exe_goes_to_interactive_stdin(conn):
+    """A su that prompts root all the same gave up on the empty stdin (nothing ran): it runs again with the
+    interaction. Another become_exe (which may ask root) goes there at once."""
+    bp = become(conn, "ansible.builtin.su", "pw")
+
+    class AsksRootToo(GuardedMux):
+        def exec(self, argv, **kw):
+            if kw.get("interact") is None:
+                self.calls.append(("exec", argv, kw))
+                return (1, b"Password: ", b"su: Authentication failure\n", {"rc": 1})
+            return super().exec(argv, **kw)
+
+    mux = AsksRootToo(0, (0, enc("Password: \n%s\nroot\n" % bp.success), b"", {"rc": 0}))
+    rc, _out, _err = connected(conn, mux).exec_command("su ...", in_data=b"x")
+    assert rc == 0 and [c[2]["interact"] is not None for c in mux.calls] == [False, True]
+    conn._su_prompts = False
+    bp.set_options(direct={"become_pass": "pw", "become_exe": "/usr/local/bin/my-su"})
+    mux = GuardedMux(0, (0, enc("Password: \n%s\nroot\n" % bp.success), b"", {"rc": 0}))
+    connected(conn, mux).exec_command("su ...", in_data=b"x")
+    assert len(mux.calls) == 1 and mux.calls[0][2]["interact"] is not None
+
+
 def test_become_timeout_is_unreachable_in_cores_words(conn):
     from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import InteractTimeout
     become(conn, "ansible.builtin.su", "pw")
