@@ -339,6 +339,8 @@ class DataPlane:
                 payload = base64.b64decode(data, validate=True)
             except (binascii.Error, ValueError) as e:
                 raise ApiFailure(400, "data is not valid base64") from e
+        if not payload and not eof:  # "A write needs data, eof, or both": empty data is none
+            raise ApiFailure(400, "a stdin write needs data, eof, or both; this one has empty data and no eof")
         if len(payload) > STDIN_WRITE_MAX:
             raise ApiFailure(413, "a stdin write is at most %d bytes, this one has %d" % (STDIN_WRITE_MAX, len(payload)))
         state = self.execs.get(exec_id)

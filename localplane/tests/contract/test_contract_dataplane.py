@@ -177,6 +177,7 @@ def test_interactive_stdin_offsets_retries_and_eof(plane, api, make_session):
         gap = write(offset=20, data=b"x")
         assert gap.status_code == 409 and "offset" in error_message(gap)
         assert write(offset=11).status_code == 400  # neither data nor eof
+        assert write(offset=11, data=b"").status_code == 400  # empty data is no data
         assert write(offset=11, eof=True).json()["eof"] is True
         assert write(offset=11, data=b"late").status_code in (404, 409)  # closed (or already finished)
         out, _err, rest = collect(events)

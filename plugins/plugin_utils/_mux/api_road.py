@@ -17,7 +17,7 @@ on either road. Its parts, one job each:
 - api_transfer.py: the workspace upload and download, and the staged transfers past their bounds.
 
 No per-command env: it is carried by `/usr/bin/env -- NAME=VALUE ... argv` (docs/connection.md,
-"Transports"; docs/platform-contract.md, section 0).
+"Transports"; docs/platform-contract.md, section 7).
 """
 
 from __future__ import annotations
