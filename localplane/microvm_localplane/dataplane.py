@@ -4,10 +4,13 @@
 duration_ms}, each stream capped at 1 MiB (a cut one named in a header, our reading: agentrpc.TRUNCATED_HEADERS),
 timeout_seconds clamped (default 60, at most the plane's exec_max_timeout, 240 as documented). Only for a team
 with interactive stdin (a plane setting here) does a client that asks for `text/event-stream` get the command's
-output as events (page "How to Send Interactive Stdin to a Sandbox Command", 18 Nov 2026; the event names and
-shapes are OUR READING, docs/platform-contract.md, section 0), and `keep_stdin_open: true` keep stdin open for
-writes to `.../sandbox/exec/{exec_id}/stdin` (403 for any other team). Commands run in the guest through the same
-agent as the REST exec (agentrpc).
+output as Server-Sent Events, and `keep_stdin_open: true` keep stdin open for writes to
+`.../sandbox/exec/{exec_id}/stdin` (403 for any other team), the exec id coming with the `started` event; the
+writes answer the documented codes (404 unknown or finished exec; 409 closed stdin, offset gap, or a team that
+cannot take it; at most 1 MiB each). Documented on 18 Nov 2026 ("How to Send Interactive Stdin to a Sandbox
+Command", DoTs harness-post-session-sandbox-exec-stdin); the other event names and shapes, the Accept header and
+the write's answer are OUR READING (docs/platform-contract.md, "Data plane"). Commands run in the guest through
+the same agent as the REST exec (agentrpc).
 
 Plane settings (the team's switches, `docs/platform-contract.md`, "Data plane"): the environment
 gives the defaults, a `team-settings.json` in the state dir overrides them while the plane runs.
@@ -19,6 +22,7 @@ import base64
 import binascii
 import contextlib
 import json
+import logging
 import os
 import time
 import uuid
@@ -28,14 +32,16 @@ import grpc
 from aiohttp import web
 
 from . import agentrpc, contract
-from .httputil import ApiFailure, check_id, read_document, read_limited
+from .httputil import ApiFailure, check_id, error_response, read_document, read_limited
 from .pb import pb2
 
 INTERACTIVE_STDIN_ENV = "MICROVM_LOCALPLANE_INTERACTIVE_STDIN"
 CLOSED_PORTS_ENV = "MICROVM_LOCALPLANE_CLOSED_PORTS"
 EXEC_MAX_TIMEOUT_ENV = "MICROVM_LOCALPLANE_EXEC_MAX_TIMEOUT"
+log = logging.getLogger(__name__)
 SETTINGS_FILE = "team-settings.json"
-SETTINGS_KEYS = frozenset(["interactive_stdin", "closed_ports", "exec_max_timeout"])
+SETTINGS_KEYS = frozenset(["interactive_stdin", "closed_ports", "exec_max_timeout", "throttle"])
+THROTTLE_KEYS = frozenset(["id", "calls", "retry_after"])
 
 EVENT_STREAM = "text/event-stream"
 EXEC_EVENT_KEYS = contract.EXEC_KEYS | frozenset(["keep_stdin_open"])
@@ -53,6 +59,27 @@ class Settings:
     interactive_stdin: bool = False
     closed_ports: frozenset = field(default_factory=frozenset)
     exec_max_timeout: int = contract.EXEC_MAX_TIMEOUT  # the exec clamp; lower in tests of long tasks
+    throttle: Throttle | None = None  # the next execs answer 429, as a rate-limited team's would
+
+
+@dataclass(frozen=True)
+class Throttle:
+    """`calls` execs from now answer 429 (with `Retry-After: retry_after` unless None); `id` names this batch, so a
+    settings file re-read on every call starts it once."""
+
+    id: str
+    calls: int
+    retry_after: int | None
+
+
+def _throttle(value) -> Throttle | None:
+    if value is None:
+        return None
+    calls, after = (value.get("calls"), value.get("retry_after")) if isinstance(value, dict) else (None, None)
+    if (not isinstance(value, dict) or set(value) - THROTTLE_KEYS or not isinstance(value.get("id"), str)
+            or not isinstance(calls, int) or calls < 0 or not (after is None or isinstance(after, int) and after >= 0)):
+        raise ValueError("throttle must be {id: text, calls: count, retry_after: seconds or null}, got %r" % (value,))
+    return Throttle(value["id"], calls, after)
 
 
 def _clamp(value) -> int:
@@ -85,6 +112,7 @@ def read_settings(state_dir: str) -> Settings:
     interactive = _truthy(os.environ.get(INTERACTIVE_STDIN_ENV))
     closed = _ports(os.environ.get(CLOSED_PORTS_ENV, ""))
     clamp = _clamp(os.environ.get(EXEC_MAX_TIMEOUT_ENV, ""))
+    throttle = None
     path = os.path.join(state_dir, SETTINGS_FILE)
     with contextlib.suppress(FileNotFoundError):
         with open(path) as f:
@@ -97,7 +125,8 @@ def read_settings(state_dir: str) -> Settings:
             closed = _ports(doc["closed_ports"])
         if "exec_max_timeout" in doc:
             clamp = _clamp(doc["exec_max_timeout"])
-    return Settings(interactive, closed, clamp)
+        throttle = _throttle(doc.get("throttle"))
+    return Settings(interactive, closed, clamp, throttle)
 
 
 def write_settings(state_dir: str, **values) -> None:
@@ -162,6 +191,7 @@ class DataPlane:
         self.routes = routes
         self.plane = routes.plane
         self.execs: dict[str, ExecState] = {}
+        self.throttled: dict[str, int] = {}  # a throttle's id: the 429s answered for it so far
 
     def settings(self) -> Settings:
         try:
@@ -179,11 +209,21 @@ class DataPlane:
     # -- POST .../sandbox/exec -------------------------------------------------------------
     async def exec_(self, request):
         rec = self.routes.session(request)
+        settings = self.settings()
+        throttle = settings.throttle
+        if throttle is not None and self.throttled.get(throttle.id, 0) < throttle.calls:
+            # a rate-limited team: refused before the call is taken (its body is not even read)
+            self.throttled[throttle.id] = self.throttled.get(throttle.id, 0) + 1
+            log.info("exec on session %s answered 429 (throttle %s: %d of %d)", rec["session_id"], throttle.id,
+                     self.throttled[throttle.id], throttle.calls)
+            resp = error_response(429, "too many requests: this team's exec calls are rate limited")
+            if throttle.retry_after is not None:
+                resp.headers["Retry-After"] = str(throttle.retry_after)
+            return resp
         doc = await read_document(request, EXEC_EVENT_KEYS, "exec")
         keep = doc.pop("keep_stdin_open", False)
         if not isinstance(keep, bool):
             raise ApiFailure(400, "keep_stdin_open must be true or false, got %r" % (keep,))
-        settings = self.settings()
         if keep and not settings.interactive_stdin:
             raise ApiFailure(403, "interactive stdin (keep_stdin_open) is not enabled for this team")
         events = settings.interactive_stdin and wants_events(request)  # other teams get the buffered answer
@@ -299,6 +339,8 @@ class DataPlane:
                 payload = base64.b64decode(data, validate=True)
             except (binascii.Error, ValueError) as e:
                 raise ApiFailure(400, "data is not valid base64") from e
+        if not payload and not eof:  # "A write needs data, eof, or both": empty data is none
+            raise ApiFailure(400, "a stdin write needs data, eof, or both; this one has empty data and no eof")
         if len(payload) > STDIN_WRITE_MAX:
             raise ApiFailure(413, "a stdin write is at most %d bytes, this one has %d" % (STDIN_WRITE_MAX, len(payload)))
         state = self.execs.get(exec_id)

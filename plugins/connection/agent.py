@@ -440,6 +440,7 @@ class Connection(ConnectionBase):
         self._mux_client: MuxClient | None = None
         self._run: dict[str, Any] | None = None
         self._user: dict[str, str] | None = None  # the guest user commands run as, once looked up: None = the agent's own user
+        self._su_prompts = False  # su was seen to need a password here: it goes straight to interactive stdin
         self._task_action = ""  # the task's action, from the shell's task keys (see _keeps_tmp)
         self._wrap_shell()
 
@@ -687,20 +688,32 @@ class Connection(ConnectionBase):
         succeeded: list[bool] = []
         become_timeout = 0
         one_shot = False  # sudo's password first on the api road's one-shot stdin (one_shot_become.py)
+        root_marker = ""  # su on the api road, run first where it needs no password (one_shot_become.py)
+        plain = argv  # the command without that guard
         if sudoable and self.become and self.become.expect_prompt():
             become = self.become
-            one_shot = one_shot_become.applies(become, self._attached().attached)
+            attached = self._attached().attached
+            one_shot = one_shot_become.applies(become, attached)
             if one_shot:
                 argv, stdin = one_shot_become.wrap(become, argv, stdin, to_bytes(become.get_option("become_pass") or ""))
+            elif one_shot_become.su_first(become, attached) and not self._su_prompts:
+                one_shot = True
+                argv, root_marker = one_shot_become.root_only(argv)
             else:
                 interact = self._become_interaction(prompted, succeeded)
                 become_timeout = self._become_timeout()
-        argv = self._as_user(argv)  # after the one-shot wrapper: it asks sudo as the task's user
+        env = {} if self._keeps_tmp() else {"TMPDIR": run["dir"]}
         try:
-            rc, stdout, stderr, info = self._call("a command", self._attached().exec, argv,
-                                                  env={} if self._keeps_tmp() else {"TMPDIR": run["dir"]},
+            # as the task's user, after the one-shot wrappers: they ask sudo, or see whether su prompts, as that user
+            rc, stdout, stderr, info = self._call("a command", self._attached().exec, self._as_user(argv), env=env,
                                                   timeout=timeout, stdin=stdin, run=run, interact=interact,
                                                   interact_timeout=become_timeout)
+            if root_marker and one_shot_become.su_asked(become, rc, stdout, stderr, root_marker):
+                self._su_prompts, one_shot = True, False  # nothing ran: su answers its prompt on interactive stdin
+                interact, become_timeout = self._become_interaction(prompted, succeeded), self._become_timeout()
+                rc, stdout, stderr, info = self._call("a command", self._attached().exec, self._as_user(plain), env=env,
+                                                      timeout=timeout, stdin=stdin, run=run, interact=interact,
+                                                      interact_timeout=become_timeout)
         except InteractTimeout as e:
             # core's local connection words it so (ssh: "Timeout (Ns) waiting for privilege escalation prompt").
             # from None: the message already summarises the guest's output; ansible-core would append the cause

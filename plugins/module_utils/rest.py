@@ -257,15 +257,9 @@ class ApiClient(object):
         quota refills, so it drives the wait only when the quota is spent: a 429, or ratelimit-remaining 0.
         A 5xx that carries the rate-limit headers with quota left is an ordinary error, backed off as usual.
         """
-        retry_after = _header(headers, "Retry-After")
-        if retry_after:
-            text = str(retry_after).strip()
-            try:
-                return max(0.0, float(text))
-            except ValueError:
-                when = email.utils.parsedate_tz(text)  # the HTTP-date form
-                if when is not None:
-                    return max(0.0, email.utils.mktime_tz(when) - self._now())
+        asked = retry_after_seconds(_header(headers, "Retry-After"), self._now())
+        if asked is not None:
+            return asked
         reset = _header(headers, "ratelimit-reset")
         if not reset or not (status == 429 or _quota_spent(_header(headers, "ratelimit-remaining"))):
             return None
@@ -914,6 +908,18 @@ def _origin(url: str) -> str:
     """'https://api.example.com/v2' -> 'https://api.example.com'."""
     parts = urlsplit(url)
     return "%s://%s" % (parts.scheme, parts.netloc)
+
+
+def retry_after_seconds(value: Any, now: float) -> float | None:
+    """A Retry-After header's wait in seconds (delta-seconds or an HTTP date), or None when absent or unreadable."""
+    text = str(value or "").strip()
+    if not text:
+        return None
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        when = email.utils.parsedate_tz(text)  # the HTTP-date form
+        return None if when is None else max(0.0, email.utils.mktime_tz(when) - now)
 
 
 def _header(headers: Any, name: str) -> Any:

@@ -97,6 +97,36 @@ def test_become_with_a_password_without_interactive_stdin_sudo_works_and_su_name
         client.delete_session(session["session_id"])
 
 
+def test_su_answers_its_prompt_on_interactive_stdin_and_su_from_root_needs_none(plane, env, playbook_runner):
+    """A team with interactive stdin, the agent port closed: su from `sandbox` with root's password answers its
+    prompt over the documented stdin writes (a wrong one is refused). A team without it: su from root, a become
+    password set or not, runs on the buffered exec (su from root asks for none). Passwords never printed."""
+    client = plane.client()
+    user_password, root_password = "pw-%s" % os.urandom(6).hex(), "root-%s" % os.urandom(6).hex()
+    session = client.create_session({"name": "api-su-%s" % os.urandom(4).hex(), "agent": "custom", "secrets": {
+        "SANDBOX_USER_PASSWORD": user_password, "SANDBOX_ROOT_PASSWORD": root_password}})
+    su = ["-e", "method=ansible.builtin.su"]
+    printed = []
+    try:
+        client.wait_session(session["session_id"], timeout=120)
+        as_sandbox = inventory({"box": session["session_id"]}, ansible_user="sandbox")
+        res = playbook_runner(BECOME, as_sandbox, env, extra_args=su + ["-e", "user_password=%s" % root_password])
+        assert res.rc == 0 and "BECAME=root" in res.stdout, res
+        printed.append(res.stdout + res.stderr)
+        res = playbook_runner(BECOME, as_sandbox, env, extra_args=su + ["-e", "user_password=wrong-%s" % root_password])
+        assert res.rc != 0 and "Incorrect su password" in res.stdout, res
+        printed.append(res.stdout + res.stderr)
+        with team(plane, interactive_stdin=False, closed_ports=[8443]):
+            as_root = inventory({"box": session["session_id"]})
+            for password in (root_password, ""):
+                res = playbook_runner(BECOME, as_root, env, extra_args=su + ["-e", "user_password=%s" % password])
+                assert res.rc == 0 and "BECAME=root" in res.stdout, res
+                printed.append(res.stdout + res.stderr)
+        assert not any(user_password in text or root_password in text for text in printed)
+    finally:
+        client.delete_session(session["session_id"])
+
+
 LONG_STDIN = r"""
 - hosts: sbx
   gather_facts: false
@@ -119,6 +149,28 @@ def test_a_payload_too_big_for_one_shot_stdin_is_staged(plane, sandbox, env, tmp
         res = playbook_runner(LONG_STDIN, inventory({"box": sandbox["session_id"]}), env, workdir=str(work))
     assert res.rc == 0, res
     assert "REMOTE=%s" % hashlib.sha1(text.encode()).hexdigest() in res.stdout, res
+
+
+def test_a_rate_limited_team_runs_its_play_once_the_platform_takes_the_calls(plane, sandbox, env, playbook_runner):
+    """The plane answers the next execs 429 with Retry-After (its `throttle` team setting): the api road waits and
+    sends them again (a 429 was not taken), and the play passes."""
+    with team(plane, interactive_stdin=False, closed_ports=[8443],
+              throttle={"id": os.urandom(8).hex(), "calls": 2, "retry_after": 1}):
+        res = playbook_runner(ROAD, inventory({"box": sandbox["session_id"]}), env)
+    assert res.rc == 0 and "failed=0" in res.stdout, res
+    assert re.search(r"answered 429 \(throttle \S+: 2 of 2\)", tail(plane.state_dir, 1 << 20)), "both 429s were met"
+
+
+def test_a_stdin_too_big_for_the_platform_is_a_413_that_says_what_to_do(plane, sandbox):
+    """The plane's documented 1 MiB body bound, met by an exec the road would have staged: the 413 names the bound
+    and what to do, and nothing ran."""
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_road
+    client = api_road.ApiRoadClient(plane.url, "/v2/harness-runtime", plane.token, sandbox["session_id"], "box")
+    with pytest.raises(errors.SandboxError) as e:
+        client.jobs.raw(["sh", "-c", "cat > /workspace/too-big"], stdin=b"x" * (900 * 1024))
+    text = str(e.value)
+    assert "HTTP 413" in text and "nothing was taken" in text and "smaller stdin or file" in text, text
+    assert client.jobs.raw(["test", "-e", "/workspace/too-big"]).exit_code == 1
 
 
 def test_auto_keeps_the_agent_road_when_the_agent_answers(plane, sandbox, env, playbook_runner):

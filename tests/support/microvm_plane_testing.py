@@ -43,8 +43,9 @@ def team_defaults():
     needs no agent port) and no interactive stdin (what the platform gives a team by default); on the agent road,
     the plane's defaults. The exec clamp is the documented 240 s on both."""
     if run_transport() == "api":
-        return {"interactive_stdin": False, "closed_ports": [contract.AGENT_PORT], "exec_max_timeout": contract.EXEC_MAX_TIMEOUT}
-    return {"interactive_stdin": False, "closed_ports": [], "exec_max_timeout": contract.EXEC_MAX_TIMEOUT}
+        return {"interactive_stdin": False, "closed_ports": [contract.AGENT_PORT], "exec_max_timeout": contract.EXEC_MAX_TIMEOUT,
+                "throttle": None}
+    return {"interactive_stdin": False, "closed_ports": [], "exec_max_timeout": contract.EXEC_MAX_TIMEOUT, "throttle": None}
 
 
 @contextlib.contextmanager

@@ -12,6 +12,8 @@ import json
 import pytest
 from contract_support import PREFIX, Api, error_message, local_only
 
+from microvm_localplane import dataplane
+
 from microvm_plane_testing import team
 
 EVENTS = {"Accept": "text/event-stream"}
@@ -175,6 +177,7 @@ def test_interactive_stdin_offsets_retries_and_eof(plane, api, make_session):
         gap = write(offset=20, data=b"x")
         assert gap.status_code == 409 and "offset" in error_message(gap)
         assert write(offset=11).status_code == 400  # neither data nor eof
+        assert write(offset=11, data=b"").status_code == 400  # empty data is no data
         assert write(offset=11, eof=True).json()["eof"] is True
         assert write(offset=11, data=b"late").status_code in (404, 409)  # closed (or already finished)
         out, _err, rest = collect(events)
@@ -182,6 +185,38 @@ def test_interactive_stdin_offsets_retries_and_eof(plane, api, make_session):
         assert rest[-1][1]["exit_code"] == 0
         # finished: unknown from now on
         assert write(offset=11, data=b"x").status_code == 404
+
+
+@local_only
+def test_stdin_writes_refused_as_the_dots_page_says(plane, api, make_session):
+    """STDIN-WRITE, for an exec still running: a second eof, or a write after eof, is a 409; more than 1 MiB in one
+    write is a 413; once the team cannot accept interactive stdin, a write is a 409 (not a 403)."""
+    sid = make_session()["session_id"]
+    with team(plane, interactive_stdin=True):
+        resp = start(api, sid, {"argv": ["sh", "-c", "cat >/dev/null; sleep 20"], "keep_stdin_open": True,
+                                "timeout_seconds": 30})
+        event, data = next(read_events(resp))
+        assert event == "started"
+        path = "/sessions/%s/sandbox/exec/%s/stdin" % (sid, data["exec_id"])
+
+        def write(**body):
+            if "data" in body:
+                body["data"] = base64.b64encode(body["data"]).decode()
+            return api.call("POST", path, json=body)
+
+        too_big = write(offset=0, data=b"x" * (1024 * 1024 + 1))
+        assert too_big.status_code == 413, too_big.text
+        assert write(offset=0, data=b"x" * (1024 * 1024)).status_code == 200  # "at most 1 MiB": 1 MiB is taken
+        dataplane.write_settings(plane.state_dir, interactive_stdin=False)  # the team loses it mid-exec
+        off = write(offset=1024 * 1024, data=b"y")
+        assert off.status_code == 409, off.text
+        dataplane.write_settings(plane.state_dir, interactive_stdin=True)
+        assert write(offset=1024 * 1024, eof=True).status_code == 200
+        second = write(offset=1024 * 1024, eof=True)
+        assert second.status_code == 409 and "closed" in error_message(second)
+        late = write(offset=1024 * 1024, data=b"z")
+        assert late.status_code == 409 and "closed" in error_message(late)
+        resp.close()
 
 
 @local_only
@@ -226,3 +261,24 @@ def test_relative_transfer_paths_resolve_under_the_workspace(plane, api, make_se
     escape = api.call("POST", "/sessions/%s/workspace/upload" % sid, params={"path": "../etc/x"}, data=b"x",
                       headers={"Content-Type": "application/octet-stream"})
     assert escape.status_code == 403, escape.text
+
+
+@local_only
+def test_a_throttled_team_gets_429_with_retry_after_before_its_exec_is_taken(plane, api, make_session):
+    """The plane's stand-in for a rate-limited team (the `throttle` team setting): the next `calls` execs answer
+    the documented 429 with Retry-After (RETRY-AFTER) and run nothing; then execs run again."""
+    import uuid
+    sid = make_session()["session_id"]
+    body = {"argv": ["sh", "-c", "echo ran >> /workspace/throttled-runs"]}
+    with team(plane, throttle={"id": uuid.uuid4().hex, "calls": 2, "retry_after": 3}):
+        for refused in (1, 2):
+            resp = api.call("POST", "/sessions/%s/sandbox/exec" % sid, json=body)
+            assert resp.status_code == 429 and resp.headers["Retry-After"] == "3", (refused, resp.text)
+            assert resp.json()["id"] == "too_many_requests"
+        assert api.call("POST", "/sessions/%s/sandbox/exec" % sid, json=body).json()["exit_code"] == 0
+    runs = api.call("POST", "/sessions/%s/sandbox/exec" % sid, json={"argv": ["cat", "/workspace/throttled-runs"]})
+    assert runs.json()["stdout"] == "ran\n"  # the refused calls ran nothing
+    with pytest.raises(ValueError, match="throttle must be"):
+        dataplane.write_settings(plane.state_dir, throttle={"calls": -1})
+        dataplane.read_settings(plane.state_dir)
+    dataplane.write_settings(plane.state_dir, throttle=None)

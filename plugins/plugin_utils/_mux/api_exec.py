@@ -148,7 +148,10 @@ def parse_answer(doc: Any, headers: Mapping[str, str] | http.client.HTTPMessage 
     """The documented answer {exit_code, stdout, stderr, duration_ms}; a stream is cut when its header says so
     (our reading) or when it is as long as the cap."""
     if not isinstance(doc, dict) or isinstance(doc.get("exit_code"), bool) or not isinstance(doc.get("exit_code"), int):
-        raise errors.SandboxError("the data plane answered an exec with %r, not {exit_code, stdout, stderr}" % (str(doc)[:200],))
+        raise errors.SandboxError("the data plane answered an exec without an exit_code (%r, not the documented "
+                                  "{exit_code, stdout, stderr, duration_ms}): the command may have run, and is not "
+                                  "re-run. Check that api_url and route_prefix name the platform's API (a proxy or an "
+                                  "older API answers so), or use transport agent" % (str(doc)[:200],))
     streams = {}
     for name in ("stdout", "stderr"):
         value = doc.get(name) or ""

@@ -6,23 +6,37 @@
 Standard library only (http.client): the mux imports no HTTP package for it. An error status raises
 errors.HttpRefused carrying the status and the platform's message; the API token goes only to the API,
 never to a presigned URL.
+
+A 429 is the one answer retried, here in `send` alone: the platform answers it before taking the call, so
+sending it again is safe for any call, an exec too. The wait is the answer's Retry-After (seconds or an HTTP
+date), else a short backoff, each wait capped and all of them within RATE_LIMIT_BUDGET; then the 429 is
+raised, naming what to do. A 413 is raised with what it means on this road and what to do.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import logging
+import random
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, Callable, Protocol
 
-from ansible_collections.microvm.sandbox.plugins.module_utils.rest import USER_AGENT
+from ansible_collections.microvm.sandbox.plugins.module_utils.rest import USER_AGENT, retry_after_seconds
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
+
+log = logging.getLogger("microvm.mux")
 
 READ_TIMEOUT = 120.0     # the longest a data-plane answer may stay silent (a buffered exec waits at most WAIT_SLICE)
 COPY_CHUNK = 1024 * 1024
+RATE_LIMIT_BUDGET = 120.0  # all the waits one call spends on 429s before it gives up (a task is not held longer)
+RATE_LIMIT_WAIT_MAX = 30.0  # one wait, whatever Retry-After asks (as the REST client caps it)
+RATE_LIMIT_BACKOFF = 0.5    # the first wait of a 429 without Retry-After; doubled each time
+RATE_LIMIT_RETRIES = 8      # sends after a 429, whatever the waits (a Retry-After of 0 must not loop forever)
 
 
 class Readable(Protocol):
@@ -65,6 +79,7 @@ class Http:
                 self.context.check_hostname = False
                 self.context.verify_mode = ssl.CERT_NONE
         self.closed = False
+        self.sleep: Callable[[float], object] = time.sleep  # tests record the 429 waits instead
 
     def close(self) -> None:
         self.closed = True
@@ -84,25 +99,47 @@ class Http:
         if self.closed:
             raise errors.GuestUnavailable("the link to session %s was closed" % self.label)
         url = self.base + path + ("?" + urllib.parse.urlencode(query) if query else "")
-        conn = self._connection()
-        if call is not None:
-            call.conn = conn
-            if call.cancelled.is_set():
-                conn.close()
-                raise ConnectionAbortedError("the call was cancelled")
         all_headers = {"Authorization": "Bearer " + self._token, "User-Agent": USER_AGENT}
         all_headers.update(headers or {})
-        try:
-            conn.request(method, url, body=body, headers=all_headers)
-            resp = conn.getresponse()
-        except (OSError, http.client.HTTPException):
-            conn.close()
-            raise
-        if resp.status >= 300:
+        start = _file_start(body)
+        replayable = body is None or isinstance(body, (bytes, bytearray)) or start is not None
+        waited, attempt = 0.0, 0
+        while True:
+            conn = self._connection()
+            if call is not None:
+                call.conn = conn
+                if call.cancelled.is_set():
+                    conn.close()
+                    raise ConnectionAbortedError("the call was cancelled")
+            try:
+                conn.request(method, url, body=body, headers=all_headers)
+                resp = conn.getresponse()
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                raise
+            if resp.status < 300:
+                return conn, resp
             text = error_text(resp.read(64 * 1024))
             conn.close()
-            raise errors.HttpRefused(resp.status, "HTTP %d: %s" % (resp.status, text))
-        return conn, resp
+            if resp.status == 413:
+                raise errors.HttpRefused(413, too_large(method, path, body, all_headers, text))
+            if resp.status != 429:
+                raise errors.HttpRefused(resp.status, "HTTP %d: %s" % (resp.status, text))
+            wait = rate_limit_wait(resp.getheader("Retry-After"), attempt)
+            if waited + wait > RATE_LIMIT_BUDGET or attempt >= RATE_LIMIT_RETRIES or not replayable:
+                raise errors.HttpRefused(429, "HTTP 429: %s: the platform is rate limiting this team's calls and kept "
+                                              "refusing this one (%d tries, %.0f s waited); it was not taken: run "
+                                              "again later, or with fewer forks" % (text, attempt + 1, waited))
+            log.info("session %s: %s %s answered 429 (%s): sending it again in %.1f s", self.label, method,
+                     path.split("?")[0], text, wait)
+            if call is None:
+                self.sleep(wait)
+            elif call.cancelled.wait(wait):  # a cancelled call stops waiting at once
+                raise ConnectionAbortedError("the call was cancelled")
+            waited += wait
+            attempt += 1
+            if start is not None:
+                body.seek(start)  # type: ignore[union-attr]  # a file body is read again from where it began
 
     def json_call(self, method: str, path: str, doc: dict | None = None, limit: int = 1024 * 1024) -> dict:
         """A JSON call's answer object (at most `limit` bytes of it)."""
@@ -137,6 +174,34 @@ class Http:
         except BaseException:
             conn.close()
             raise
+
+
+def _file_start(body: bytes | BinaryIO | None) -> int | None:
+    """Where a file body starts (it is sent again from there after a 429); None when it is no seekable file."""
+    if body is None or isinstance(body, (bytes, bytearray)):
+        return None
+    try:
+        return body.tell() if body.seekable() else None
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def rate_limit_wait(retry_after: str | None, attempt: int) -> float:
+    """Seconds to wait before sending a call the platform answered 429: its Retry-After, else a short backoff."""
+    asked = retry_after_seconds(retry_after, time.time())
+    if asked is not None:
+        return min(asked, RATE_LIMIT_WAIT_MAX)
+    base = min(RATE_LIMIT_BACKOFF * (2 ** attempt), RATE_LIMIT_WAIT_MAX)
+    return base / 2 + random.uniform(0, base / 2)  # jitter: parallel hosts told the same do not return in step
+
+
+def too_large(method: str, path: str, body: bytes | BinaryIO | None, headers: dict, text: str) -> str:
+    """A 413's message: the request's size, the documented bounds the road keeps, and what to do."""
+    size = len(body) if isinstance(body, (bytes, bytearray)) else headers.get("Content-Length", "an unknown number of")
+    return ("HTTP 413: %s: the platform refused %s %s of %s bytes as too large; nothing was taken. The api road keeps "
+            "to the documented bounds (1 MiB a JSON body, so a command's one-shot stdin past 512 KiB is staged as a "
+            "file; 500 MiB a streaming upload, bigger files go staged), so this platform's bound is lower: send a "
+            "smaller stdin or file, or use transport agent for this task" % (text, method, path.split("?")[0], size))
 
 
 class Call:

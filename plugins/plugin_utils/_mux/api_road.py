@@ -11,13 +11,13 @@ on either road. Its parts, one job each:
 - api_http.py: the HTTP calls of one session (errors.HttpRefused for an error status);
 - api_exec.py: the documented buffered exec, the road's first language: every command runs as a job
   that no output cap and no 240 s clamp cuts (big output downloaded, long tasks polled, stdin staged);
-- api_events.py: Server-Sent Events with interactive stdin, OUR READING of an undocumented stream, used only
-  for a command that needs stdin while it runs, on a team whose platform offers it (403 otherwise,
-  remembered per link);
+- api_events.py: the event stream with interactive stdin (documented 18 Nov 2026; the stream's event shapes
+  are still OUR READING, kept there), used only for a command that needs stdin while it runs, on a team whose
+  platform offers it (403 otherwise, remembered per link);
 - api_transfer.py: the workspace upload and download, and the staged transfers past their bounds.
 
 No per-command env: it is carried by `/usr/bin/env -- NAME=VALUE ... argv` (docs/connection.md,
-"Transports"; docs/platform-contract.md, section 0).
+"Transports"; docs/platform-contract.md, section 7).
 """
 
 from __future__ import annotations
@@ -99,7 +99,8 @@ class ApiRoadClient:
         return ("session %s: this command needs stdin while it runs (su's password prompt), which the api "
                 "transport carries only with %s; it is not enabled for this team (the platform answered 403). Use "
                 "become_method sudo (its password goes with the command), enable interactive stdin for the team, use "
-                "transport agent, or become without a password (NOPASSWD). Nothing was run."
+                "transport agent, connect as root (su from root asks for no password), or become without a password "
+                "(NOPASSWD). Nothing was run."
                 % (self.label, api_events.TEAM_SETTING))
 
     def iter_exec(self, call: Call, feed: queue.Queue[bytes | None] | None = None) -> Iterator[tuple[str, Any]]:

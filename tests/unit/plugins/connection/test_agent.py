@@ -330,13 +330,70 @@ def test_sudo_on_the_api_road_sends_its_password_first_on_the_one_shot_stdin(con
         connected(conn, mux).exec_command("sudo ...", in_data=b"payload")
 
 
-def test_su_on_the_api_road_still_asks_for_stdin_while_it_runs(conn):
-    """su has no -S: its prompt needs the team's interactive stdin, which the mux refuses at once without it."""
-    become(conn, "ansible.builtin.su", "pw")
-    mux = FakeMux(road="api")
-    with pytest.raises(AnsibleError):
-        connected(conn, mux).exec_command("su ...", in_data=b"x")
-    assert mux.calls[0][2]["interact"] is not None
+class GuardedMux(FakeMux):
+    """The api road's mux for su: the guard of one_shot_become.ROOT_FIRST answers as `uid` would (its marker and
+    125 when not root), the command as `result` says."""
+
+    def __init__(self, uid, result):
+        super().__init__(result=result, road="api")
+        self.uid = uid
+
+    def exec(self, argv, **kw):
+        from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import one_shot_become
+        if argv[:3] == ["/bin/sh", "-c", one_shot_become.ROOT_FIRST] and self.uid != 0:
+            self.calls.append(("exec", argv, kw))
+            return (125, b"", argv[4].encode() + b"\n", {"rc": 125})
+        return super().exec(argv, **kw)
+
+
+def test_su_on_the_api_road_runs_as_root_without_asking_for_stdin(conn):
+    """su from root asks nothing, even with a become password set: it runs on the buffered exec (no interactive
+    stdin needed), judged afterwards. (Without a password core expects no prompt: no interaction either way.)"""
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import one_shot_become
+    bp = become(conn, "ansible.builtin.su", "pw")
+    mux = GuardedMux(0, (0, enc("%s\nroot\n" % bp.success), b"", {"rc": 0}))
+    rc, out, _err = connected(conn, mux).exec_command("su ...", in_data=b"payload")
+    assert rc == 0 and b"root" in out and len(mux.calls) == 1
+    _kind, argv, kw = mux.calls[0]
+    assert argv[:4] == ["/bin/sh", "-c", one_shot_become.ROOT_FIRST, "sh"] and argv[5:] == ["/bin/sh", "-c", "su ..."]
+    assert kw["stdin"] == b"payload" and kw["interact"] is None
+    mux = GuardedMux(0, (1, b"", b"su: user nobody does not exist\n", {"rc": 1}))  # su itself failed
+    with pytest.raises(AnsibleError, match="Premature end of stream"):
+        connected(conn, mux).exec_command("su ...", in_data=b"payload")
+
+
+def test_su_that_would_prompt_on_the_api_road_answers_it_on_interactive_stdin(conn):
+    """Not root: the guard stops before su (nothing ran), and su runs again with the interaction, which needs the
+    team's interactive stdin (the mux refuses it at once without); later su commands go there at once."""
+    bp = become(conn, "ansible.builtin.su", "pw")
+    mux = GuardedMux(1000, (0, enc("Password: \n%s\nroot\n" % bp.success), b"", {"rc": 0}))
+    rc, _out, _err = connected(conn, mux).exec_command("su ...", in_data=b"x")
+    assert rc == 0 and [c[2]["interact"] is not None for c in mux.calls] == [False, True]
+    assert mux.calls[1][1] == ["/bin/sh", "-c", "su ..."]
+    connected(conn, mux).exec_command("su ...", in_data=b"x")
+    assert len(mux.calls) == 3 and mux.calls[2][2]["interact"] is not None
+
+
+def test_su_that_asks_root_too_or_another_become_exe_goes_to_interactive_stdin(conn):
+    """A su that prompts root all the same gave up on the empty stdin (nothing ran): it runs again with the
+    interaction. Another become_exe (which may ask root) goes there at once."""
+    bp = become(conn, "ansible.builtin.su", "pw")
+
+    class AsksRootToo(GuardedMux):
+        def exec(self, argv, **kw):
+            if kw.get("interact") is None:
+                self.calls.append(("exec", argv, kw))
+                return (1, b"Password: ", b"su: Authentication failure\n", {"rc": 1})
+            return super().exec(argv, **kw)
+
+    mux = AsksRootToo(0, (0, enc("Password: \n%s\nroot\n" % bp.success), b"", {"rc": 0}))
+    rc, _out, _err = connected(conn, mux).exec_command("su ...", in_data=b"x")
+    assert rc == 0 and [c[2]["interact"] is not None for c in mux.calls] == [False, True]
+    conn._su_prompts = False
+    bp.set_options(direct={"become_pass": "pw", "become_exe": "/usr/local/bin/my-su"})
+    mux = GuardedMux(0, (0, enc("Password: \n%s\nroot\n" % bp.success), b"", {"rc": 0}))
+    connected(conn, mux).exec_command("su ...", in_data=b"x")
+    assert len(mux.calls) == 1 and mux.calls[0][2]["interact"] is not None
 
 
 def test_become_timeout_is_unreachable_in_cores_words(conn):
