@@ -174,16 +174,21 @@ class SessionLink:
             self._teardown()
             if not auto or isinstance(e, errors.SessionGone):
                 raise
-            refused = isinstance(e, errors.TunnelFailure) and port_refused(e)
-            if not refused:
+            refusal = e if isinstance(e, errors.TunnelFailure) and port_refused(e) else None
+            if refusal is None:
                 self.check_session()  # deleted while the agent was silent: an error, not the api road
             self.tunnel = self._client = self._runners = None
-            self.road_why = ("the agent port refused: %s" % e if refused
+            self.road_why = (self._refusal(refusal) if refusal is not None
                              else "the agent did not answer within %g s: %s" % (api_road.AUTO_PROBE_SECONDS, e))
             return False
         if auto:
             self.road_why = "the agent answered on port %d" % self.cfg.agent_port
         return True
+
+    def _refusal(self, e: errors.TunnelFailure) -> str:
+        # not the tunnel's own words, which say "tries again": here the refusal is the answer
+        how = "HTTP %s" % e.status if e.status else "close code %s" % e.close_code
+        return "the agent port refused: the platform could not reach guest port %d (%s)" % (self.cfg.agent_port, how)
 
     def road_choice(self) -> str:
         """What `auto` chose and why, in one line."""
