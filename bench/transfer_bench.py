@@ -92,7 +92,7 @@ def main():
             for _dummy in range(args.size_mib):
                 f.write(os.urandom(1 << 20))
         muxes = [MuxClient(mux_dir, LinkConfig(session=sid, token=plane.token, api_url=plane.url, persist=300,
-                                          transport="agent"),
+                                               transport="agent"),
                            pool_size=args.pool).connect() for sid in ids]
         result["slots"] = [m.slot for m in muxes]
         runs = {"in": [], "out": []}

@@ -67,7 +67,7 @@ def test_a_default_run_takes_the_agent_and_says_so_once_per_run(plane, sandbox, 
     -v shows the choice once in a run of several tasks, and once again in the next run on the same link."""
     inv = inventory({"box": sandbox["session_id"]})
     with team(plane, interactive_stdin=False, closed_ports=[]):
-        runs = [playbook_runner(PLAY, inv, default_env, extra_args=["-vvv"]) for _ in range(2)]
+        runs = [playbook_runner(PLAY, inv, default_env, extra_args=["-vvv"]) for _run in range(2)]
     for res in runs:
         assert res.rc == 0 and "failed=0" in res.stdout, res
         assert res.stdout.count(CHOSE_AGENT) == 1, res
@@ -76,7 +76,7 @@ def test_a_default_run_takes_the_agent_and_says_so_once_per_run(plane, sandbox, 
 
 
 def test_a_default_run_with_the_agent_port_closed_takes_the_api_at_once(plane, sandbox, default_env, mux_dir,
-                                                                         playbook_runner):
+                                                                        playbook_runner):
     """No transport set, the agent port refused (a template without the agent): the api road, chosen on the
     refusal itself, not when the 5 s probe ran out; shown once at -v, not at all without it."""
     inv = inventory({"box": sandbox["session_id"]})
