@@ -72,7 +72,7 @@ def main():
             for _dummy in range(args.size_mib):
                 f.write(os.urandom(1 << 20))
         mux = MuxClient(mux_dir, LinkConfig(session=session["name"], token=plane.token, api_url=plane.url,
-                                            persist=300)).connect()
+                                            persist=300, transport="agent")).connect()
         scp = ["scp", "-q", "-P", str(sshd.port)] + sshd.options
         copies = {
             "agent_in": lambda: mux.put(big, "/workspace/big.bin"),

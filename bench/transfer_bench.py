@@ -91,7 +91,8 @@ def main():
         with open(big, "wb") as f:
             for _dummy in range(args.size_mib):
                 f.write(os.urandom(1 << 20))
-        muxes = [MuxClient(mux_dir, LinkConfig(session=sid, token=plane.token, api_url=plane.url, persist=300),
+        muxes = [MuxClient(mux_dir, LinkConfig(session=sid, token=plane.token, api_url=plane.url, persist=300,
+                                               transport="agent"),
                            pool_size=args.pool).connect() for sid in ids]
         result["slots"] = [m.slot for m in muxes]
         runs = {"in": [], "out": []}

@@ -124,11 +124,17 @@ options:
         without the agent or networks that block the port-forward. Each command runs as a job in the scratch dir, so
         neither the answer's 1 MiB per stream nor the platform's 240 second exec limit cuts it; there is no warm
         runner; C(sudo) with a password sends it first on the command's stdin; stdin while a command runs (only
-        C(su) with a password) needs the team's interactive stdin; see docs/connection.md.
-      - V(auto) tries the agent and falls back to V(api) when the agent port does not answer within 5 seconds of the
-        session being usable.
+        C(su) with a password from a user other than root) needs the team's interactive stdin; see
+        docs/connection.md.
+      - V(auto), the default, uses the agent where it answers, else V(api). It wakes a paused session, then decides in
+        one step; a port that refuses the platform's dial (a template without the agent) falls back at once, an agent
+        port that takes the dial but stays silent after 5 seconds. The choice holds for the life of the session's
+        link in the multiplexer; it is in the multiplexer's log and shown at C(-v) once per session and run. A
+        deleted or failed session is an error, never a fallback.
+      - V(agent) was the default before; set it to keep a clear UNREACHABLE where the agent is absent rather than
+        the V(api) road's limits.
     type: str
-    default: agent
+    default: auto
     choices: [agent, api, auto]
     env:
       - name: MICROVM_TRANSPORT
@@ -563,6 +569,9 @@ class Connection(ConnectionBase):
             self._mux_client = None
             raise outcomes.ansible_error(e, PLUGIN) from e
         self._connected = True
+        note = (self._mux_client.attached or {}).get("road_note")
+        if note:  # transport auto's choice: the mux gives it to the first task of each run on this session
+            display.v(to_text(note), host=session)
         self._user = self._lookup_user()
         return self
 
@@ -598,7 +607,7 @@ class Connection(ConnectionBase):
         return MuxClient(os.path.expanduser(self.get_option("mux_dir")), cfg,
                          pool_size=int(self.get_option("mux_processes") or 0) or DEFAULT_POOL_SIZE,
                          log=lambda msg: display.vvvv(msg, host=session),
-                         max_output=max_output)
+                         max_output=max_output, run=self._run_info()["id"])
 
     # -- the requested user ------------------------------------------------------------------
     def _requested_user(self) -> str | None:

@@ -9,7 +9,7 @@ import pytest
 @pytest.fixture
 def play_env(plane, proxy, mux_dir):
     return {"DO_AGENTS_API_URL": proxy.url, "DO_AGENTS_API_TOKEN": plane.token, "MICROVM_MUX_DIR": mux_dir,
-            "MICROVM_PERSIST": "20", "MICROVM_CONNECT_TIMEOUT": "20"}
+            "MICROVM_PERSIST": "20", "MICROVM_CONNECT_TIMEOUT": "20", "MICROVM_TRANSPORT": "agent"}
 
 
 def inventory(session):

@@ -110,7 +110,7 @@ def test_plane_restart_keeps_sessions_and_the_next_task_works(tmp_path, mux_dir,
         sid = client.create_session({"name": name, "agent": "custom"})["session_id"]
         client.wait_session(sid, timeout=120)
         env = {"DO_AGENTS_API_URL": proxy.url, "DO_AGENTS_API_TOKEN": handle.token, "MICROVM_MUX_DIR": mux_dir,
-               "MICROVM_PERSIST": "60"}
+               "MICROVM_PERSIST": "60", "MICROVM_TRANSPORT": "agent"}
         first = run_playbook(RESTART_TASKS, inventory(name), env, extra_args=["-e", "step=one"])
         assert first.rc == 0 and "STEPS=one" in first.stdout, first
         mux_before = glob.glob(os.path.join(mux_dir, "*", "mux.pid"))

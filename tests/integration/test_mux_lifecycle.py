@@ -57,7 +57,7 @@ def _cost(pid):
 def test_an_idle_mux_sleeps(plane, sandbox, muxes):
     """One open link, no task: the mux wakes on events, not on polls. Before, its own threads woke ~270 times in
     3 s (a connectivity poll 5 times a second per channel, a one-second watch loop and accept timeout)."""
-    cfg = LinkConfig(session=sandbox["name"], token=plane.token, api_url=plane.url, persist=60)
+    cfg = LinkConfig(session=sandbox["name"], token=plane.token, api_url=plane.url, persist=60, transport="agent")
     client = mc.MuxClient(muxes(), cfg).connect()
     assert client.exec(["true"])[0] == 0
     pid = client.attached["pid"]
@@ -94,7 +94,7 @@ def test_a_very_long_mux_dir_works_and_its_sockets_stay_in_it(plane, sandbox, tm
     """A mux dir far beyond sun_path's 108 bytes: the mux's socket and the tunnel's are bound in their own dirs
     (through the dirs' descriptors), never under a short shared name in /tmp another user could take first."""
     base = muxes(os.path.join("d" * 100, "e" * 100, "mux"))
-    cfg = LinkConfig(session=sandbox["name"], token=plane.token, api_url=plane.url, persist=30)
+    cfg = LinkConfig(session=sandbox["name"], token=plane.token, api_url=plane.url, persist=30, transport="agent")
     client = mc.MuxClient(base, cfg, pool_size=1).connect()
     try:
         assert len(os.fsencode(client.socket_path)) > 200

@@ -10,6 +10,8 @@ Fixtures:
 The road: with MICROVM_TEST_TRANSPORT=api (`make integration-api`) every playbook a suite runs with
 `plane.env` goes over `transport: api`, for a team WITHOUT interactive stdin (the platform's default: buffered
 exec only) and the agent port closed (`team_defaults()`); a test marked `@pytest.mark.agent_road("why")` is skipped there, naming why.
+Otherwise `plane.env` says `transport: agent` (not the default, auto, which would take the api road if the agent
+broke); the default road has its own tests (test_transport_auto.py).
 """
 import contextlib
 import os
@@ -185,6 +187,9 @@ def plane():
         from microvm_localplane import dataplane
         dataplane.write_settings(state_dir, **team_defaults())
         handle.env["MICROVM_TRANSPORT"] = "api"
+    else:
+        # The agent road's suites say so: the default, auto, would run them on the api road if the agent broke.
+        handle.env["MICROVM_TRANSPORT"] = "agent"
     # One plane per pytest worker (this fixture is per process), and its own mux dir for the playbooks that name
     # none: workers share no multiplexer, and the ones this run started are stopped with it.
     mux_dir = os.path.join(state_dir, "mux")

@@ -351,9 +351,10 @@ class MuxServer:
             except errors.SandboxError as e:
                 mp.send_frame(conn, mp.ERROR, e.to_frame())
                 return None
+            # road: the api road takes sudo's password up front; road_note: what `auto` chose, once per run (-v)
             mp.send_frame(conn, mp.RESULT, {"pid": os.getpid(), "session_id": link.session_id, "label": link.label,
                                             "generation": link.generation, "version": mp.PROTOCOL_VERSION,
-                                            "road": link.road})  # the api road takes sudo's password up front
+                                            "road": link.road, "road_note": link.road_note(str(req.get("run") or ""))})
             return link
         if op == "hello":
             with self.lock:

@@ -28,12 +28,13 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.http_stdlib i
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import LinkConfig
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.run_dirs import RunDirs
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.tunnel import Tunnel
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.tunnel import Tunnel, port_refused
 
 grpc = ac.grpc
 log = logging.getLogger("microvm.mux")
 
 SESSION_CHECK_INTERVAL = 10.0  # REST check that the session still exists
+NOTED_RUNS = 64                # runs a link remembers having told which road `auto` chose (road_note)
 RoadClient = ac.AgentClient | api_road.ApiRoadClient    # one road's client: the same methods on both
 Runners = module_runners.ModuleRunners | api_road.NoWarm
 
@@ -80,6 +81,8 @@ class SessionLink:
         self.tunnel: Tunnel | None = None
         self._client: RoadClient | None = None     # see the client property
         self.road = "agent"  # or "api": the documented exec and file API (api_road.attach)
+        self.road_why = ""   # `auto`: why it chose self.road (the mux log, and each run's workers once: road_note)
+        self._noted_runs: list[str] = []
         self._runners: Runners | None = None
         self.runs = RunDirs(self)
         self.opened = False
@@ -142,12 +145,19 @@ class SessionLink:
             if self.cfg.transport == "api" or not self._open_agent_road():
                 api_road.attach(self)
             self.opened = True
+        if self.road_why:
+            log.info("%s", self.road_choice())
         log.info("session %s: link %d open", self.label, self.generation)
         if self.cfg.host_tag:
             threading.Thread(target=self.runs.sweep_stale, args=(self.cfg.host_tag,), name="sweep", daemon=True).start()
 
     def _open_agent_road(self) -> bool:
-        """The tunnel and gRPC channel to the agent; False when `auto` finds the agent port silent (then api)."""
+        """The tunnel and gRPC channel to the agent; False when `auto` finds no agent (then api).
+
+        `auto` decides in one step: a port that refuses the platform's dial (a template without the agent) falls
+        back at once; a port that takes the dial but whose agent stays silent falls back after
+        api_road.AUTO_PROBE_SECONDS. A gone session is an error on every road, never a fallback.
+        """
         auto = self.cfg.transport == "auto"
         if auto:
             self.wake_if_paused()  # a paused session is woken first, so its quiet agent is not mistaken for none
@@ -159,15 +169,41 @@ class SessionLink:
         client = ac.AgentClient(self._dial(), self.label, self.cfg.scratch_dir, redial=self._dial)
         self.client, self.runners = client, module_runners.ModuleRunners(client, self.cfg.scratch_dir)
         try:
-            self.ensure_ready(limit=api_road.AUTO_PROBE_SECONDS if auto else None)
+            self.ensure_ready(limit=api_road.AUTO_PROBE_SECONDS if auto else None, refusal_ends=auto)
         except errors.SandboxError as e:
             self._teardown()
             if not auto or isinstance(e, errors.SessionGone):
                 raise
-            log.info("session %s: the agent port does not answer (%s): falling back to the api road", self.label, e)
+            refusal = e if isinstance(e, errors.TunnelFailure) and port_refused(e) else None
+            if refusal is None:
+                self.check_session()  # deleted while the agent was silent: an error, not the api road
             self.tunnel = self._client = self._runners = None
+            self.road_why = (self._refusal(refusal) if refusal is not None
+                             else "the agent did not answer within %g s: %s" % (api_road.AUTO_PROBE_SECONDS, e))
             return False
+        if auto:
+            self.road_why = "the agent answered on port %d" % self.cfg.agent_port
         return True
+
+    def _refusal(self, e: errors.TunnelFailure) -> str:
+        # not the tunnel's own words, which say "tries again": here the refusal is the answer
+        how = "HTTP %s" % e.status if e.status else "close code %s" % e.close_code
+        return "the agent port refused: the platform could not reach guest port %d (%s)" % (self.cfg.agent_port, how)
+
+    def road_choice(self) -> str:
+        """What `auto` chose and why, in one line."""
+        return "session %s: transport auto chose %s (%s)" % (self.label, self.road, self.road_why)
+
+    def road_note(self, run: str) -> str | None:
+        """road_choice() the first time a run asks on this link (the workers show it at -v once), None after."""
+        if not self.road_why or not run:
+            return None
+        with self.lock:
+            if run in self._noted_runs:
+                return None
+            self._noted_runs.append(run)
+            del self._noted_runs[:-NOTED_RUNS]
+        return self.road_choice()
 
     def close(self, why: str, clean: bool = True, because: errors.SandboxError | None = None) -> None:
         """Close this link only: its warm runners, channel and tunnel. With clean, reap ended runs first."""
@@ -297,10 +333,12 @@ class SessionLink:
         except errors.Unreachable:
             return False
 
-    def ensure_ready(self, limit: float | None = None) -> None:
+    def ensure_ready(self, limit: float | None = None, refusal_ends: bool = False) -> None:
         """Wait until the gRPC channel is connected; wake a paused session; fail clearly otherwise.
 
-        On the api road there is no channel: the data plane wakes a paused session by itself.
+        On the api road there is no channel: the data plane wakes a paused session by itself. With `refusal_ends`
+        (auto's probe), the agent port refusing the dial on a usable session ends the wait at once, raising that
+        refusal (a TunnelFailure for which tunnel.port_refused() is true).
         """
         if self.road == "api" or connectivity(self.channel) == grpc.ChannelConnectivity.READY:
             return
@@ -326,14 +364,22 @@ class SessionLink:
                 if errors_seen and errors_seen[-1].fatal:
                     self.check_session()  # a deleted session is reported as such
                     raise errors.Unreachable(str(errors_seen[-1]))
+                last = errors_seen[-1] if errors_seen else None
+                if refusal_ends and last is not None and port_refused(last) and self._usable():
+                    raise errors.TunnelFailure(str(last), status=last.status, close_code=last.close_code)
                 if errors_seen and now - checked > 2.0:
                     checked = now
                     self.wake_if_paused()
                 if now >= deadline:
-                    last = (": last error: %s" % errors_seen[-1]) if errors_seen else ""
-                    raise errors.Unreachable("could not connect to the guest agent of session %s within %ss "
-                                             "(option connect_timeout)%s" % (self.label, int(self.cfg.connect_timeout),
-                                                                             last))
+                    said = (": last error: %s" % last) if last is not None else ""
+                    bound = "%g s (transport auto's probe)" % limit if limit else "%ss (option connect_timeout)" % int(
+                        self.cfg.connect_timeout)
+                    raise errors.Unreachable("could not connect to the guest agent of session %s within %s%s"
+                                             % (self.label, bound, said))
+
+    def _usable(self) -> bool:
+        """Whether the session is usable now (a refused dial then means the port, not a sandbox still starting)."""
+        return profile.short_status(self.check_session().get("status")) in profile.USABLE
 
     def report(self, e: errors.SandboxError) -> dict[str, str]:
         """The ERROR payload of a failure on this session.

@@ -78,6 +78,17 @@ def status_error(status: int, label: str, port: int) -> errors.TunnelFailure:
     return errors.TunnelFailure(text, status=status, fatal=400 <= status < 500 and status not in (408, 429))
 
 
+def port_refused(error: errors.TunnelFailure) -> bool:
+    """Whether a port-forward failure is the guest port refusing the platform's dial (nothing listens there).
+
+    The handler dials the guest before upgrading (PORT-FORWARD), so a closed port is a pre-upgrade 502 "could not
+    reach guest port" (docs/platform-contract.md, section 2); a dial that fails after the upgrade closes with 4002.
+    A 502 also comes from a sandbox that is not running (yet): the caller asks the session's state before it
+    believes the port.
+    """
+    return error.status == 502 or error.close_code == 4002
+
+
 def close_error(code: int, reason: str, label: str, port: int) -> errors.TunnelFailure | None:
     """A WebSocket close code of the port-forward, as a clear error (None for a normal close)."""
     why = (": " + reason) if reason else ""

@@ -43,7 +43,7 @@ class LinkConfig:
     scratch_dir: str = profile.SCRATCH_DIR
     validate_certs: bool = True
     host_tag: str = ""
-    transport: str = "agent"  # agent, api or auto (_mux/api_road.py)
+    transport: str = "auto"  # agent, api or auto, the default (_mux/session_link.py picks agent or api)
 
     def __post_init__(self) -> None:
         # the options may arrive as strings or None (env vars, ini): normalise once, here
@@ -55,7 +55,7 @@ class LinkConfig:
         object.__setattr__(self, "scratch_dir", self.scratch_dir or profile.SCRATCH_DIR)
         if self.validate_certs is None:
             object.__setattr__(self, "validate_certs", True)
-        object.__setattr__(self, "transport", (self.transport or "agent").lower())
+        object.__setattr__(self, "transport", (self.transport or "auto").lower())
         if self.transport not in TRANSPORTS:
             raise ValueError("transport must be one of %s, got %r" % (", ".join(TRANSPORTS), self.transport))
 
@@ -66,10 +66,7 @@ class LinkConfig:
         return mp.link_key(self.api_url, self.prefix, self.session, port, self.token)
 
     def to_wire(self) -> dict:
-        data = dataclasses.asdict(self)
-        if data["transport"] == "agent":
-            del data["transport"]  # the default: a mux started before the option existed still takes the attach
-        return data
+        return dataclasses.asdict(self)  # transport always: a request without it means agent (from_wire)
 
     @classmethod
     def from_wire(cls, data: dict) -> LinkConfig:
@@ -80,7 +77,8 @@ class LinkConfig:
             raise errors.ProtocolMismatch("unknown session settings %s (worker and mux versions differ?)" % ", ".join(unknown))
         if not data.get("session") or not data.get("token"):
             raise errors.ProtocolMismatch("an attach request needs a session and a token")
-        return cls(**data)
+        # A worker of the same protocol from before `auto` became the default left `agent` off the wire.
+        return cls(**dict({"transport": "agent"}, **data))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -87,8 +87,9 @@ class MuxClient:
     """One connection to the mux serving the session of `cfg`, started on demand and attached to that session."""
 
     def __init__(self, base_dir: str, cfg: LinkConfig, pool_size: int = DEFAULT_POOL_SIZE,
-                 log: Callable[[str], None] | None = None, max_output: int = DEFAULT_MAX_OUTPUT) -> None:
+                 log: Callable[[str], None] | None = None, max_output: int = DEFAULT_MAX_OUTPUT, run: str = "") -> None:
         self.cfg = cfg  # a LinkConfig: cfg.session is the platform session's id or name
+        self.run = run  # the run's id (run_identity): the mux tells each run which road `auto` chose, once
         self.max_output = max_output  # bytes of one command's stdout + stderr held in memory; 0 = no limit
         self.key = cfg.key
         self.base_dir = base_dir
@@ -98,7 +99,8 @@ class MuxClient:
         self.connect_timeout = float(cfg.connect_timeout)
         self._log = log or (lambda msg: None)
         self.sock: socket.socket | None = None
-        self.attached: dict[str, Any] | None = None  # the mux's answer to attach: pid, session_id, label, generation
+        # the mux's answer to attach: pid, session_id, label, generation, road, road_note (auto's choice, once a run)
+        self.attached: dict[str, Any] | None = None
         self.started = False  # True when this client started the mux
 
     def __repr__(self) -> str:
@@ -133,7 +135,7 @@ class MuxClient:
     def _attach(self) -> dict[str, Any]:
         sock = self._socket()
         try:
-            mp.send_frame(sock, mp.REQUEST, {"op": "attach", "session": self.cfg.to_wire()})
+            mp.send_frame(sock, mp.REQUEST, {"op": "attach", "session": self.cfg.to_wire(), "run": self.run})
         except (BrokenPipeError, ConnectionResetError) as e:
             raise mp.NotAccepted() from e
         for kind, payload in self._frames(sock):

@@ -200,11 +200,17 @@ def test_bad_env_names_are_refused():
 
 def test_the_transport_setting_on_the_wire_and_in_the_link_key():
     from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import LinkConfig
-    agent = LinkConfig(session="box", token="t")
+    default = LinkConfig(session="box", token="t")
+    agent = LinkConfig(session="box", token="t", transport="agent")
     api = LinkConfig(session="box", token="t", transport="API")
-    assert "transport" not in agent.to_wire()  # the default stays off the wire: an older mux still takes it
-    assert LinkConfig.from_wire(api.to_wire()) == api and api.transport == "api"
-    assert len({agent.key, api.key, LinkConfig(session="box", token="t", transport="auto").key}) == 3
+    assert default.transport == "auto" and LinkConfig(session="box", token="t", transport=None).transport == "auto"
+    for cfg in (default, agent, api):  # always on the wire, so a mux's own default never decides
+        assert cfg.to_wire()["transport"] == cfg.transport and LinkConfig.from_wire(cfg.to_wire()) == cfg
+    assert api.transport == "api"
+    # an attach without it comes from a worker of before `auto` became the default, which left `agent` off the wire
+    old_wire = {k: v for k, v in agent.to_wire().items() if k != "transport"}
+    assert LinkConfig.from_wire(old_wire).transport == "agent"
+    assert len({agent.key, api.key, default.key}) == 3
     with pytest.raises(ValueError, match="agent, api, auto"):
         LinkConfig(session="box", token="t", transport="ssh")
 

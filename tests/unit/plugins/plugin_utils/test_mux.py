@@ -337,3 +337,64 @@ def test_only_a_lost_command_asks_the_platform_about_its_session(served):
     with pytest.raises(errors.CommandLost):
         client.exec(["true"])
     assert checks == [1]
+
+
+class RefusingTunnel:
+    """A tunnel whose every dial the platform refused with a pre-upgrade 502 (nothing listens on the port)."""
+
+    def errors_since(self, since):
+        return [errors.TunnelFailure("could not reach guest port 8443 (HTTP 502)", status=502)]
+
+    def stop(self):
+        pass
+
+
+def probing_link(tmp_path, status):
+    """An `auto` link on a session in `status` whose agent port refuses, with a channel that never connects."""
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link import SessionLink
+
+    class Api:
+        def get_session(self, sid):
+            return {"session_id": sid, "status": "SESSION_STATUS_" + status}
+
+        def wait_session(self, sid, timeout):
+            return self.get_session(sid)
+
+    link = SessionLink(LinkConfig(session="box", token="t", transport="auto"), str(tmp_path))
+    link.api, link.session_id, link.label = Api(), "sid-1", "box (sid-1)"
+    link.tunnel = RefusingTunnel()
+    link.client = ac.AgentClient(ac.open_channel("unix:" + str(tmp_path / "nobody.sock")), link.label)
+    return link
+
+
+def test_auto_takes_a_refused_agent_port_on_a_usable_session_as_the_answer(tmp_path):
+    """The refusal itself ends auto's probe (not the probe's time running out)."""
+    link = probing_link(tmp_path, "READY")
+    try:
+        with pytest.raises(errors.TunnelFailure) as e:
+            link.ensure_ready(limit=30, refusal_ends=True)
+        assert e.value.status == 502
+    finally:
+        link.client.close()
+
+
+def test_auto_does_not_believe_a_refusal_while_the_session_is_not_usable(tmp_path):
+    """A 502 while the sandbox is still starting says nothing about the port: the probe goes on to its end."""
+    link = probing_link(tmp_path, "PROVISIONING")
+    try:
+        with pytest.raises(errors.Unreachable, match=r"within 1 s \(transport auto's probe\)") as e:
+            link.ensure_ready(limit=1, refusal_ends=True)
+        assert not isinstance(e.value, errors.TunnelFailure)
+    finally:
+        link.client.close()
+
+
+def test_the_choice_is_told_once_to_each_run(tmp_path):
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link import SessionLink
+    link = SessionLink(CFG, str(tmp_path))
+    assert link.road_note("run-1") is None  # no choice made (yet, or not auto): nothing to tell
+    link.label, link.road, link.road_why = "box (sid-1)", "api", "the agent port refused: HTTP 502"
+    note = link.road_note("run-1")
+    assert note == "session box (sid-1): transport auto chose api (the agent port refused: HTTP 502)"
+    assert link.road_note("run-1") is None and link.road_note("") is None
+    assert link.road_note("run-2") == note
