@@ -3,6 +3,7 @@ import base64
 import json
 import queue
 import struct
+import time
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import module_runner as wr
@@ -73,6 +74,11 @@ def test_the_preload_dirs_of_dead_runners_are_swept_at_start(tmp_path):
     gone.wait()
     runner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", wr.MARKER])
     other = subprocess.Popen(["sleep", "60"])  # alive, but not a runner (a reused pid)
+    # Popen returns once exec began; the kernel sets the new command line a moment later, so wait for it
+    for _ in range(500):
+        if wr.runner_alive(runner.pid):
+            break
+        time.sleep(0.01)
     try:
         names = {"dead": "microvm-warm-%d-a1" % gone.pid, "live": "microvm-warm-%d-b2" % runner.pid,
                  "reused": "microvm-warm-%d-c3" % other.pid, "own": "microvm-warm-%d-d4" % os.getpid(),
