@@ -75,7 +75,7 @@ def test_the_preload_dirs_of_dead_runners_are_swept_at_start(tmp_path):
     runner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", wr.MARKER])
     other = subprocess.Popen(["sleep", "60"])  # alive, but not a runner (a reused pid)
     # Popen returns once exec began; the kernel sets the new command line a moment later, so wait for it
-    for _ in range(500):
+    for _attempt in range(500):
         if wr.runner_alive(runner.pid):
             break
         time.sleep(0.01)
