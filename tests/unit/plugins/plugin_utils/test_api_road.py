@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_exec, api_road, api_transfer
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_exec, api_road, api_transfer, run_dirs
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 
 SID = "a1b2c3d4-e5f6-7890-abcd-ef1234567890"
@@ -95,7 +95,7 @@ def test_exec_is_one_buffered_job_and_carries_env_through_env1(fake):
     assert headers["Accept"] == "application/json" and headers["Authorization"] == "Bearer tok"
     assert doc["argv"][:5] == ["/bin/sh", "-c", api_exec.JOB_SCRIPT, "sh", "run"]
     assert doc["argv"][6:] == [str(api_exec.WAIT_SLICE), "0", "0", "0", "/usr/bin/env", "--", "A=1 2", "printenv", "A"]
-    assert doc["argv"][5].startswith("/workspace/.scratch/.api-jobs/")
+    assert doc["argv"][5].startswith("/workspace/.scratch/%s/jobs/" % run_dirs.api_dir_name(""))
     assert base64.b64decode(doc["stdin"]) == b"in" and doc["timeout_seconds"] <= api_exec.EXEC_MAX_TIMEOUT
     assert "keep_stdin_open" not in doc
 
