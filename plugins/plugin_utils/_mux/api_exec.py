@@ -8,9 +8,10 @@
 timeout clamped server-side (default 60, maximum 240) (EXEC, DOCTL-EXEC; docs/platform-contract.md, section 0).
 Every command runs as a JOB so that neither bound reaches it:
 
-- a small sh script (JOB_SCRIPT, the guest program _guest/api_job.sh; argv has no shell, so it is ["/bin/sh", "-c", script, "sh", ...]) keeps the
-  one-shot stdin in a file of the job's scratch dir, starts the command in its own session (setsid) with its
-  stdout and stderr in files there, and waits for it at most one slice (WAIT_SLICE, under the clamp);
+- a small sh script (JOB_SCRIPT, the guest program _guest/api_job.sh; argv has no shell, so it is
+  ["/bin/sh", "-c", script, "sh", ...]) keeps the one-shot stdin in a file of the job's dir, starts the
+  command in its own session (setsid) with its stdout and stderr in files there, and waits for it at most
+  one slice (WAIT_SLICE, under the clamp);
 - a command that ends within the slice answers in that same exec, its output inline (base64: the answer's
   text would not carry every byte) when the rest fits well under the cap, else the files are downloaded
   through the documented file API and removed; a cut is never taken for the whole;
