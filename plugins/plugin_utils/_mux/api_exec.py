@@ -38,7 +38,7 @@ import posixpath
 import tempfile
 import time
 import uuid
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import script_of
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
@@ -160,8 +160,12 @@ class Jobs:
     def _script(self, mode: str, job: str, wait: int, have: tuple[int, int] = (0, 0), args: Sequence[str] = (),
                 stdin: bytes = b"", workdir: str = "", call: Call | None = None) -> Answer:
         """One run of JOB_SCRIPT; `have` is the stdout and stderr bytes already read."""
-        answer = self.raw(["/bin/sh", "-c", JOB_SCRIPT, "sh", mode, job, str(wait), str(have[0]), str(have[1])] + list(args),
-                          stdin=stdin, timeout=wait + SLICE_MARGIN, workdir=workdir, call=call)
+        return self._slice(["/bin/sh", "-c", JOB_SCRIPT, "sh", mode, job, str(wait), str(have[0]), str(have[1])] + list(args),
+                           wait, stdin, workdir, call)
+
+    def _slice(self, argv: Sequence[str], wait: int, stdin: bytes = b"", workdir: str = "", call: Call | None = None) -> Answer:
+        """One exec that answers like the job script within `wait` seconds (the job script, or a warm client)."""
+        answer = self.raw(argv, stdin=stdin, timeout=wait + SLICE_MARGIN, workdir=workdir, call=call)
         if trailer(answer) is None and 1000 <= answer.duration_ms < wait * 1000:
             # the platform ended the exec before its slice: it clamps harder than documented; wait less per exec
             self.slice = max(1, min(self.slice, answer.duration_ms // 1000 - 1))
@@ -170,9 +174,13 @@ class Jobs:
         return answer
 
     # -- a command as a job -----------------------------------------------------------------
-    def run(self, call: Call, stdin: bytes) -> Iterator[tuple[str, Any]]:
+    def run(self, call: Call, stdin: bytes, start: Callable[[str, int], list[str]] | None = None) -> Iterator[tuple[str, Any]]:
         """('stdout'|'stderr', bytes) as they come and last ('exit', ExecResult) of call.argv run as a job;
-        CommandLost otherwise."""
+        CommandLost otherwise.
+
+        With `start`, the first exec is start(job dir, seconds to wait) with `stdin`, a guest program that answers
+        like the job script and leaves a job dir like its jobs when it hands over (_guest/warm_client.py); the rest
+        (polls, kill, download, drop) is the same."""
         job = posixpath.join(self.jobs_dir, uuid.uuid4().hex)
         started = time.monotonic()
         deadline = started + call.timeout if call.timeout else None
@@ -181,11 +189,17 @@ class Jobs:
         have = [0, 0]  # stdout and stderr bytes read so far
         try:
             staged = len(stdin) > ONE_SHOT_MAX
+            if staged and start is not None:
+                raise errors.SandboxError("session %s: %d bytes of stdin do not fit one exec" % (self.label, len(stdin)))
             if staged:
                 self._stage(stdin, job)
             how = STDIN_STAGED if staged else STDIN_INLINE if stdin else STDIN_NONE  # none: never wait on an open stdin
-            answer = self._script("run", job, self._wait(deadline), (0, 0), [how] + list(call.argv),
-                                  stdin=b"" if staged else stdin, workdir=call.workdir, call=call)
+            if start is not None:
+                wait = self._wait(deadline)
+                answer = self._slice(start(job, wait), wait, stdin, call.workdir, call)
+            else:
+                answer = self._script("run", job, self._wait(deadline), (0, 0), [how] + list(call.argv),
+                                      stdin=b"" if staged else stdin, workdir=call.workdir, call=call)
             probed = False
             while True:
                 said = trailer(answer)

@@ -116,7 +116,8 @@ class RunDirs:
         if listing.truncated:
             log.info("session %s: sweep: more run dirs in %s than one listing holds: the rest go at the next sweep",
                      self.link.label, scratch)
-        stale, stale_api = [], []
+        stale: list[str] = []
+        stale_api: list[str] = []
         for name in capped.complete_lines(listing):
             if "/" in name:
                 continue
