@@ -148,14 +148,15 @@ class Jobs:
             if conn.sock is not None:
                 conn.sock.settimeout(max(READ_TIMEOUT, timeout + SLICE_MARGIN))
             raw = resp.read(16 * STREAM_CAP)  # two capped streams, escaped in JSON at worst
-            return parse_answer(json.loads(raw.decode("utf-8") or "{}"), resp.headers)
+            answer = parse_answer(json.loads(raw.decode("utf-8") or "{}"), resp.headers)
         except (OSError, http.client.HTTPException, ValueError) as e:
-            raise errors.CommandLost("lost the answer of a command on session %s: %s; it may have partly run and is "
-                                     "not re-run" % (self.label, e)) from e
-        finally:
             if call is not None:
                 call.conn = None
             conn.close()
+            raise errors.CommandLost("lost the answer of a command on session %s: %s; it may have partly run and is "
+                                     "not re-run" % (self.label, e)) from e
+        self.http.release(conn, resp, call)  # kept for the next call when it was read whole
+        return answer
 
     def _script(self, mode: str, job: str, wait: int, have: tuple[int, int] = (0, 0), args: Sequence[str] = (),
                 stdin: bytes = b"", workdir: str = "", call: Call | None = None) -> Answer:

@@ -336,3 +336,56 @@ def test_a_platform_without_staged_transfers_gets_no_direct_download_past_the_bo
     assert "5000 bytes" in str(err.value) and "transport agent" in str(err.value)
     assert not [s for s in server.seen if s[1].startswith(route("/workspace/download"))]
     assert list(tmp_path.iterdir()) == []
+
+
+class KeepAlive(Fake):
+    """Fake over HTTP/1.1: a connection stays open between calls; each new one is counted."""
+
+    protocol_version = "HTTP/1.1"
+
+    def setup(self):
+        super().setup()
+        self.server.connections += 1
+
+
+@pytest.fixture
+def keepalive():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), KeepAlive)
+    server.answers, server.seen, server.connections = {}, [], 0
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = api_road.ApiRoadClient("http://127.0.0.1:%d" % server.server_address[1], "/v2/agents", "tok", SID, "box",
+                                    connect_timeout=5)
+    yield server, client
+    client.close()
+    server.shutdown()
+
+
+def test_calls_share_one_kept_alive_connection(keepalive):
+    server, client = keepalive
+    server.answers[("POST", route("/sandbox/exec"))] = answer(0, "hi")
+    for _dummy in range(3):
+        assert client.jobs.raw(["echo", "hi"]).stdout == b"hi"
+    assert len(server.seen) == 3 and server.connections == 1
+
+
+def test_a_cancelled_call_hangs_up_its_own_connection_and_it_is_not_kept(keepalive):
+    server, client = keepalive
+    server.answers[("POST", route("/sandbox/exec"))] = answer(0, "hi")
+    client.jobs.raw(["true"])
+    call = api_road.Call(["true"], "", 0, False)
+    call.cancel()
+    with pytest.raises(errors.SandboxError):
+        client.jobs.raw(["true"], call=call)
+    assert client.http._idle is None  # the kept connection went to the cancelled call, which closed it
+    client.jobs.raw(["true"])
+    assert server.connections == 2 and len(server.seen) == 2  # the cancelled call sent nothing
+
+
+def test_a_kept_connection_the_server_closed_is_replaced_without_losing_the_call(keepalive):
+    server, client = keepalive
+    server.answers[("POST", route("/sandbox/exec"))] = [answer(0, "one"),
+                                                       (200, {"Content-Type": "application/json", "Connection": "close"},
+                                                        json.dumps({"exit_code": 0, "stdout": "two", "stderr": ""}).encode()),
+                                                       answer(0, "three")]
+    assert [client.jobs.raw(["x"]).stdout for _dummy in range(3)] == [b"one", b"two", b"three"]
+    assert server.connections == 2 and len(server.seen) == 3
