@@ -17,7 +17,8 @@ with the same code (api_exec.Jobs):
   keeper in it: the road's kill stops either, which closes the connection, and the runner kills the modules
   it started.
 
-No runner at the socket: exit code 3 and a message, nothing sent (the road runs the task cold).
+No runner at the socket: exit code 3 and a message (with the end of the runner's log when it was just started
+and exited), nothing sent (the road runs the task cold).
 Stdlib only, no site (-I -S): it starts in a few ms. Python 3.6+.
 """
 
@@ -34,6 +35,7 @@ ASKS = (1, 3, 4)             # RUN, RUNREF, TMP: requests that get a last frame
 READY = 10
 LAST = (14, 15, 16, 17)      # EXIT, REFUSE, MISS, DONE
 NO_RUNNER = 3
+RUNNER_PID_ENV = "MICROVM_WARM_RUNNER_PID"  # set by the road's launch: the runner it just started (this client's child)
 
 
 class Frames:
@@ -72,7 +74,9 @@ def asks(frames: bytes) -> "set":
 
 
 def connect(path: str, wait: float, job: str) -> socket.socket:
+    """A connection to the runner; waiting up to `wait` s for one just started (its pid in RUNNER_PID_ENV, our child)."""
     deadline = time.monotonic() + wait
+    starting = int(os.environ.get(RUNNER_PID_ENV) or 0)
     while True:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -80,11 +84,29 @@ def connect(path: str, wait: float, job: str) -> socket.socket:
             return conn
         except OSError as e:
             conn.close()
-            if time.monotonic() >= deadline:
+            ended = False
+            if starting:
+                try:
+                    ended = os.waitpid(starting, os.WNOHANG)[0] != 0
+                except OSError:
+                    ended = True
+            if ended or time.monotonic() >= deadline:
                 drop(job)
-                sys.stderr.write("microvm warm client: no warm runner at %s: %s\n" % (path, e))
+                sys.stderr.write("microvm warm client: no warm runner at %s (%s)%s\n"
+                                 % (path, "it exited" if ended else e, log_tail(os.path.join(os.path.dirname(path), "log"))))
                 sys.exit(NO_RUNNER)
             time.sleep(0.02)
+
+
+def log_tail(path: str) -> str:
+    """The end of the runner's stderr (its log), for the message when it could not start."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 500))
+            text = f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+    return "; its stderr: " + text if text else ""
 
 
 def keep(conn: socket.socket, frames: Frames, job: str) -> None:

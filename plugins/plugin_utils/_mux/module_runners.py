@@ -393,7 +393,7 @@ class ApiModuleRunner(ModuleRunner):
         """Start the runner detached (its stderr in its dir's log), then greet it with the client (its READY)."""
         greet = self.client_argv(job, wait, START_TIMEOUT)  # it reads its own arguments only: the runner's follow
         return ["/bin/sh", "-c", 'd=$1 m=$2; shift 2; mkdir -p -m 0700 -- "$d" || exit 1; '
-                '(shift "$m"; exec "$@") </dev/null >/dev/null 2>"$d/log" & exec "$@"',
+                '(shift "$m"; exec "$@") </dev/null >/dev/null 2>"$d/log" & export %s=$!; exec "$@"' % wc.RUNNER_PID_ENV,
                 "sh", self.dir, str(len(greet))] + greet + runner_python_argv(self.interpreter, self.dir) + [self.socket]
 
     def start(self) -> None:
@@ -457,7 +457,8 @@ class ApiModuleRunner(ModuleRunner):
                 self.calls.pop(rid, None)
                 q = self.pending.pop(rid, None)
                 self.whole.pop(rid, None)
-                if q is not None:
+                if q is not None:  # its answer ended without the request's last frame: the runner is lost
+                    self.alive = False
                     self._deliver(rid, q, ("dead", why), last=True)
                 self.abandoned.discard(rid)
 
