@@ -7,7 +7,6 @@ import json
 import struct
 import zipfile
 
-import pytest
 from microvm_warm_testing import LocalRunner
 from test_connection import BATTERY, env, inventory, mux_dir  # noqa: F401  (fixtures are re-used)
 

@@ -405,7 +405,7 @@ class ApiModuleRunner(ModuleRunner):
         except errors.SandboxError as e:
             why = str(e)
         self.pending.pop(0, None)
-        event = ready.get_nowait() if not ready.empty() else ("dead", why)
+        event: Event = ready.get_nowait() if not ready.empty() else ("dead", why)
         if event[0] != "ready":
             self.stop()
             raise errors.WarmRefused("the warm runner could not start with %s: %s" % (self.interpreter, event[1]))
