@@ -12,6 +12,7 @@
 # hangs up, which stops the job), and a job more than BACKLOG bytes ahead of the road is paused until it catches
 # up, as a pipe would hold it. Output travels base64 (the answer carries text: other bytes could change);
 # without base64(1) in the guest it is left in the job dir for download (kept=1).
+# A stream sent whole from its start is one base64(1), an empty one nothing: tail and head only for a part.
 # The last line of stderr is the script's word on the job, after the marker: `done <rc> <stdout bytes>
 # <stderr bytes> <kept>`, `running <stdout bytes> <stderr bytes>` (read so far), or `absent`.
 m=$1 d=$2 w=$3 oo=$4 eo=$5; shift 5
@@ -19,19 +20,23 @@ M='@TRAILER@'
 S=@STEP@
 size() { os=$(($(wc -c <"$d/out"))) es=$(($(wc -c <"$d/err"))); }
 fresh() { size; [ $((os - oo + es - eo)) -ge $S ]; }
-b64() { tail -c +$(($2 + 1)) "$1" | head -c "$3" | base64; }
+b64() {
+  if [ "$3" -eq 0 ]; then :
+  elif [ "$2" -eq 0 ] && [ "$3" -eq "$4" ]; then base64 <"$1"
+  else tail -c +$(($2 + 1)) "$1" | head -c "$3" | base64; fi
+}
 emit() {
   size
   if [ -e "$d/rc" ]; then
-    rc=$(cat "$d/rc")
+    read -r rc <"$d/rc"
     if command -v base64 >/dev/null 2>&1 && [ $((os - oo)) -le @INLINE@ ] && [ $((es - eo)) -le @INLINE@ ]; then
-      b64 "$d/out" "$oo" $((os - oo)); b64 "$d/err" "$eo" $((es - eo)) >&2; rm -rf -- "$d"; k=0
+      b64 "$d/out" "$oo" $((os - oo)) "$os"; b64 "$d/err" "$eo" $((es - eo)) "$es" >&2; rm -rf -- "$d"; k=0
     else k=1; fi
     printf '\n%s done %s %s %s %s\n' "$M" "$rc" "$os" "$es" "$k" >&2
   else
     if command -v base64 >/dev/null 2>&1; then
       no=$((os - oo)) ne=$((es - eo)); [ $no -le $S ] || no=$S; [ $ne -le $S ] || ne=$S
-      b64 "$d/out" "$oo" $no; b64 "$d/err" "$eo" $ne >&2; oo=$((oo + no)) eo=$((eo + ne))
+      b64 "$d/out" "$oo" $no "$os"; b64 "$d/err" "$eo" $ne "$es" >&2; oo=$((oo + no)) eo=$((eo + ne))
       p=$(cat "$d/pid" 2>/dev/null)
       if [ $((os - oo)) -gt @BACKLOG@ ] || [ $((es - eo)) -gt @BACKLOG@ ]; then kill -STOP "-$p" 2>/dev/null
       else kill -CONT "-$p" 2>/dev/null; fi
