@@ -95,9 +95,10 @@ def main():
                        "ssh": stage.inventory("ssh")}
         commands = per_command_task(stage, inventories, args.repeat, cores)
         if args.only_commands:
-            print("wrote %s" % benchlib.save_json(args.output, {"per_command_task": commands, "repeat": args.repeat,
-                                                               "machine": {"cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()},
-                                                               "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
+            doc = {"per_command_task": commands, "repeat": args.repeat,
+                   "machine": {"cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()},
+                   "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            print("wrote %s" % benchlib.save_json(args.output, doc))
             return
         for mode in MODES:  # warm-up: each road's link in the mux and ssh's ControlMaster come up here
             run_playbook(tmp, "playbook.yml", inventories[mode], stage.env)

@@ -347,6 +347,12 @@ class KeepAlive(Fake):
         super().setup()
         self.server.connections += 1
 
+    def send_header(self, keyword, value):
+        if keyword == "X-Then-Close":  # the server drops the connection after this answer, without saying so
+            self.close_connection = True
+            return
+        super().send_header(keyword, value)
+
 
 @pytest.fixture
 def keepalive():
@@ -381,11 +387,14 @@ def test_a_cancelled_call_hangs_up_its_own_connection_and_it_is_not_kept(keepali
     assert server.connections == 2 and len(server.seen) == 2  # the cancelled call sent nothing
 
 
-def test_a_kept_connection_the_server_closed_is_replaced_without_losing_the_call(keepalive):
+def test_a_kept_connection_the_server_closes_is_replaced_without_losing_a_call(keepalive):
+    """An answer that says `Connection: close` is not kept; one kept that the server then closed while idle is
+    replaced when the next call finds it closed (before the server read that call)."""
     server, client = keepalive
-    server.answers[("POST", route("/sandbox/exec"))] = [answer(0, "one"),
-                                                       (200, {"Content-Type": "application/json", "Connection": "close"},
-                                                        json.dumps({"exit_code": 0, "stdout": "two", "stderr": ""}).encode()),
-                                                       answer(0, "three")]
-    assert [client.jobs.raw(["x"]).stdout for _dummy in range(3)] == [b"one", b"two", b"three"]
-    assert server.connections == 2 and len(server.seen) == 3
+    closing = (200, {"Content-Type": "application/json", "Connection": "close"},
+               json.dumps({"exit_code": 0, "stdout": "two", "stderr": ""}).encode())
+    quietly_closing = (200, {"Content-Type": "application/json", "X-Then-Close": "1"},
+                       json.dumps({"exit_code": 0, "stdout": "three", "stderr": ""}).encode())
+    server.answers[("POST", route("/sandbox/exec"))] = [answer(0, "one"), closing, quietly_closing, answer(0, "four")]
+    assert [client.jobs.raw(["x"]).stdout for _dummy in range(4)] == [b"one", b"two", b"three", b"four"]
+    assert server.connections == 3 and len(server.seen) == 4  # each call answered once: none sent twice
