@@ -426,6 +426,10 @@ class ApiModuleRunner(ModuleRunner):
             elif kind == "stderr" and data.strip():
                 log.info("session %s: warm client said: %s", self.client.label, shown(data[-STDERR_KEPT:], text=True))
 
+    def kill(self, rid: int) -> None:
+        """Stop a request's exec (alive or not: a runner marked lost may still run its module)."""
+        self._send(rid, wr.KILL)
+
     def _send(self, rid: int, kind: int, body: bytes = b"") -> None:
         if kind == wr.KILL:
             call = self.calls.get(rid)
