@@ -171,3 +171,78 @@ def test_the_runner_stops_once_its_socket_file_is_removed(runner):
     proc, sock, _tmp = runner
     os.unlink(sock)
     assert proc.wait(timeout=20) == 0
+
+
+# -- the mux's side (module_runners.ApiModuleRunner) with a stand-in road: one layer ----------------------------
+
+class FakeJobs:
+    """Answers each exec's frames as a runner would (READY first), or as `script` says for the next exec."""
+
+    def __init__(self):
+        self.execs = []
+        self.script = []  # per exec: a function (frames) -> the frames to answer
+
+    def run(self, call, frames, start=None):
+        self.execs.append(wr.HEADER.unpack_from(frames)[2] if frames else None)
+        answer = self.script.pop(0)(frames) if self.script else self.runner(frames)
+        yield "stdout", answer
+        yield "exit", None
+
+    @staticmethod
+    def frame(rid, kind, body=b""):
+        return wr.HEADER.pack(len(body), rid, kind) + body
+
+    def runner(self, frames):
+        ready = self.frame(0, wr.READY, json.dumps({"python": "3", "pid": 1}).encode())
+        if not frames:
+            return ready
+        _length, rid, kind = wr.HEADER.unpack_from(frames)
+        if kind == wr.RUNREF:
+            return ready + self.frame(rid, wr.MISS)
+        return ready + self.frame(rid, wr.STARTED) + self.frame(rid, wr.OUT, b"out") + self.frame(rid, wr.EXIT, b'{"rc": 0}')
+
+
+class FakeClient:
+    label = "box"
+    api_dir = "/scratch/api.x-1-1"
+
+    def __init__(self):
+        self.jobs = FakeJobs()
+
+
+def events_of(q):
+    got = []
+    while True:
+        kind, data = q.get(timeout=10)
+        got.append((kind, data))
+        if kind in ("exit", "refuse", "dead", "done"):
+            return got
+
+
+def test_a_runner_that_dropped_a_held_zip_gets_the_whole_payload_on_a_new_exec():
+    client = FakeClient()
+    runner = module_runners.ApiModuleRunners(client).get("/usr/bin/python3")
+    data = payload()
+    _rid, q = runner.submit({}, data)
+    assert events_of(q)[-1] == ("exit", 0)
+    _rid, q = runner.submit({}, data)  # its zip is held now: sent by reference, answered MISS, then whole
+    assert events_of(q) == [("started", None), ("stdout", b"out"), ("exit", 0)]
+    assert client.jobs.execs == [None, wr.RUN, wr.RUNREF, wr.RUN] and runner.alive
+
+
+def test_an_answer_that_ends_before_the_last_frame_is_a_lost_runner():
+    client = FakeClient()
+    runner = module_runners.ApiModuleRunners(client).get("/usr/bin/python3")
+    client.jobs.script.append(lambda frames: FakeJobs.frame(0, wr.READY, b"{}") + FakeJobs.frame(1, wr.STARTED))
+    _rid, q = runner.submit({}, payload())
+    got = events_of(q)
+    assert got[0] == ("started", None) and got[-1][0] == "dead" and not runner.alive
+
+
+def test_a_hostile_frame_ends_the_runner_and_the_task_is_lost_not_hung():
+    client = FakeClient()
+    runner = module_runners.ApiModuleRunners(client).get("/usr/bin/python3")
+    client.jobs.script.append(lambda frames: wr.HEADER.pack(module_runners.FRAME_MAX + 1, 1, wr.OUT))
+    _rid, q = runner.submit({}, payload())
+    got = events_of(q)
+    assert got[-1][0] == "dead" and "frame of" in got[-1][1] and not runner.alive
