@@ -23,6 +23,8 @@ echo "== connection: 30-task playbook vs local and SSH, 256 MiB copies vs scp wi
 "$PY" bench/connection_bench.py --repeat "$REPEAT"
 echo "== warm runner on ansible-core 2.19 and the newest (.venv-newest) vs cold, local, SSH and Mitogen, with core's per-task floor and each mode's CPU per task (bench/fastpath_bench.py)"
 "$PY" bench/fastpath_bench.py --repeat "$REPEAT" --mitogen-venv "$MITOGEN_VENV" --newest-venv .venv-newest
+echo "== the api road: per command task vs the agent road on 2.19 and the newest core, a 30-task playbook and 256 MiB copies on each road and SSH (bench/api_road_bench.py)"
+"$PY" bench/api_road_bench.py --repeat "$REPEAT" --newest-venv .venv-newest
 echo "== directory trees: microvm.sandbox.sync vs rsync over SSH and copy (bench/sync_bench.py)"
 "$PY" bench/sync_bench.py --repeat "$REPEAT"
 echo "== load: 50 sessions x 30 tasks, forks 25 (bench/load_bench.py)"

@@ -1,21 +1,20 @@
 """The warm module runner (option warm_runner): the connection battery with it on and off, its fallbacks,
-and the runner itself driven locally with hand-made AnsiballZ-like payloads."""
+and the runner itself driven locally with hand-made AnsiballZ-like payloads. On either road
+(MICROVM_TEST_TRANSPORT)."""
 import base64
 import io
 import json
 import struct
 import zipfile
 
-import pytest
 from microvm_warm_testing import LocalRunner
 from test_connection import BATTERY, env, inventory, mux_dir  # noqa: F401  (fixtures are re-used)
 
 # pytest finds fixtures by name in this module's namespace: referenced so linters keep the imports.
 _REUSED_FIXTURES = (env, inventory, mux_dir)
 
-pytestmark = pytest.mark.agent_road(
-    "the warm module runner: the api road has none (a runner needs a stdin that outlives a command, which the "
-    "documented exec gives only with the team's interactive stdin, and it would run into the 240 s exec limit)")
+# Both roads: on the api road the runner listens on a socket and each request is one buffered exec of
+# _guest/warm_client.py (module_runners.ApiModuleRunner).
 
 HEADER = struct.Struct("!IIB")
 RUN, KILL = 1, 2

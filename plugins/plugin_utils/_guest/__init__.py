@@ -8,6 +8,7 @@ Standard library only and self-contained.
 
 from __future__ import annotations
 
+import os
 from types import ModuleType
 
 # Linux refuses any single argv string longer than MAX_ARG_STRLEN (32 pages of 4 KiB), whatever ARG_MAX says.
@@ -21,3 +22,14 @@ def source_of(program: ModuleType) -> str:
         path = path[:-1]
     with open(path, "r", encoding="utf-8") as f:
         return f.read()
+
+
+def script_of(name: str, values: dict[str, object]) -> str:
+    """A guest shell script of this package (sent as the one `sh -c` argument that runs it), its whole-line
+    comments dropped (they would travel with every exec) and each @NAME@ replaced by values[NAME]."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    with open(path, "r", encoding="utf-8") as f:
+        text = "".join(line for line in f if not line.startswith("#"))
+    for key, value in values.items():
+        text = text.replace("@%s@" % key, str(value))
+    return text

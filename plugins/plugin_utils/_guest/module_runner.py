@@ -21,6 +21,13 @@ byte-identical to the preloaded one; otherwise (and for anything else the
 runner does not support) it answers REFUSE before running anything, and the
 task runs cold as a plain pipelined exec.
 
+On the api road (no stream with stdin: the platform's buffered exec) the runner is started detached, with a
+fifth argument, the path of a unix socket it listens on (`<python> -c <source> microvm-warm-runner <config>
+<work root> <socket>`). Each task's exec is the small client _guest/warm_client.py, which connects, sends
+the task's frames and brings back the answers: request ids are per connection (the runner maps them to its
+own), a client that goes away has its modules killed, every connection is first sent READY, and the runner
+stops once its socket file is removed or replaced (the link closes, or a later link sweeps a gone mux's dir).
+
 Frames: 9-byte header (4-byte length, 4-byte request id, 1-byte kind) + payload.
     mux -> runner: RUN   (4-byte JSON length, JSON {"env": {...}}, module payload)
                    RUNREF (4-byte JSON length, JSON {"env": {...}, "zip": key}, the payload without
@@ -47,6 +54,7 @@ import re
 import selectors
 import shutil
 import signal
+import socket
 import struct
 import sys
 import tempfile
@@ -58,6 +66,7 @@ from typing import Any, Container, Dict, Iterable, List, NoReturn, Optional, Tup
 HEADER = struct.Struct("!IIB")
 RUN, KILL, RUNREF, TMP = 1, 2, 3, 4
 READY, STARTED, OUT, ERR, EXIT, REFUSE, MISS, DONE = 10, 11, 12, 13, 14, 15, 16, 17
+LAST = (EXIT, REFUSE, MISS, DONE)  # a request's last frame (after MISS the mux sends a new RUN)
 IMPORTS = "imports"  # the child's report pipe
 MARKER = "microvm-warm-runner"
 TMP_PREFIX = "microvm-warm-"   # + "<pid>-": a runner killed with its mux never removes its dir; the next one does
@@ -184,7 +193,15 @@ class CodeCache:
 
 
 class Runner:
-    def __init__(self, proto_in: int, proto_out: int, core: CoreConfig, work_root: "Optional[str]" = None) -> None:
+    def __init__(self, proto_in: int, proto_out: int, core: CoreConfig, work_root: "Optional[str]" = None,
+                 listener: "Optional[socket.socket]" = None) -> None:
+        self.listener = listener  # the api road's socket: requests come on its connections, not on proto_in
+        self.listener_id: "Optional[Tuple[int, int]]" = None  # its file's (device, inode): gone or replaced, stop
+        self.conns: "Dict[int, socket.socket]" = {}  # fd -> a client's connection
+        self.conn_buf: "Dict[int, bytes]" = {}
+        self.route: "Dict[int, Tuple[int, int]]" = {}  # the runner's request id -> (connection fd, the client's id)
+        self.route_of: "Dict[Tuple[int, int], int]" = {}
+        self.next_rid = 1
         self.work_root = work_root  # where the preload dir goes (the session's scratch dir); None: the temp dir
         self.core = core
         self.codes = CodeCache()
@@ -214,11 +231,29 @@ class Runner:
     def send(self, rid: int, kind: int, payload: Any = b"") -> None:
         if not isinstance(payload, bytes):
             payload = json.dumps(payload).encode("utf-8")
+        out = self.proto_out
+        if self.listener is not None:
+            target = self.route.get(rid)
+            if target is None:
+                return  # its client went away (its module was killed): nobody reads this
+            out, rid = target
+            if kind in LAST:
+                self.unroute(rid, out)
         data = HEADER.pack(len(payload), rid, kind) + payload
         view = memoryview(data)
-        while view:
-            n = os.write(self.proto_out, view)
-            view = view[n:]
+        try:
+            while view:
+                n = os.write(out, view)
+                view = view[n:]
+        except OSError:
+            if self.listener is None:
+                raise
+            # the client is gone: its connection's end of file (next select) kills what it started
+
+    def unroute(self, client_rid: int, fd: int) -> None:
+        rid = self.route_of.pop((fd, client_rid), None)
+        if rid is not None:
+            self.route.pop(rid, None)
 
     # -- preloading ------------------------------------------------------------------
     def preload(self, zip_bytes: bytes) -> None:
@@ -384,7 +419,7 @@ class Runner:
             os.dup2(devnull, 0)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
-            for fd in (devnull, out_w, err_w, self.proto_in, self.proto_out) + tuple(close):
+            for fd in (devnull, out_w, err_w) + tuple(close) + self.own_fds():
                 os.close(fd)
             os.environ.clear()
             os.environ.update(self.base_env)
@@ -501,32 +536,97 @@ class Runner:
                 self.status[rid] = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         self.finish(rid)
 
+    def own_fds(self) -> "Tuple[int, ...]":
+        """The runner's own descriptors, which a module's fork closes."""
+        if self.listener is None:
+            return (self.proto_in, self.proto_out)
+        return (self.listener.fileno(),) + tuple(self.conns)
+
     def on_input(self) -> bool:
         data = os.read(self.proto_in, 1 << 20)
         if not data:
             return False
-        self.buf += data
-        while len(self.buf) >= HEADER.size:
-            length, rid, kind = HEADER.unpack_from(self.buf)
-            if len(self.buf) < HEADER.size + length:
-                break
-            body = self.buf[HEADER.size:HEADER.size + length]
-            self.buf = self.buf[HEADER.size + length:]
-            if kind in (RUN, RUNREF):
-                jlen = struct.unpack("!I", body[:4])[0]
-                req = json.loads(body[4:4 + jlen].decode("utf-8"))
-                rest = body[4 + jlen:]
-                if kind == RUN:
-                    self.run(rid, req.get("env") or {}, split_payload(rest, self.core))
-                elif req.get("zip") in self.verified:
-                    self.run(rid, req.get("env") or {}, (rest, self.verified[req["zip"]][2]))
-                else:
-                    self.send(rid, MISS)
-            elif kind == KILL:
-                self.kill(rid)
-            elif kind == TMP:
-                self.tmp_op(rid, json.loads(body.decode("utf-8")))
+        self.buf = self.take_frames(self.buf + data, None)
         return True
+
+    def take_frames(self, buf: bytes, fd: "Optional[int]") -> bytes:
+        """Handle every whole frame in buf (from the mux's stream, or from connection fd); the rest is returned."""
+        while len(buf) >= HEADER.size:
+            length, rid, kind = HEADER.unpack_from(buf)
+            if len(buf) < HEADER.size + length:
+                break
+            body = buf[HEADER.size:HEADER.size + length]
+            buf = buf[HEADER.size + length:]
+            if fd is not None:  # a client's id: the runner's own, per (connection, id)
+                key = (fd, rid)
+                if key not in self.route_of:
+                    if kind == KILL:
+                        continue
+                    self.route_of[key] = self.next_rid
+                    self.route[self.next_rid] = key
+                    self.next_rid += 1
+                rid = self.route_of[key]
+            self.handle(rid, kind, body)
+        return buf
+
+    def handle(self, rid: int, kind: int, body: bytes) -> None:
+        if kind in (RUN, RUNREF):
+            jlen = struct.unpack("!I", body[:4])[0]
+            req = json.loads(body[4:4 + jlen].decode("utf-8"))
+            rest = body[4 + jlen:]
+            if kind == RUN:
+                self.run(rid, req.get("env") or {}, split_payload(rest, self.core))
+            elif req.get("zip") in self.verified:
+                self.run(rid, req.get("env") or {}, (rest, self.verified[req["zip"]][2]))
+            else:
+                self.send(rid, MISS)
+        elif kind == KILL:
+            self.kill(rid)
+        elif kind == TMP:
+            self.tmp_op(rid, json.loads(body.decode("utf-8")))
+
+    # -- the api road's connections ---------------------------------------------------
+    def on_accept(self) -> None:
+        try:
+            conn, _addr = self.listener.accept()  # type: ignore[union-attr]  # only registered with a listener
+        except OSError:
+            return
+        self.conns[conn.fileno()] = conn
+        self.conn_buf[conn.fileno()] = b""
+        self.sel.register(conn.fileno(), selectors.EVENT_READ, "conn")
+        self.send_ready(conn.fileno())
+
+    def send_ready(self, fd: int) -> None:
+        ready = json.dumps({"python": "%d.%d.%d" % sys.version_info[:3], "pid": os.getpid()}).encode("utf-8")
+        try:
+            os.write(fd, HEADER.pack(len(ready), 0, READY) + ready)  # a few dozen bytes: one write
+        except OSError:
+            pass
+
+    def on_conn(self, fd: int) -> None:
+        try:
+            data = os.read(fd, 1 << 20)
+        except OSError:
+            data = b""
+        if data:
+            self.conn_buf[fd] = self.take_frames(self.conn_buf[fd] + data, fd)
+            return
+        # the client went away (its task ended, was cancelled or timed out): stop what it started
+        for (cfd, client_rid), rid in list(self.route_of.items()):
+            if cfd == fd:
+                self.kill(rid)
+                self.unroute(client_rid, fd)
+        self.sel.unregister(fd)
+        self.conns.pop(fd).close()
+        self.conn_buf.pop(fd, None)
+
+    def listening(self) -> bool:
+        """Is the runner's socket file still its own? Removed (the link closed, a sweep) or replaced: stop."""
+        try:
+            st = os.stat(self.listener.getsockname())  # type: ignore[union-attr]
+        except (OSError, TypeError):
+            return False
+        return (st.st_dev, st.st_ino) == self.listener_id
 
     # -- a task tmp dir's commands -----------------------------------------------------
     def tmp_op(self, rid: int, req: Any) -> None:
@@ -547,8 +647,13 @@ class Runner:
         self.send(rid, DONE, {"rc": 0, "stdout": done, "stderr": ""})
 
     def serve(self) -> None:
-        self.sel.register(self.proto_in, selectors.EVENT_READ, "input")
-        self.send(0, READY, {"python": "%d.%d.%d" % sys.version_info[:3], "pid": os.getpid()})
+        if self.listener is not None:
+            st = os.stat(self.listener.getsockname())
+            self.listener_id = (st.st_dev, st.st_ino)
+            self.sel.register(self.listener.fileno(), selectors.EVENT_READ, "accept")
+        else:
+            self.sel.register(self.proto_in, selectors.EVENT_READ, "input")
+            self.send(0, READY, {"python": "%d.%d.%d" % sys.version_info[:3], "pid": os.getpid()})
         reading = True
         try:
             while reading or self.pipes:
@@ -557,9 +662,16 @@ class Runner:
                         if not self.on_input():
                             reading = False
                             self.sel.unregister(self.proto_in)
+                    elif key.data == "accept":
+                        self.on_accept()
+                    elif key.data == "conn":
+                        self.on_conn(key.fd)
                     else:
                         self.on_pipe(key.fd)
                 self.reap()
+                if self.listener is not None and reading and not self.listening():
+                    reading = False
+                    self.sel.unregister(self.listener.fileno())
         finally:
             for pid in list(self.children):
                 try:
@@ -674,12 +786,36 @@ def work_root_of(argv: "List[str]") -> "Optional[str]":
     return argv[3]
 
 
+def listen(path: str) -> socket.socket:
+    """The api road's socket (its dir is the mux's, mode 0700); a file left there by a gone runner is replaced."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    return listener
+
+
 def main() -> None:
     core = CoreConfig(json.loads(sys.argv[2]))
     work_root = work_root_of(sys.argv)
     sweep_stale_dirs()  # older runners' dirs in the temp dir
     if work_root:
         sweep_stale_dirs(work_root)
+    if len(sys.argv) > 4:  # the api road: detached, its requests on a socket
+        try:
+            os.setsid()  # not in the process group of the exec that started it
+        except OSError:
+            pass
+        listener = listen(sys.argv[4])
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+        Runner(-1, -1, core, work_root, listener).serve()
+        return
     proto_in = os.dup(0)
     proto_out = os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)

@@ -8,9 +8,10 @@
 timeout clamped server-side (default 60, maximum 240) (EXEC, DOCTL-EXEC; docs/platform-contract.md, section 0).
 Every command runs as a JOB so that neither bound reaches it:
 
-- a small sh script (JOB_SCRIPT; argv has no shell, so it is ["/bin/sh", "-c", script, "sh", ...]) keeps the
-  one-shot stdin in a file of the job's scratch dir, starts the command in its own session (setsid) with its
-  stdout and stderr in files there, and waits for it at most one slice (WAIT_SLICE, under the clamp);
+- a small sh script (JOB_SCRIPT, the guest program _guest/api_job.sh; argv has no shell, so it is
+  ["/bin/sh", "-c", script, "sh", ...]) keeps the one-shot stdin in a file of the job's dir, starts the
+  command in its own session (setsid) with its stdout and stderr in files there, and waits for it at most
+  one slice (WAIT_SLICE, under the clamp);
 - a command that ends within the slice answers in that same exec, its output inline (base64: the answer's
   text would not carry every byte) when the rest fits well under the cap, else the files are downloaded
   through the documented file API and removed; a cut is never taken for the whole;
@@ -37,8 +38,9 @@ import posixpath
 import tempfile
 import time
 import uuid
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import script_of
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.api_http import READ_TIMEOUT, Call, Http
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.api_transfer import Transfers
@@ -56,75 +58,13 @@ WAIT_SLICE = 20                       # seconds one exec waits for a job: well u
 SLICE_MARGIN = 10                     # the exec's timeout_seconds is its slice plus this
 STDIN_INLINE, STDIN_STAGED, STDIN_NONE = "0", "1", "2"  # how the job script gets the command's stdin
 HELPER_TIMEOUT = 60                   # the documented default, for the road's own short commands
-JOBS_DIR = ".api-jobs"                # under the session's scratch dir
+JOBS_DIR = "jobs"                     # under the mux's api dir (run_dirs.api_dir_name), which a later link sweeps
 TRAILER = b"@@microvm-api-job@@"
 # OUR READING: no page names the headers that tell a cut ("truncation is indicated via response headers when
 # present"); these are the local plane's. Never the only witness: a stream as long as the cap is taken as cut too.
 TRUNCATED_HEADERS = {"stdout": "X-Exec-Stdout-Truncated", "stderr": "X-Exec-Stderr-Truncated"}
 
-# $1 mode (run, wait, kill, drop), $2 job dir, $3 seconds to wait at most, $4 $5 the stdout and stderr bytes the road
-# has already; run: $6 how stdin comes (STDIN_*), then argv. A wait ends early once STEP new bytes are there, so output
-# flows while the command runs (a worker over its output limit hangs up, which stops the job), and a job more than
-# BACKLOG bytes ahead of the road is paused until it catches up, as a pipe would hold it. Output travels base64
-# (the answer carries text: other bytes could change); without base64(1) in the guest it is downloaded instead.
-JOB_SCRIPT = r"""m=$1 d=$2 w=$3 oo=$4 eo=$5; shift 5
-M='%(trailer)s'
-S=%(step)d
-size() { os=$(($(wc -c <"$d/out"))) es=$(($(wc -c <"$d/err"))); }
-fresh() { size; [ $((os - oo + es - eo)) -ge $S ]; }
-b64() { tail -c +$(($2 + 1)) "$1" | head -c "$3" | base64; }
-emit() {
-  size
-  if [ -e "$d/rc" ]; then
-    rc=$(cat "$d/rc")
-    if command -v base64 >/dev/null 2>&1 && [ $((os - oo)) -le %(inline)d ] && [ $((es - eo)) -le %(inline)d ]; then
-      b64 "$d/out" "$oo" $((os - oo)); b64 "$d/err" "$eo" $((es - eo)) >&2; rm -rf -- "$d"; k=0
-    else k=1; fi
-    printf '\n%%s done %%s %%s %%s %%s\n' "$M" "$rc" "$os" "$es" "$k" >&2
-  else
-    if command -v base64 >/dev/null 2>&1; then
-      no=$((os - oo)) ne=$((es - eo)); [ $no -le $S ] || no=$S; [ $ne -le $S ] || ne=$S
-      b64 "$d/out" "$oo" $no; b64 "$d/err" "$eo" $ne >&2; oo=$((oo + no)) eo=$((eo + ne))
-      p=$(cat "$d/pid" 2>/dev/null)
-      if [ $((os - oo)) -gt %(backlog)d ] || [ $((es - eo)) -gt %(backlog)d ]; then kill -STOP "-$p" 2>/dev/null
-      else kill -CONT "-$p" 2>/dev/null; fi
-    fi
-    printf '\n%%s running %%s %%s\n' "$M" "$oo" "$eo" >&2
-  fi
-}
-case $m in
-run)
-  s=$1; shift
-  mkdir -p -- "$d" || exit 1
-  case $s in 0) cat >"$d/in" || exit 1 ;; 2) : >"$d/in" || exit 1 ;; esac
-  : >"$d/out" && : >"$d/err" || exit 1
-  X=; command -v setsid >/dev/null 2>&1 && X=setsid
-  $X /bin/sh -c 'd=$1; shift; "$@" <"$d/in" >"$d/out" 2>"$d/err"; echo $? >"$d/rc.t" && mv -f "$d/rc.t" "$d/rc"' \
-    sh "$d" "$@" </dev/null >/dev/null 2>&1 &
-  p=$!; echo "$p" >"$d/pid"
-  trap : USR1
-  (i=0; while [ $i -lt $((w * 10)) ] && ! fresh; do sleep 0.1; i=$((i + 1)); done; kill -USR1 $$) </dev/null >/dev/null 2>&1 &
-  t=$!
-  wait "$p"
-  kill "$t" 2>/dev/null ;;
-wait|kill|drop)
-  if [ ! -d "$d" ]; then printf '\n%%s absent\n' "$M" >&2; exit 0; fi
-  if [ "$m" = wait ]; then
-    i=0; while [ ! -e "$d/rc" ] && [ $i -lt $((w * 10)) ] && ! fresh; do sleep 0.1; i=$((i + 1)); done
-  else
-    p=$(cat "$d/pid" 2>/dev/null)
-    if [ ! -e "$d/rc" ] && [ -n "$p" ]; then
-      kill -TERM "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null
-      kill -CONT "-$p" 2>/dev/null
-      i=0; while kill -0 "-$p" 2>/dev/null && [ $i -lt 20 ]; do sleep 0.1; i=$((i + 1)); done
-      kill -KILL "-$p" 2>/dev/null
-      [ -e "$d/rc" ] || echo 143 >"$d/rc"
-    fi
-    if [ "$m" = drop ]; then rm -rf -- "$d"; printf '\n%%s absent\n' "$M" >&2; exit 0; fi
-  fi ;;
-esac
-emit
-""" % {"trailer": TRAILER.decode(), "inline": INLINE_MAX, "step": STEP, "backlog": BACKLOG}
+JOB_SCRIPT = script_of("api_job.sh", {"TRAILER": TRAILER.decode(), "INLINE": INLINE_MAX, "STEP": STEP, "BACKLOG": BACKLOG})
 
 
 class Answer:
@@ -177,11 +117,11 @@ class Jobs:
     """Buffered execs of one session (the road's client holds one): `raw` for the road's own short commands,
     `run` for a command as a job."""
 
-    def __init__(self, http: Http, transfers: Transfers, label: str, scratch_dir: str) -> None:
+    def __init__(self, http: Http, transfers: Transfers, label: str, api_dir: str) -> None:
         self.http = http
         self.transfers = transfers
         self.label = label
-        self.jobs_dir = posixpath.join(scratch_dir, JOBS_DIR)
+        self.jobs_dir = posixpath.join(api_dir, JOBS_DIR)
         self.slice = min(WAIT_SLICE, EXEC_MAX_TIMEOUT - SLICE_MARGIN)  # lowered when the platform clamps harder
 
     # -- one exec ---------------------------------------------------------------------------
@@ -211,20 +151,25 @@ class Jobs:
             if conn.sock is not None:
                 conn.sock.settimeout(max(READ_TIMEOUT, timeout + SLICE_MARGIN))
             raw = resp.read(16 * STREAM_CAP)  # two capped streams, escaped in JSON at worst
-            return parse_answer(json.loads(raw.decode("utf-8") or "{}"), resp.headers)
+            answer = parse_answer(json.loads(raw.decode("utf-8") or "{}"), resp.headers)
         except (OSError, http.client.HTTPException, ValueError) as e:
-            raise errors.CommandLost("lost the answer of a command on session %s: %s; it may have partly run and is "
-                                     "not re-run" % (self.label, e)) from e
-        finally:
             if call is not None:
                 call.conn = None
             conn.close()
+            raise errors.CommandLost("lost the answer of a command on session %s: %s; it may have partly run and is "
+                                     "not re-run" % (self.label, e)) from e
+        self.http.release(conn, resp, call)  # kept for the next call when it was read whole
+        return answer
 
     def _script(self, mode: str, job: str, wait: int, have: tuple[int, int] = (0, 0), args: Sequence[str] = (),
                 stdin: bytes = b"", workdir: str = "", call: Call | None = None) -> Answer:
         """One run of JOB_SCRIPT; `have` is the stdout and stderr bytes already read."""
-        answer = self.raw(["/bin/sh", "-c", JOB_SCRIPT, "sh", mode, job, str(wait), str(have[0]), str(have[1])] + list(args),
-                          stdin=stdin, timeout=wait + SLICE_MARGIN, workdir=workdir, call=call)
+        return self._slice(["/bin/sh", "-c", JOB_SCRIPT, "sh", mode, job, str(wait), str(have[0]), str(have[1])] + list(args),
+                           wait, stdin, workdir, call)
+
+    def _slice(self, argv: Sequence[str], wait: int, stdin: bytes = b"", workdir: str = "", call: Call | None = None) -> Answer:
+        """One exec that answers like the job script within `wait` seconds (the job script, or a warm client)."""
+        answer = self.raw(argv, stdin=stdin, timeout=wait + SLICE_MARGIN, workdir=workdir, call=call)
         if trailer(answer) is None and 1000 <= answer.duration_ms < wait * 1000:
             # the platform ended the exec before its slice: it clamps harder than documented; wait less per exec
             self.slice = max(1, min(self.slice, answer.duration_ms // 1000 - 1))
@@ -233,9 +178,13 @@ class Jobs:
         return answer
 
     # -- a command as a job -----------------------------------------------------------------
-    def run(self, call: Call, stdin: bytes) -> Iterator[tuple[str, Any]]:
+    def run(self, call: Call, stdin: bytes, start: Callable[[str, int], list[str]] | None = None) -> Iterator[tuple[str, Any]]:
         """('stdout'|'stderr', bytes) as they come and last ('exit', ExecResult) of call.argv run as a job;
-        CommandLost otherwise."""
+        CommandLost otherwise.
+
+        With `start`, the first exec is start(job dir, seconds to wait) with `stdin`, a guest program that answers
+        like the job script and leaves a job dir like its jobs when it hands over (_guest/warm_client.py); the rest
+        (polls, kill, download, drop) is the same."""
         job = posixpath.join(self.jobs_dir, uuid.uuid4().hex)
         started = time.monotonic()
         deadline = started + call.timeout if call.timeout else None
@@ -244,11 +193,17 @@ class Jobs:
         have = [0, 0]  # stdout and stderr bytes read so far
         try:
             staged = len(stdin) > ONE_SHOT_MAX
+            if staged and start is not None:
+                raise errors.SandboxError("session %s: %d bytes of stdin do not fit one exec" % (self.label, len(stdin)))
             if staged:
                 self._stage(stdin, job)
             how = STDIN_STAGED if staged else STDIN_INLINE if stdin else STDIN_NONE  # none: never wait on an open stdin
-            answer = self._script("run", job, self._wait(deadline), (0, 0), [how] + list(call.argv),
-                                  stdin=b"" if staged else stdin, workdir=call.workdir, call=call)
+            if start is not None:
+                wait = self._wait(deadline)
+                answer = self._slice(start(job, wait), wait, stdin, call.workdir, call)
+            else:
+                answer = self._script("run", job, self._wait(deadline), (0, 0), [how] + list(call.argv),
+                                      stdin=b"" if staged else stdin, workdir=call.workdir, call=call)
             probed = False
             while True:
                 said = trailer(answer)

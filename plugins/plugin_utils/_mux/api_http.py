@@ -5,7 +5,9 @@
 
 Standard library only (http.client): the mux imports no HTTP package for it. An error status raises
 errors.HttpRefused carrying the status and the platform's message; the API token goes only to the API,
-never to a presigned URL.
+never to a presigned URL. One connection to the API is kept alive per session between calls (`release`); a
+call made while it is in use opens its own, and a connection that was cancelled, not read to its end, or
+told to close is never kept.
 
 A 429 is the one answer retried, here in `send` alone: the platform answers it before taking the call, so
 sending it again is safe for any call, an exec too. The wait is the answer's Retry-After (seconds or an HTTP
@@ -80,15 +82,64 @@ class Http:
                 self.context.verify_mode = ssl.CERT_NONE
         self.closed = False
         self.sleep: Callable[[float], object] = time.sleep  # tests record the 429 waits instead
+        self._idle: http.client.HTTPConnection | None = None  # the kept-alive connection, when no call uses it
+        self._idle_lock = threading.Lock()
 
     def close(self) -> None:
         self.closed = True
+        with self._idle_lock:
+            idle, self._idle = self._idle, None
+        if idle is not None:
+            idle.close()
+
+    def release(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, call: Call | None = None) -> None:
+        """Done with a call whose answer was read: keep its connection for the next call, or close it."""
+        if call is not None and call.conn is conn:
+            call.conn = None
+        if (self.closed or resp.will_close or not resp.isclosed() or conn.sock is None
+                or (call is not None and call.cancelled.is_set())):
+            conn.close()
+            return
+        conn.sock.settimeout(self.connect_timeout)  # a long exec may have set a longer one
+        with self._idle_lock:
+            old, self._idle = self._idle, conn
+        if old is not None:
+            old.close()
+
+    def _take_idle(self) -> http.client.HTTPConnection | None:
+        with self._idle_lock:
+            conn, self._idle = self._idle, None
+        return conn
 
     def _connection(self) -> http.client.HTTPConnection:
         if self.context is not None:
             return http.client.HTTPSConnection(self.host, self.port, timeout=self.connect_timeout, context=self.context,
                                                blocksize=COPY_CHUNK)
         return http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout, blocksize=COPY_CHUNK)
+
+    def _exchange(self, method: str, url: str, body: bytes | BinaryIO | None, headers: dict,
+                  call: Call | None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """One request and its response head, on the kept connection when there is one (a body that is a stream is
+        never sent on it: it could not be sent again if the server had closed it)."""
+        reused = self._take_idle() if body is None or isinstance(body, bytes) else None
+        while True:
+            conn = reused or self._connection()
+            if call is not None:
+                call.conn = conn
+                if call.cancelled.is_set():
+                    conn.close()
+                    raise ConnectionAbortedError("the call was cancelled")
+            try:
+                conn.request(method, url, body=body, headers=headers)
+                return conn, conn.getresponse()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                conn.close()
+                if reused is None or (call is not None and call.cancelled.is_set()):
+                    raise
+                reused = None  # the server had closed the kept connection before reading the request: send it anew
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                raise
 
     def send(self, method: str, path: str, body: bytes | BinaryIO | None = None, headers: dict | None = None,
              query: dict | None = None, call: Call | None = None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
@@ -105,18 +156,7 @@ class Http:
         replayable = body is None or isinstance(body, (bytes, bytearray)) or start is not None
         waited, attempt = 0.0, 0
         while True:
-            conn = self._connection()
-            if call is not None:
-                call.conn = conn
-                if call.cancelled.is_set():
-                    conn.close()
-                    raise ConnectionAbortedError("the call was cancelled")
-            try:
-                conn.request(method, url, body=body, headers=all_headers)
-                resp = conn.getresponse()
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                raise
+            conn, resp = self._exchange(method, url, body, all_headers, call)
             if resp.status < 300:
                 return conn, resp
             text = error_text(resp.read(64 * 1024))
@@ -147,8 +187,10 @@ class Http:
         conn, resp = self.send(method, path, body, None if doc is None else {"Content-Type": "application/json"})
         try:
             answer = json.loads(resp.read(limit).decode("utf-8") or "{}")
-        finally:
+        except BaseException:
             conn.close()
+            raise
+        self.release(conn, resp)
         if not isinstance(answer, dict):
             raise errors.SandboxError("the data plane answered %s %s with %r, not an object" % (method, path, str(answer)[:200]))
         return answer

@@ -23,14 +23,17 @@ No per-command env: it is carried by `/usr/bin/env -- NAME=VALUE ... argv` (docs
 from __future__ import annotations
 
 import logging
+import posixpath
 import queue
 import threading
-from typing import TYPE_CHECKING, Any, Iterator, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_events
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import capped
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import run_dirs
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.api_exec import EXEC_MAX_TIMEOUT, Jobs
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.api_http import COPY_CHUNK, Call, Http
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.api_transfer import Transfers
@@ -61,13 +64,15 @@ class ApiRoadClient:
     channel = None  # no gRPC channel on this road
 
     def __init__(self, api_url: str, prefix: str, token: str, session_id: str, label: str,
-                 scratch_dir: str = profile.SCRATCH_DIR, validate_certs: bool = True, connect_timeout: float = 60.0) -> None:
+                 scratch_dir: str = profile.SCRATCH_DIR, validate_certs: bool = True, connect_timeout: float = 60.0,
+                 host_tag: str = "") -> None:
         self.label = label
         self.scratch_dir = scratch_dir
+        self.api_dir = posixpath.join(scratch_dir, run_dirs.api_dir_name(host_tag))  # swept by a later link once we are gone
         self.http = Http(api_url, prefix, token, session_id, label, validate_certs=validate_certs,
                          connect_timeout=connect_timeout)
         self.transfers = Transfers(self.http, label, scratch_dir, self._remote_size)
-        self.jobs = Jobs(self.http, self.transfers, label, scratch_dir)
+        self.jobs = Jobs(self.http, self.transfers, label, self.api_dir)
         self.interactive: bool | None = None  # the team's switch, learnt from the first keep_stdin_open (403 = off)
 
     def __repr__(self) -> str:
@@ -184,26 +189,12 @@ def _collect(feed: queue.Queue[bytes | None]) -> bytes:
         parts.append(item)
 
 
-class NoWarm:
-    """The api road has no warm module runner (it needs a long-lived stdin): the worker runs modules cold."""
-
-    def get(self, interpreter: str, core: str = "") -> NoReturn:
-        raise errors.WarmRefused("the api transport has no warm runner")
-
-    def any_alive(self) -> NoReturn:
-        """No runner to do a task's tmp dir commands either: the worker runs them in a shell."""
-        self.get("")
-
-    def stop(self) -> None:
-        pass
-
-
 def attach(link: SessionLink) -> None:
-    """Give a SessionLink (_mux/session_link.py) the api road: its client and no warm runner."""
+    """Give a SessionLink (_mux/session_link.py) the api road: its client and its warm runners."""
     cfg = link.cfg
     link.road = "api"
     link.client = ApiRoadClient(cfg.api_url, cfg.prefix, cfg.token, link.resolved_id, link.label,
-                                scratch_dir=cfg.scratch_dir, validate_certs=cfg.validate_certs,
+                                scratch_dir=cfg.scratch_dir, validate_certs=cfg.validate_certs, host_tag=cfg.host_tag,
                                 connect_timeout=min(cfg.connect_timeout, 30.0))
-    link.runners = NoWarm()
+    link.runners = module_runners.ApiModuleRunners(link.client, cfg.scratch_dir)
     log.info("session %s: using the documented exec and file API (transport %s)", link.label, cfg.transport)

@@ -16,6 +16,7 @@ it started and then lost is reported as failed and never re-run.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import posixpath
@@ -28,8 +29,12 @@ from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import core_compat
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.untrusted import shown
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import module_runner as wr
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import source_of
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import warm_client as wc
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_exec
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.api_http import Call
 
 log = logging.getLogger("microvm.mux")
 
@@ -338,7 +343,7 @@ class ModuleRunners:
                 return runner
             if runner is not None:
                 log.info("warm runner for %s (core %s) died: starting a new one", interpreter, core or "?")
-            runner = ModuleRunner(self.client, interpreter, self.scratch_dir)
+            runner = self._new_runner(interpreter, core)
             try:
                 runner.start()
             except errors.WarmRefused as e:
@@ -346,6 +351,9 @@ class ModuleRunners:
                 raise
             self.runners[(interpreter, core)] = runner
             return runner
+
+    def _new_runner(self, interpreter: str, core: str) -> ModuleRunner:
+        return ModuleRunner(self.client, interpreter, self.scratch_dir)
 
     def any_alive(self) -> ModuleRunner:
         """A running runner of this session (the oldest), for work that needs no particular interpreter."""
@@ -360,3 +368,117 @@ class ModuleRunners:
             for runner in self.runners.values():
                 runner.stop()
             self.runners.clear()
+
+
+class ApiModuleRunner(ModuleRunner):
+    """A warm runner on the api road, where no exec has a stdin that stays open (interactive stdin is a team
+    setting, off by default): the same runner (_guest/module_runner.py) started detached on a unix socket in the
+    mux's api dir, each request one buffered exec of _guest/warm_client.py carrying its frames, followed as a
+    job (api_exec.Jobs: a module that outlives the slice is polled, a big answer downloaded, a cancelled one
+    killed). The frames are handled as on the agent road (ModuleRunner._dispatch), under the same bounds."""
+
+    def __init__(self, client: Any, interpreter: str, api_dir: str, name: str) -> None:
+        super().__init__(client, interpreter)
+        self.dir = posixpath.join(api_dir, name)   # the runner's socket, log and preload dir; removed when it stops
+        self.work_root = self.dir
+        self.socket = posixpath.join(self.dir, "sock")
+        self.calls: dict[int, Any] = {}            # request id -> the exec carrying it (cancel() stops it)
+
+    def client_argv(self, job: str, wait: int, connect_wait: float = 0.0) -> list[str]:
+        """`<python> -I -S -c <warm_client.py> <socket> <job> <slice> <inline> <marker> [<connect wait>]`."""
+        return [self.interpreter, "-I", "-S", "-c", source_of(wc), self.socket, job, str(wait), str(api_exec.INLINE_MAX),
+                api_exec.TRAILER.decode()] + (["%g" % connect_wait] if connect_wait else [])
+
+    def launch_argv(self, job: str, wait: int) -> list[str]:
+        """Start the runner detached (its stderr in its dir's log), then greet it with the client (its READY)."""
+        greet = self.client_argv(job, wait, START_TIMEOUT)  # it reads its own arguments only: the runner's follow
+        return ["/bin/sh", "-c", 'd=$1 m=$2; shift 2; mkdir -p -m 0700 -- "$d" || exit 1; '
+                '(shift "$m"; exec "$@") </dev/null >/dev/null 2>"$d/log" & export %s=$!; exec "$@"' % wc.RUNNER_PID_ENV,
+                "sh", self.dir, str(len(greet))] + greet + runner_python_argv(self.interpreter, self.dir) + [self.socket]
+
+    def start(self) -> None:
+        ready: queue.Queue[Event] = queue.Queue()
+        self.pending[0] = ready
+        why = "it sent no READY"
+        try:
+            self._exchange(b"", self.launch_argv)
+        except errors.SandboxError as e:
+            why = str(e)
+        self.pending.pop(0, None)
+        event: Event = ready.get_nowait() if not ready.empty() else ("dead", why)
+        if event[0] != "ready":
+            self.stop()
+            raise errors.WarmRefused("the warm runner could not start with %s: %s" % (self.interpreter, event[1]))
+        info: dict[str, Any] = event[1]
+        self.info = info
+        self.alive = True
+        log.info("session %s: warm runner for %s started in the guest on the api road (python %s, pid %s)",
+                 self.client.label, self.interpreter, info.get("python"), info.get("pid"))
+
+    def _exchange(self, frames: bytes, start: Any, call: Any = None) -> None:
+        """One exec carrying `frames` to the runner; every frame of its answer dispatched as it comes."""
+        call = call or Call([], "", 0, False)
+        reader = FrameReader()
+        for kind, data in self.client.jobs.run(call, frames, start=start):
+            if kind == "stdout":
+                for rid, fkind, body in reader.feed(data):
+                    self._dispatch(rid, fkind, body)
+            elif kind == "stderr" and data.strip():
+                log.info("session %s: warm client said: %s", self.client.label, shown(data[-STDERR_KEPT:], text=True))
+
+    def kill(self, rid: int) -> None:
+        """Stop a request's exec (alive or not: a runner marked lost may still run its module)."""
+        self._send(rid, wr.KILL)
+
+    def _send(self, rid: int, kind: int, body: bytes = b"") -> None:
+        if kind == wr.KILL:
+            call = self.calls.get(rid)
+            if call is not None:
+                call.cancel()  # the road drops its job: the client (or its keeper) is killed, the runner kills the module
+            return
+        frame = wr.HEADER.pack(len(body), rid, kind) + body
+        call = Call([], "", 0, False)
+        self.calls[rid] = call
+        threading.Thread(target=self._request, args=(rid, call, frame), name="warm-request", daemon=True).start()
+
+    def _request(self, rid: int, call: Any, frame: bytes) -> None:
+        why = "the runner's answer ended before the task's end"
+        try:
+            if len(frame) > api_exec.ONE_SHOT_MAX:
+                q = self.pending.pop(rid, None)
+                if q is not None:
+                    self._deliver(rid, q, ("refuse", "%d bytes of request do not fit one exec's stdin" % len(frame)), last=True)
+                return
+            self._exchange(frame, self.client_argv, call)
+        except mp.ProtocolError as e:  # a frame no runner sends: nothing more it says can be trusted
+            why = str(e)
+            self.alive = False
+        except errors.SandboxError as e:  # no runner at the socket (never started), or the exec was lost
+            why = str(e)
+            self.alive = False  # the next task starts a new runner (a live one stops when its socket is replaced)
+        finally:
+            if self.calls.get(rid) is call:  # not when a MISS sent the request again on a new exec
+                self.calls.pop(rid, None)
+                q = self.pending.pop(rid, None)
+                self.whole.pop(rid, None)
+                if q is not None:  # its answer ended without the request's last frame: the runner is lost
+                    self.alive = False
+                    self._deliver(rid, q, ("dead", why), last=True)
+                self.abandoned.discard(rid)
+
+    def stop(self) -> None:
+        """Remove the runner's dir: it stops once its socket file is gone (module_runner.serve), its modules killed."""
+        self.alive = False
+        for call in list(self.calls.values()):
+            call.cancel()
+        with contextlib.suppress(errors.SandboxError):
+            self.client.jobs.raw(["rm", "-rf", "--", self.dir], timeout=10)
+
+
+class ApiModuleRunners(ModuleRunners):
+    """The api road's runners (ApiModuleRunner), one per (interpreter, core) as on the agent road, each in its own
+    dir of the mux's api dir (run_dirs.api_dir_name: a later link sweeps it if this mux dies)."""
+
+    def _new_runner(self, interpreter: str, core: str) -> ModuleRunner:
+        name = "warm-" + hashlib.sha256(("%s\0%s" % (interpreter, core)).encode("utf-8")).hexdigest()[:12]
+        return ApiModuleRunner(self.client, interpreter, self.client.api_dir, name)

@@ -5,7 +5,8 @@
 
 A run is one ansible-playbook process, named by the worker as <host tag>-<pid>-<start time>.
 Its TMPDIR lives under the session's scratch dir; the mux removes it once that process is gone,
-and sweeps the dirs of crashed runs of this controller (and very old ones of any controller).
+and sweeps the dirs of crashed runs of this controller (and very old ones of any controller), and the api
+road's dirs (its jobs, its warm runners: api_dir_name) of this controller's muxes that are gone.
 """
 
 from __future__ import annotations
@@ -31,6 +32,17 @@ if TYPE_CHECKING:  # session_link imports this module: the name only
 log = logging.getLogger("microvm.mux")
 
 STALE_RUN_MINUTES = 24 * 60    # run dirs of other controllers are swept after a day
+API_DIR = "api."               # + "<host tag>-<mux pid>-<mux start>": one mux's api-road dir in the scratch dir
+# A gone mux's api dir: the process group of each of its jobs still running is killed (a job that wrote its rc has
+# none left), then the dir goes; a warm runner whose socket is gone stops by itself (module_runner.serve).
+SWEEP_API_DIRS = ('for d in "$@"; do for p in "$d"/jobs/*/pid; do j=${p%/pid}; [ -f "$p" ] && [ ! -e "$j/rc" ] && '
+                  'kill -KILL -"$(cat "$p")" 2>/dev/null; done; rm -rf -- "$d"; done; true')
+
+
+def api_dir_name(host_tag: str) -> str:
+    """This mux's api-road dir in a session's scratch dir (a later link sweeps it once this process is gone)."""
+    pid = os.getpid()
+    return "%s%s-%d-%s" % (API_DIR, host_tag or "untagged", pid, mp.process_start_time(pid) or 0)
 
 
 class RunDirs:
@@ -91,32 +103,38 @@ class RunDirs:
             self.run_locks.pop(run_id, None)
 
     def sweep_stale(self, host_tag: str) -> None:
-        """Remove run dirs left by crashed runs of this controller, and very old ones of any controller."""
+        """Remove run dirs left by crashed runs of this controller, and very old ones of any controller; and the
+        api-road dirs of this controller's muxes that are gone (their jobs' processes stopped first)."""
         scratch = self.link.cfg.scratch_dir
         try:
-            # only this controller's run dirs: the listing stays short (the mux keeps a few KiB of it, capped.py)
-            listing = self.link.guest('cd -- "$1" 2>/dev/null && ls -1Ad -- run."$2"-* 2>/dev/null || true',
-                                      scratch, host_tag)
+            # only this controller's dirs: the listing stays short (the mux keeps a few KiB of it, capped.py)
+            listing = self.link.guest('cd -- "$1" 2>/dev/null && ls -1Ad -- run."$2"-* %s"$2"-* 2>/dev/null || true'
+                                      % API_DIR, scratch, host_tag)
         except Exception as e:
             log.warning("session %s: sweep: cannot list %s: %s", self.link.label, scratch, e)
             return
         if listing.truncated:
             log.info("session %s: sweep: more run dirs in %s than one listing holds: the rest go at the next sweep",
                      self.link.label, scratch)
-        stale = []
+        stale: list[str] = []
+        stale_api: list[str] = []
         for name in capped.complete_lines(listing):
-            if not name.startswith("run.") or "/" in name:
+            if "/" in name:
                 continue
-            parts = name[4:].split("-")
-            if len(parts) == 3 and parts[0] == host_tag and parts[1].isdigit():
-                if not mp.process_alive(int(parts[1]), parts[2]):
-                    stale.append(posixpath.join(scratch, name))
+            for prefix, found in (("run.", stale), (API_DIR, stale_api)):
+                if name.startswith(prefix):
+                    parts = name[len(prefix):].split("-")
+                    if len(parts) == 3 and parts[0] == host_tag and parts[1].isdigit():
+                        if not mp.process_alive(int(parts[1]), parts[2]):
+                            found.append(posixpath.join(scratch, name))
         script = 'find "$1" -mindepth 1 -maxdepth 1 -type d -name "run.*" -mmin +%d -exec rm -rf -- {} + 2>/dev/null; ' \
                  'shift; [ $# -eq 0 ] || rm -rf -- "$@"' % STALE_RUN_MINUTES
         try:
             self.link.guest(script, scratch, *stale)
-            if stale:
-                log.info("session %s: sweep: removed %s", self.link.label, ", ".join(stale))
+            if stale_api:
+                self.link.guest(SWEEP_API_DIRS, *stale_api)
+            if stale or stale_api:
+                log.info("session %s: sweep: removed %s", self.link.label, ", ".join(stale + stale_api))
         except Exception as e:  # housekeeping: never fails a task
             log.warning("session %s: sweep failed: %s", self.link.label, e)
         self.sweep_abandoned_task_dirs()

@@ -36,7 +36,7 @@ log = logging.getLogger("microvm.mux")
 SESSION_CHECK_INTERVAL = 10.0  # REST check that the session still exists
 NOTED_RUNS = 64                # runs a link remembers having told which road `auto` chose (road_note)
 RoadClient = ac.AgentClient | api_road.ApiRoadClient    # one road's client: the same methods on both
-Runners = module_runners.ModuleRunners | api_road.NoWarm
+Runners = module_runners.ModuleRunners
 
 # Exit codes of the mux's own helper scripts in the guest (guest()) that say what went wrong, so a kind is
 # never picked from the words a guest's tools print (another language, another coreutils, a hostile guest).
@@ -122,7 +122,7 @@ class SessionLink:
 
     @property
     def runners(self) -> Runners:
-        """The session's warm module runners (none on the api road)."""
+        """The session's warm module runners (module_runners.ApiModuleRunners on the api road)."""
         if self._runners is None:
             raise errors.WarmRefused("the link to session %s has no module runner" % self.label)
         return self._runners

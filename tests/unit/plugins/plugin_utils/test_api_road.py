@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_exec, api_road, api_transfer
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_exec, api_road, api_transfer, run_dirs
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 
 SID = "a1b2c3d4-e5f6-7890-abcd-ef1234567890"
@@ -95,7 +95,7 @@ def test_exec_is_one_buffered_job_and_carries_env_through_env1(fake):
     assert headers["Accept"] == "application/json" and headers["Authorization"] == "Bearer tok"
     assert doc["argv"][:5] == ["/bin/sh", "-c", api_exec.JOB_SCRIPT, "sh", "run"]
     assert doc["argv"][6:] == [str(api_exec.WAIT_SLICE), "0", "0", "0", "/usr/bin/env", "--", "A=1 2", "printenv", "A"]
-    assert doc["argv"][5].startswith("/workspace/.scratch/.api-jobs/")
+    assert doc["argv"][5].startswith("/workspace/.scratch/%s/jobs/" % run_dirs.api_dir_name(""))
     assert base64.b64decode(doc["stdin"]) == b"in" and doc["timeout_seconds"] <= api_exec.EXEC_MAX_TIMEOUT
     assert "keep_stdin_open" not in doc
 
@@ -342,3 +342,65 @@ def test_a_platform_without_staged_transfers_gets_no_direct_download_past_the_bo
     assert "5000 bytes" in str(err.value) and "transport agent" in str(err.value)
     assert not [s for s in server.seen if s[1].startswith(route("/workspace/download"))]
     assert list(tmp_path.iterdir()) == []
+
+
+class KeepAlive(Fake):
+    """Fake over HTTP/1.1: a connection stays open between calls; each new one is counted."""
+
+    protocol_version = "HTTP/1.1"
+
+    def setup(self):
+        super().setup()
+        self.server.connections += 1
+
+    def send_header(self, keyword, value):
+        if keyword == "X-Then-Close":  # the server drops the connection after this answer, without saying so
+            self.close_connection = True
+            return
+        super().send_header(keyword, value)
+
+
+@pytest.fixture
+def keepalive():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), KeepAlive)
+    server.answers, server.seen, server.connections = {}, [], 0
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = api_road.ApiRoadClient("http://127.0.0.1:%d" % server.server_address[1], "/v2/agents", "tok", SID, "box",
+                                    connect_timeout=5)
+    yield server, client
+    client.close()
+    server.shutdown()
+
+
+def test_calls_share_one_kept_alive_connection(keepalive):
+    server, client = keepalive
+    server.answers[("POST", route("/sandbox/exec"))] = answer(0, "hi")
+    for _dummy in range(3):
+        assert client.jobs.raw(["echo", "hi"]).stdout == b"hi"
+    assert len(server.seen) == 3 and server.connections == 1
+
+
+def test_a_cancelled_call_hangs_up_its_own_connection_and_it_is_not_kept(keepalive):
+    server, client = keepalive
+    server.answers[("POST", route("/sandbox/exec"))] = answer(0, "hi")
+    client.jobs.raw(["true"])
+    call = api_road.Call(["true"], "", 0, False)
+    call.cancel()
+    with pytest.raises(errors.SandboxError):
+        client.jobs.raw(["true"], call=call)
+    assert client.http._idle is None  # the kept connection went to the cancelled call, which closed it
+    client.jobs.raw(["true"])
+    assert server.connections == 2 and len(server.seen) == 2  # the cancelled call sent nothing
+
+
+def test_a_kept_connection_the_server_closes_is_replaced_without_losing_a_call(keepalive):
+    """An answer that says `Connection: close` is not kept; one kept that the server then closed while idle is
+    replaced when the next call finds it closed (before the server read that call)."""
+    server, client = keepalive
+    closing = (200, {"Content-Type": "application/json", "Connection": "close"},
+               json.dumps({"exit_code": 0, "stdout": "two", "stderr": ""}).encode())
+    quietly_closing = (200, {"Content-Type": "application/json", "X-Then-Close": "1"},
+                       json.dumps({"exit_code": 0, "stdout": "three", "stderr": ""}).encode())
+    server.answers[("POST", route("/sandbox/exec"))] = [answer(0, "one"), closing, quietly_closing, answer(0, "four")]
+    assert [client.jobs.raw(["x"]).stdout for _dummy in range(4)] == [b"one", b"two", b"three", b"four"]
+    assert server.connections == 3 and len(server.seen) == 4  # each call answered once: none sent twice

@@ -1,0 +1,129 @@
+"""The api road's job script (_guest/api_job.sh) run under /bin/sh on this host, in a temp dir: no plane.
+
+What the road (api_exec.Jobs) relies on: a job that outlives its slice answers `running` and a later `wait`
+answers `done`; output past the inline bound stays in the job dir for download (kept=1); `kill` stops the job's
+whole process group with rc 143; and the job dirs of a crashed mux are found and removed by the next link's sweep.
+"""
+import base64
+import os
+import subprocess
+import time
+
+import pytest
+
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_exec, run_dirs
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_client import ExecResult
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.api_exec import STDIN_INLINE, STDIN_NONE
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/bin/sh"), reason="needs /bin/sh")
+
+
+def script(mode, job, wait, have=(0, 0), args=(), stdin=b""):
+    """(stdout, stderr before the trailer, the trailer's words) of one run of the job script, as one exec would."""
+    proc = subprocess.run(["/bin/sh", "-c", api_exec.JOB_SCRIPT, "sh", mode, str(job), str(wait), str(have[0]),
+                           str(have[1])] + list(args), input=stdin, capture_output=True, timeout=60, check=False)
+    said = api_exec.trailer(api_exec.Answer(proc.returncode, proc.stdout, proc.stderr, 0, ()))
+    assert said is not None, proc
+    return proc.stdout, said[1], said[0]
+
+
+def gone(pid):
+    """A process that no longer runs (a zombie nobody reaped counts as gone)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_job_that_outlives_its_slice_answers_running_then_done(tmp_path):
+    job = tmp_path / "job"
+    out, err, said = script("run", job, 1, args=[STDIN_NONE, "/bin/sh", "-c", "sleep 2; echo late"])
+    assert said == ["running", "0", "0"] and out == b"" and err == b""
+    assert (job / "pid").exists() and not (job / "rc").exists()
+    deadline = time.monotonic() + 30
+    while True:
+        out, err, said = script("wait", job, 5)
+        if said[0] == "done" or time.monotonic() > deadline:
+            break
+    assert said == ["done", "0", "5", "0", "0"], said
+    assert base64.b64decode(out) == b"late\n"
+    assert not job.exists()  # sent inline: nothing left to download
+
+
+def test_stdin_inline_and_a_quick_job_answer_in_one_run(tmp_path):
+    job = tmp_path / "job"
+    out, err, said = script("run", job, 5, args=[STDIN_INLINE, "/bin/sh", "-c", "cat; echo oops >&2; exit 3"],
+                            stdin=b"\x00\xffdata")
+    assert said == ["done", "3", "6", "5", "0"]
+    assert base64.b64decode(out) == b"\x00\xffdata" and base64.b64decode(err) == b"oops\n"
+    assert not job.exists()
+
+
+def test_output_past_the_inline_bound_is_kept_for_download(tmp_path):
+    job = tmp_path / "job"
+    size = api_exec.INLINE_MAX + 1
+    out, _err, said = script("run", job, 20, args=[STDIN_NONE, "head", "-c", str(size), "/dev/zero"])
+    assert said == ["done", "0", str(size), "0", "1"] and out == b""
+    assert (job / "out").stat().st_size == size  # left for the road to download, then drop
+    _out, _err, said = script("drop", job, 0)
+    assert said == ["absent"] and not job.exists()
+
+
+def test_kill_stops_the_job_and_its_grandchildren(tmp_path):
+    job = tmp_path / "job"
+    pids = tmp_path / "pids"
+    command = 'sh -c "sleep 300" & echo $! >"$1"; sleep 300 & echo $! >>"$1"; wait'
+    _out, _err, said = script("run", job, 0, args=[STDIN_NONE, "/bin/sh", "-c", command, "sh", str(pids)])
+    assert said[0] == "running"
+    deadline = time.monotonic() + 10
+    while len(pids.read_text().split()) < 2 if pids.exists() else True:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    started = [int(p) for p in pids.read_text().split()] + [int((job / "pid").read_text())]
+    assert not any(gone(p) for p in started)
+    _out, _err, said = script("kill", job, 0)
+    assert said[:2] == ["done", "143"], said
+    deadline = time.monotonic() + 10
+    while not all(gone(p) for p in started):
+        assert time.monotonic() < deadline, [p for p in started if not gone(p)]
+        time.sleep(0.05)
+    _out, _err, said = script("drop", job, 0)
+    assert said == ["absent"] and not job.exists()
+
+
+def test_wait_on_a_job_that_is_not_there_answers_absent(tmp_path):
+    assert script("wait", tmp_path / "nothing", 0)[2] == ["absent"]
+
+
+class HostLink:
+    """Just what RunDirs' sweep asks of a SessionLink, its guest helpers run by /bin/sh on this host."""
+
+    def __init__(self, scratch):
+        self.label = "host"
+        self.cfg = type("Cfg", (), {"scratch_dir": str(scratch), "host_tag": "tag"})()
+
+    def guest(self, script_text, *args):
+        proc = subprocess.run(["/bin/sh", "-c", script_text, "sh"] + list(args), capture_output=True, timeout=60, check=False)
+        assert proc.returncode == 0, proc
+        return ExecResult(proc.returncode, stdout=proc.stdout, stderr=proc.stderr)
+
+
+def test_the_job_dirs_of_a_crashed_mux_are_swept_by_the_next_link(tmp_path):
+    """A mux killed with a job running leaves api.<tag>-<pid>-<start>/jobs/<id>: the next link's sweep stops the
+    job's processes and removes the dir; the dir of a mux that still runs (this process) is left alone."""
+    crashed = tmp_path / ("api.tag-%d-1" % os.getpid())  # our pid with another start time: a mux that is gone
+    alive = tmp_path / run_dirs.api_dir_name("tag")
+    other = tmp_path / ("api.othertag-%d-1" % os.getpid())  # another controller's: not ours to judge
+    job = crashed / "jobs" / "0123abcd"
+    _out, _err, said = script("run", job, 0, args=[STDIN_NONE, "sleep", "300"])
+    assert said[0] == "running"
+    pid = int((job / "pid").read_text())
+    (alive / "jobs").mkdir(parents=True)
+    other.mkdir()
+    run_dirs.RunDirs(HostLink(tmp_path)).sweep_stale("tag")
+    assert not crashed.exists() and alive.exists() and other.exists()
+    deadline = time.monotonic() + 10
+    while not gone(pid):
+        assert time.monotonic() < deadline, "the crashed mux's job still runs"
+        time.sleep(0.05)
