@@ -123,9 +123,9 @@ options:
       - V(api) is the platform's documented exec (its buffered answer) and workspace file API only, for templates
         without the agent or networks that block the port-forward. Each command runs as a job in the scratch dir, so
         neither the answer's 1 MiB per stream nor the platform's 240 second exec limit cuts it; modules run in a
-        warm runner started once per session (a detached job on a unix socket); C(sudo) with a password sends it first on the command's stdin; stdin while a command runs (only
-        C(su) with a password from a user other than root) needs the team's interactive stdin; see
-        docs/connection.md.
+        warm runner started once per session (a detached job on a unix socket); C(sudo) with a password sends it
+        first on the command's stdin; stdin while a command runs (only C(su) with a password from a user other than
+        root) needs the team's interactive stdin; see docs/connection.md.
       - V(auto), the default, uses the agent where it answers, else V(api). It wakes a paused session, then decides in
         one step; a port that refuses the platform's dial (a template without the agent) falls back at once, an agent
         port that takes the dial but stays silent after 5 seconds. The choice holds for the life of the session's
