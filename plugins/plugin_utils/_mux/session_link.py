@@ -34,6 +34,12 @@ grpc = ac.grpc
 log = logging.getLogger("microvm.mux")
 
 SESSION_CHECK_INTERVAL = 10.0  # REST check that the session still exists
+# A refused agent port is believed only when a dial refused at least this long after the session was seen usable.
+# No page says the platform reports READY only once the guest's agent listens (the create returns before the sandbox
+# boots; READY says the sandbox runs), and an agent that crashed is restarted by the guest's init after a back-off
+# (the local plane: 0.2 s, doubling): a refusal may precede a listening agent by a moment. gRPC redials at least every
+# 2 s (agent_client.CHANNEL_OPTIONS), so the answer comes 2-4 s after the session is seen usable, not connect_timeout.
+REFUSAL_GRACE_SECONDS = 2.0
 NOTED_RUNS = 64                # runs a link remembers having told which road `auto` chose (road_note)
 RoadClient = ac.AgentClient | api_road.ApiRoadClient    # one road's client: the same methods on both
 Runners = module_runners.ModuleRunners
@@ -169,12 +175,16 @@ class SessionLink:
         client = ac.AgentClient(self._dial(), self.label, self.cfg.scratch_dir, redial=self._dial)
         self.client, self.runners = client, module_runners.ModuleRunners(client, self.cfg.scratch_dir)
         try:
-            self.ensure_ready(limit=api_road.AUTO_PROBE_SECONDS if auto else None, refusal_ends=auto)
+            self.ensure_ready(limit=api_road.AUTO_PROBE_SECONDS if auto else None, refusal_ends=True)
         except errors.SandboxError as e:
             self._teardown()
-            if not auto or isinstance(e, errors.SessionGone):
+            if isinstance(e, errors.SessionGone):
                 raise
             refusal = e if isinstance(e, errors.TunnelFailure) and port_refused(e) else None
+            if not auto:
+                if refusal is not None:  # the answer, not a reason to wait connect_timeout for an agent never there
+                    raise errors.Unreachable(self._no_agent_message(refusal)) from e
+                raise
             if refusal is None:
                 self.check_session()  # deleted while the agent was silent: an error, not the api road
             self.tunnel = self._client = self._runners = None
@@ -189,6 +199,12 @@ class SessionLink:
         # not the tunnel's own words, which say "tries again": here the refusal is the answer
         how = "HTTP %s" % e.status if e.status else "close code %s" % e.close_code
         return "the agent port refused: the platform could not reach guest port %d (%s)" % (self.cfg.agent_port, how)
+
+    def _no_agent_message(self, e: errors.TunnelFailure) -> str:
+        """transport agent on a refused agent port: what happened and what to do."""
+        return ("session %s: %s; the template has no guest agent, or it does not listen there. Set transport to auto "
+                "or api (ansible_microvm_transport) to use the platform's documented exec and file API, or agent_port "
+                "(ansible_microvm_agent_port) if the agent listens on another port" % (self.label, self._refusal(e)))
 
     def road_choice(self) -> str:
         """What `auto` chose and why, in one line."""
@@ -337,8 +353,8 @@ class SessionLink:
         """Wait until the gRPC channel is connected; wake a paused session; fail clearly otherwise.
 
         On the api road there is no channel: the data plane wakes a paused session by itself. With `refusal_ends`
-        (auto's probe), the agent port refusing the dial on a usable session ends the wait at once, raising that
-        refusal (a TunnelFailure for which tunnel.port_refused() is true).
+        (opening a link on `agent` or `auto`), the agent port refusing the dial on a usable session ends the wait,
+        raising that refusal (a TunnelFailure for which tunnel.port_refused() is true): see _refusal_believed().
         """
         if self.road == "api" or connectivity(self.channel) == grpc.ChannelConnectivity.READY:
             return
@@ -349,6 +365,7 @@ class SessionLink:
             since = time.monotonic()
             deadline = since + (limit or self.cfg.connect_timeout)
             checked = 0.0
+            usable_at: float | None = None  # when a refusal first came while the session was usable
             while True:
                 channel = self.channel  # read each time: a lost stream may have redialled it
                 if channel is None:
@@ -365,8 +382,11 @@ class SessionLink:
                     self.check_session()  # a deleted session is reported as such
                     raise errors.Unreachable(str(errors_seen[-1]))
                 last = errors_seen[-1] if errors_seen else None
-                if refusal_ends and last is not None and port_refused(last) and self._usable():
-                    raise errors.TunnelFailure(str(last), status=last.status, close_code=last.close_code)
+                if refusal_ends and last is not None and port_refused(last):
+                    if usable_at is None and self._usable():
+                        usable_at = now
+                    if self._refusal_believed(last, usable_at, now >= deadline):
+                        raise errors.TunnelFailure(str(last), status=last.status, close_code=last.close_code)
                 if errors_seen and now - checked > 2.0:
                     checked = now
                     self.wake_if_paused()
@@ -376,6 +396,17 @@ class SessionLink:
                         self.cfg.connect_timeout)
                     raise errors.Unreachable("could not connect to the guest agent of session %s within %s%s"
                                              % (self.label, bound, said))
+
+    @staticmethod
+    def _refusal_believed(refusal: errors.TunnelFailure, usable_at: float | None, out_of_time: bool) -> bool:
+        """Whether a refused agent port is the answer (no agent there) rather than an agent still starting.
+
+        Only on a session seen usable (a 502 from a sandbox still booting says nothing about the port), and only for
+        a dial refused REFUSAL_GRACE_SECONDS after that; a refusal still coming when the wait runs out is one too.
+        """
+        if usable_at is None or refusal.at < usable_at:
+            return False
+        return out_of_time or refusal.at >= usable_at + REFUSAL_GRACE_SECONDS
 
     def _usable(self) -> bool:
         """Whether the session is usable now (a refused dial then means the port, not a sandbox still starting)."""
