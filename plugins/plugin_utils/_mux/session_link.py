@@ -34,11 +34,11 @@ grpc = ac.grpc
 log = logging.getLogger("microvm.mux")
 
 SESSION_CHECK_INTERVAL = 10.0  # REST check that the session still exists
-# A refused agent port is believed only when a dial refused at least this long after the session was seen usable.
-# No page says the platform reports READY only once the guest's agent listens (the create returns before the sandbox
-# boots; READY says the sandbox runs), and an agent that crashed is restarted by the guest's init after a back-off
-# (the local plane: 0.2 s, doubling): a refusal may precede a listening agent by a moment. gRPC redials at least every
-# 2 s (agent_client.CHANNEL_OPTIONS), so the answer comes 2-4 s after the session is seen usable, not connect_timeout.
+# A refused agent port is believed only for a dial refused at least this long after the link saw the session usable
+# (usable_since). No page says READY waits for the guest's agent to listen (the create returns before the sandbox boots;
+# READY says the sandbox runs), and an agent that exited is restarted by the guest's init after a back-off (the local
+# plane: 0.2 s, doubling): a refusal may precede a listening agent by a moment. gRPC redials at least every 2 s
+# (agent_client.CHANNEL_OPTIONS), so a refusal is the answer 2-4 s after the session is seen usable, not connect_timeout.
 REFUSAL_GRACE_SECONDS = 2.0
 NOTED_RUNS = 64                # runs a link remembers having told which road `auto` chose (road_note)
 RoadClient = ac.AgentClient | api_road.ApiRoadClient    # one road's client: the same methods on both
@@ -83,6 +83,7 @@ class SessionLink:
         self.api = ApiClient(cfg.api_url, cfg.token, prefix=cfg.prefix, timeout=min(cfg.connect_timeout, 30.0),
                              retries=3, validate_certs=cfg.validate_certs, opener=stdlib_open)
         self.session_id: str | None = None
+        self.usable_since: float | None = None  # _note_status()
         self.label = cfg.session
         self.tunnel: Tunnel | None = None
         self._client: RoadClient | None = None     # see the client property
@@ -292,6 +293,7 @@ class SessionLink:
         self.session_id = found.get("session_id") or self.cfg.session
         name = found.get("name")
         self.label = "%s (%s)" % (name, self.session_id) if name and name != self.session_id else self.session_id
+        self._note_status(found)
         if profile.short_status(found.get("status")) in profile.GONE:
             raise errors.SessionGone(self._gone_message(found))
         return found
@@ -310,6 +312,7 @@ class SessionLink:
             if e.gone:
                 raise errors.SessionGone("session %s no longer exists (HTTP %d): it was deleted" % (self.label, e.status)) from e
             raise errors.Unreachable("cannot check session %s: %s" % (self.label, e)) from e
+        self._note_status(session)
         if profile.short_status(session.get("status")) in profile.GONE:
             raise errors.SessionGone(self._gone_message(session))
         return session
@@ -365,7 +368,6 @@ class SessionLink:
             since = time.monotonic()
             deadline = since + (limit or self.cfg.connect_timeout)
             checked = 0.0
-            usable_at: float | None = None  # when a refusal first came while the session was usable
             while True:
                 channel = self.channel  # read each time: a lost stream may have redialled it
                 if channel is None:
@@ -383,9 +385,9 @@ class SessionLink:
                     raise errors.Unreachable(str(errors_seen[-1]))
                 last = errors_seen[-1] if errors_seen else None
                 if refusal_ends and last is not None and port_refused(last):
-                    if usable_at is None and self._usable():
-                        usable_at = now
-                    if self._refusal_believed(last, usable_at, now >= deadline):
+                    if self.usable_since is None:
+                        self.check_session()  # notes when the session is seen usable
+                    if self._refusal_believed(last, self.usable_since, now >= deadline):
                         raise errors.TunnelFailure(str(last), status=last.status, close_code=last.close_code)
                 if errors_seen and now - checked > 2.0:
                     checked = now
@@ -408,9 +410,12 @@ class SessionLink:
             return False
         return out_of_time or refusal.at >= usable_at + REFUSAL_GRACE_SECONDS
 
-    def _usable(self) -> bool:
-        """Whether the session is usable now (a refused dial then means the port, not a sandbox still starting)."""
-        return profile.short_status(self.check_session().get("status")) in profile.USABLE
+    def _note_status(self, session: dict) -> None:
+        """Keep usable_since: when this link saw the session usable, after last seeing it not (see REFUSAL_GRACE_SECONDS)."""
+        if profile.short_status(session.get("status")) not in profile.USABLE:
+            self.usable_since = None
+        elif self.usable_since is None:
+            self.usable_since = time.monotonic()
 
     def report(self, e: errors.SandboxError) -> dict[str, str]:
         """The ERROR payload of a failure on this session.

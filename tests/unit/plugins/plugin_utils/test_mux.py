@@ -411,11 +411,17 @@ def test_a_refused_agent_port_is_believed_only_on_a_usable_session_after_the_gra
 
 
 class ListeningLater:
-    """A port-forward refused until `listen()` (the guest's agent starting), then carrying to a real agent."""
+    """A port-forward refused until `listen()` (the guest's agent starting), then carrying to a real agent.
 
-    def __init__(self, socket_path, **_settings):
+    `on_look(tunnel)` is called at each look at its errors once the session was reported READY.
+    """
+
+    def __init__(self, socket_path, on_look=None):
         self.socket_path = socket_path
+        self.on_look = on_look
         self.listening = False
+        self.ready = False
+        self.refused_after_ready = 0
         self.seen = []
 
     def start(self):
@@ -425,26 +431,28 @@ class ListeningLater:
         self.listening = True
 
     def errors_since(self, since):
+        if self.ready and self.on_look is not None:
+            self.on_look(self)
         if not self.listening:  # every dial the channel makes is refused while nothing listens
             self.seen.append(refused(time.monotonic()))
+            self.refused_after_ready += self.ready
         return [e for e in self.seen if e.at >= since]
 
     def stop(self):
         pass
 
 
-def agent_link(tmp_path, monkeypatch, socket_path, on_ready=None):
+def agent_link(tmp_path, monkeypatch, socket_path, on_look=None):
     """A `transport: agent` link on a READY session whose tunnel is a ListeningLater on `socket_path`."""
     tunnels = []
 
     def tunnel(*_args, **kwargs):
-        tunnels.append(ListeningLater(socket_path))
+        tunnels.append(ListeningLater(socket_path, on_look))
         return tunnels[-1]
 
     class Api:
         def get_session(self, sid):
-            if on_ready is not None:
-                on_ready(tunnels[-1])
+            tunnels[-1].ready = True
             return {"session_id": sid, "status": "SESSION_STATUS_READY"}
 
     monkeypatch.setattr(session_link, "Tunnel", tunnel)
@@ -466,16 +474,21 @@ def test_agent_fails_a_refused_agent_port_naming_the_transport_not_after_connect
 
 
 def test_agent_waits_for_an_agent_that_listens_just_after_the_session_is_usable(fake_agent, tmp_path, monkeypatch):
-    """The agent starts listening when the session is first seen usable, after refused dials: no early failure."""
-    def starts(tunnel):  # the agent's socket appears (fake_agent serves it) the moment the session reports READY
-        if not tunnel.listening:
+    """Dials are still refused after the session reports READY (its agent starting), then the agent listens: the
+    refusals within the grace fail nothing. The agent starts on the second look at the tunnel after READY, so a
+    refusal believed without the grace would have failed the link first."""
+    looks_after_ready = []
+
+    def starts(tunnel):  # the agent's socket appears (fake_agent serves it) a moment after READY
+        looks_after_ready.append(1)
+        if len(looks_after_ready) == 2 and not tunnel.listening:
             os.symlink(str(tmp_path / "agent.sock"), tunnel.socket_path)
             tunnel.listen()
 
-    link = agent_link(tmp_path, monkeypatch, str(tmp_path / "later.sock"), on_ready=starts)
+    link = agent_link(tmp_path, monkeypatch, str(tmp_path / "later.sock"), on_look=starts)
     try:
         assert link._open_agent_road() is True
-        assert link.tunnel.seen and link.tunnel.listening  # it was refused first
+        assert len(looks_after_ready) >= 2 and link.tunnel.refused_after_ready  # it was refused on a READY session
         assert link.client.exec(["echo", "hi"]).exit_code == 0
     finally:
         link._teardown()
