@@ -131,9 +131,9 @@ options:
         root) needs the team's interactive stdin; see docs/connection.md.
       - V(auto), the default, uses the agent where it answers, else V(api). It wakes a paused session, then decides in
         one step; a port that refuses the platform's dial (a template without the agent) falls back on that refusal
-        (by the same rule as V(agent)), an agent port that takes the dial but stays silent after 5 seconds. The choice holds for the life of the session's
-        link in the multiplexer; it is in the multiplexer's log and shown at C(-v) once per session and run. A
-        deleted or failed session is an error, never a fallback.
+        (by the same rule as V(agent)), an agent port that takes the dial but stays silent after 5 seconds. The
+        choice holds for the life of the session's link in the multiplexer; it is in the multiplexer's log and shown
+        at C(-v) once per session and run. A deleted or failed session is an error, never a fallback.
       - V(agent) was the default before; set it to keep a clear UNREACHABLE where the agent is absent rather than
         the V(api) road's limits.
     type: str
