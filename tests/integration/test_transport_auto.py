@@ -122,8 +122,7 @@ def test_an_explicit_road_is_not_a_choice(plane, sandbox, mux_dir):
     assert "transport auto chose" not in mux_log(mux_dir)
 
 
-def test_transport_agent_on_a_refused_agent_port_is_unreachable_naming_what_to_do(plane, sandbox, default_env, mux_dir,
-                                                                                   playbook_runner):
+def test_agent_on_a_refused_port_is_unreachable_naming_what_to_do(plane, sandbox, default_env, mux_dir, playbook_runner):
     """transport agent where the agent port is refused (a template without the agent): UNREACHABLE on the refusal,
     naming the cause and the options that help (transport, agent_port), not "could not connect within 60s"."""
     inv = inventory({"box": sandbox["session_id"]})
