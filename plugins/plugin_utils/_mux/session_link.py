@@ -387,7 +387,9 @@ class SessionLink:
                 if refusal_ends and last is not None and port_refused(last):
                     if self.usable_since is None:
                         self.check_session()  # notes when the session is seen usable
-                    if self._refusal_believed(last, self.usable_since, now >= deadline):
+                    # auto has a road to fall back on, so it takes a refusal at once; agent fails, so it grants a grace
+                    grace = 0.0 if self.cfg.transport == "auto" else REFUSAL_GRACE_SECONDS
+                    if self._refusal_believed(last, self.usable_since, now >= deadline, grace):
                         raise errors.TunnelFailure(str(last), status=last.status, close_code=last.close_code)
                 if errors_seen and now - checked > 2.0:
                     checked = now
@@ -400,15 +402,16 @@ class SessionLink:
                                              % (self.label, bound, said))
 
     @staticmethod
-    def _refusal_believed(refusal: errors.TunnelFailure, usable_at: float | None, out_of_time: bool) -> bool:
+    def _refusal_believed(refusal: errors.TunnelFailure, usable_at: float | None, out_of_time: bool,
+                          grace: float = REFUSAL_GRACE_SECONDS) -> bool:
         """Whether a refused agent port is the answer (no agent there) rather than an agent still starting.
 
         Only on a session seen usable (a 502 from a sandbox still booting says nothing about the port), and only for
-        a dial refused REFUSAL_GRACE_SECONDS after that; a refusal still coming when the wait runs out is one too.
+        a dial refused `grace` seconds after that; a refusal still coming when the wait runs out is one too.
         """
         if usable_at is None or refusal.at < usable_at:
             return False
-        return out_of_time or refusal.at >= usable_at + REFUSAL_GRACE_SECONDS
+        return out_of_time or refusal.at >= usable_at + grace
 
     def _note_status(self, session: dict) -> None:
         """Keep usable_since: when this link saw the session usable, after last seeing it not (see REFUSAL_GRACE_SECONDS)."""

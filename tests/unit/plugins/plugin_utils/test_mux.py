@@ -410,6 +410,14 @@ def test_a_refused_agent_port_is_believed_only_on_a_usable_session_after_the_gra
     assert session_link.SessionLink._refusal_believed(refused(at), usable_at, out_of_time) is believed
 
 
+@pytest.mark.parametrize("at, usable_at, believed", [
+    (9.0, 9.5, False),            # auto too: refused before the session was seen usable says nothing
+    (9.5, 9.5, True),             # auto has the api road to fall back on: a refusal on a usable session at once
+])
+def test_auto_takes_a_refusal_on_a_usable_session_without_a_grace(at, usable_at, believed):
+    assert session_link.SessionLink._refusal_believed(refused(at), usable_at, False, grace=0.0) is believed
+
+
 class ListeningLater:
     """A port-forward refused until `listen()` (the guest's agent starting), then carrying to a real agent.
 
