@@ -120,6 +120,9 @@ options:
     description:
       - The road into the sandbox.
       - V(agent) is the gRPC guest agent on O(agent_port) through the port-forward (the fast road, every feature).
+        An agent port that refuses the platform's dial (a template without the agent) fails the task as
+        UNREACHABLE within a few seconds, naming what to do (V(auto) or V(api), or O(agent_port)); it is believed 2
+        seconds after the session is seen usable, so an agent still starting is not taken for none.
       - V(api) is the platform's documented exec (its buffered answer) and workspace file API only, for templates
         without the agent or networks that block the port-forward. Each command runs as a job in the scratch dir, so
         neither the answer's 1 MiB per stream nor the platform's 240 second exec limit cuts it; modules run in a
@@ -127,10 +130,10 @@ options:
         first on the command's stdin; stdin while a command runs (only C(su) with a password from a user other than
         root) needs the team's interactive stdin; see docs/connection.md.
       - V(auto), the default, uses the agent where it answers, else V(api). It wakes a paused session, then decides in
-        one step; a port that refuses the platform's dial (a template without the agent) falls back at once, an agent
-        port that takes the dial but stays silent after 5 seconds. The choice holds for the life of the session's
-        link in the multiplexer; it is in the multiplexer's log and shown at C(-v) once per session and run. A
-        deleted or failed session is an error, never a fallback.
+        one step; a port that refuses the platform's dial (a template without the agent) falls back on that refusal
+        (by the same rule as V(agent)), an agent port that takes the dial but stays silent after 5 seconds. The
+        choice holds for the life of the session's link in the multiplexer; it is in the multiplexer's log and shown
+        at C(-v) once per session and run. A deleted or failed session is an error, never a fallback.
       - V(agent) was the default before; set it to keep a clear UNREACHABLE where the agent is absent rather than
         the V(api) road's limits.
     type: str

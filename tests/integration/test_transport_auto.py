@@ -3,7 +3,8 @@
 The agent where its port answers, else the documented API: a refused agent port (the plane's team setting
 `closed_ports`, which answers the port-forward's dial with the 502 a template without the agent gives) falls back
 at once, an agent port that takes the dial but stays silent after the probe; a paused session is woken first and a
-gone one is an error. The choice is in the mux log once per link and shown at -v once per session and run.
+gone one is an error. The choice is in the mux log once per link and shown at -v once per session and run. An explicit `transport: agent`
+on a refused agent port fails on the refusal, naming what to do.
 """
 import glob
 import os
@@ -119,6 +120,22 @@ def test_an_explicit_road_is_not_a_choice(plane, sandbox, mux_dir):
             finally:
                 client.close()
     assert "transport auto chose" not in mux_log(mux_dir)
+
+
+def test_agent_on_a_refused_port_is_unreachable_naming_what_to_do(plane, sandbox, default_env, mux_dir, playbook_runner):
+    """transport agent where the agent port is refused (a template without the agent): UNREACHABLE on the refusal,
+    naming the cause and the options that help (transport, agent_port), not "could not connect within 60s"."""
+    inv = inventory({"box": sandbox["session_id"]})
+    with team(plane, interactive_stdin=False, closed_ports=[8443]):
+        res = playbook_runner(PLAY, inv, dict(default_env, MICROVM_TRANSPORT="agent"))
+    assert res.rc != 0 and "UNREACHABLE!" in res.stdout and "unreachable=1" in res.stdout, res
+    assert "the platform could not reach guest port 8443 (HTTP 502)" in res.stdout, res
+    assert "the template has no guest agent, or it does not listen there" in res.stdout, res
+    assert "Set transport to auto or api" in res.stdout and "agent_port" in res.stdout, res
+    assert "within 60s (option connect_timeout)" not in res.stdout, res
+    log = mux_log(mux_dir)
+    assert "could not open: session" in log and "the agent port refused" in log, log
+    assert "using the documented exec and file API" not in log and "transport auto chose" not in log, log
 
 
 SILENT_PORT = 9555

@@ -34,6 +34,12 @@ grpc = ac.grpc
 log = logging.getLogger("microvm.mux")
 
 SESSION_CHECK_INTERVAL = 10.0  # REST check that the session still exists
+# A refused agent port is believed only for a dial refused at least this long after the link saw the session usable
+# (usable_since). No page says READY waits for the guest's agent to listen (the create returns before the sandbox boots;
+# READY says the sandbox runs), and an agent that exited is restarted by the guest's init after a back-off (the local
+# plane: 0.2 s, doubling): a refusal may precede a listening agent by a moment. gRPC redials at least every 2 s
+# (agent_client.CHANNEL_OPTIONS), so a refusal is the answer 2-4 s after the session is seen usable, not connect_timeout.
+REFUSAL_GRACE_SECONDS = 2.0
 NOTED_RUNS = 64                # runs a link remembers having told which road `auto` chose (road_note)
 RoadClient = ac.AgentClient | api_road.ApiRoadClient    # one road's client: the same methods on both
 Runners = module_runners.ModuleRunners
@@ -77,6 +83,7 @@ class SessionLink:
         self.api = ApiClient(cfg.api_url, cfg.token, prefix=cfg.prefix, timeout=min(cfg.connect_timeout, 30.0),
                              retries=3, validate_certs=cfg.validate_certs, opener=stdlib_open)
         self.session_id: str | None = None
+        self.usable_since: float | None = None  # _note_status()
         self.label = cfg.session
         self.tunnel: Tunnel | None = None
         self._client: RoadClient | None = None     # see the client property
@@ -169,12 +176,16 @@ class SessionLink:
         client = ac.AgentClient(self._dial(), self.label, self.cfg.scratch_dir, redial=self._dial)
         self.client, self.runners = client, module_runners.ModuleRunners(client, self.cfg.scratch_dir)
         try:
-            self.ensure_ready(limit=api_road.AUTO_PROBE_SECONDS if auto else None, refusal_ends=auto)
+            self.ensure_ready(limit=api_road.AUTO_PROBE_SECONDS if auto else None, refusal_ends=True)
         except errors.SandboxError as e:
             self._teardown()
-            if not auto or isinstance(e, errors.SessionGone):
+            if isinstance(e, errors.SessionGone):
                 raise
             refusal = e if isinstance(e, errors.TunnelFailure) and port_refused(e) else None
+            if not auto:
+                if refusal is not None:  # the answer, not a reason to wait connect_timeout for an agent never there
+                    raise errors.Unreachable(self._no_agent_message(refusal)) from e
+                raise
             if refusal is None:
                 self.check_session()  # deleted while the agent was silent: an error, not the api road
             self.tunnel = self._client = self._runners = None
@@ -189,6 +200,12 @@ class SessionLink:
         # not the tunnel's own words, which say "tries again": here the refusal is the answer
         how = "HTTP %s" % e.status if e.status else "close code %s" % e.close_code
         return "the agent port refused: the platform could not reach guest port %d (%s)" % (self.cfg.agent_port, how)
+
+    def _no_agent_message(self, e: errors.TunnelFailure) -> str:
+        """transport agent on a refused agent port: what happened and what to do."""
+        return ("session %s: %s; the template has no guest agent, or it does not listen there. Set transport to auto "
+                "or api (ansible_microvm_transport) to use the platform's documented exec and file API, or agent_port "
+                "(ansible_microvm_agent_port) if the agent listens on another port" % (self.label, self._refusal(e)))
 
     def road_choice(self) -> str:
         """What `auto` chose and why, in one line."""
@@ -276,6 +293,7 @@ class SessionLink:
         self.session_id = found.get("session_id") or self.cfg.session
         name = found.get("name")
         self.label = "%s (%s)" % (name, self.session_id) if name and name != self.session_id else self.session_id
+        self._note_status(found)
         if profile.short_status(found.get("status")) in profile.GONE:
             raise errors.SessionGone(self._gone_message(found))
         return found
@@ -294,6 +312,7 @@ class SessionLink:
             if e.gone:
                 raise errors.SessionGone("session %s no longer exists (HTTP %d): it was deleted" % (self.label, e.status)) from e
             raise errors.Unreachable("cannot check session %s: %s" % (self.label, e)) from e
+        self._note_status(session)
         if profile.short_status(session.get("status")) in profile.GONE:
             raise errors.SessionGone(self._gone_message(session))
         return session
@@ -337,8 +356,8 @@ class SessionLink:
         """Wait until the gRPC channel is connected; wake a paused session; fail clearly otherwise.
 
         On the api road there is no channel: the data plane wakes a paused session by itself. With `refusal_ends`
-        (auto's probe), the agent port refusing the dial on a usable session ends the wait at once, raising that
-        refusal (a TunnelFailure for which tunnel.port_refused() is true).
+        (opening a link on `agent` or `auto`), the agent port refusing the dial on a usable session ends the wait,
+        raising that refusal (a TunnelFailure for which tunnel.port_refused() is true): see _refusal_believed().
         """
         if self.road == "api" or connectivity(self.channel) == grpc.ChannelConnectivity.READY:
             return
@@ -365,8 +384,13 @@ class SessionLink:
                     self.check_session()  # a deleted session is reported as such
                     raise errors.Unreachable(str(errors_seen[-1]))
                 last = errors_seen[-1] if errors_seen else None
-                if refusal_ends and last is not None and port_refused(last) and self._usable():
-                    raise errors.TunnelFailure(str(last), status=last.status, close_code=last.close_code)
+                if refusal_ends and last is not None and port_refused(last):
+                    if self.usable_since is None:
+                        self.check_session()  # notes when the session is seen usable
+                    # auto has a road to fall back on, so it takes a refusal at once; agent fails, so it grants a grace
+                    grace = 0.0 if self.cfg.transport == "auto" else REFUSAL_GRACE_SECONDS
+                    if self._refusal_believed(last, self.usable_since, now >= deadline, grace):
+                        raise errors.TunnelFailure(str(last), status=last.status, close_code=last.close_code)
                 if errors_seen and now - checked > 2.0:
                     checked = now
                     self.wake_if_paused()
@@ -377,9 +401,24 @@ class SessionLink:
                     raise errors.Unreachable("could not connect to the guest agent of session %s within %s%s"
                                              % (self.label, bound, said))
 
-    def _usable(self) -> bool:
-        """Whether the session is usable now (a refused dial then means the port, not a sandbox still starting)."""
-        return profile.short_status(self.check_session().get("status")) in profile.USABLE
+    @staticmethod
+    def _refusal_believed(refusal: errors.TunnelFailure, usable_at: float | None, out_of_time: bool,
+                          grace: float = REFUSAL_GRACE_SECONDS) -> bool:
+        """Whether a refused agent port is the answer (no agent there) rather than an agent still starting.
+
+        Only on a session seen usable (a 502 from a sandbox still booting says nothing about the port), and only for
+        a dial refused `grace` seconds after that; a refusal still coming when the wait runs out is one too.
+        """
+        if usable_at is None or refusal.at < usable_at:
+            return False
+        return out_of_time or refusal.at >= usable_at + grace
+
+    def _note_status(self, session: dict) -> None:
+        """Keep usable_since: when this link saw the session usable, after last seeing it not (see REFUSAL_GRACE_SECONDS)."""
+        if profile.short_status(session.get("status")) not in profile.USABLE:
+            self.usable_since = None
+        elif self.usable_since is None:
+            self.usable_since = time.monotonic()
 
     def report(self, e: errors.SandboxError) -> dict[str, str]:
         """The ERROR payload of a failure on this session.

@@ -14,6 +14,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import mux
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import session_link
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import ProcessConfig, LinkConfig, process_dir
 
 
@@ -367,8 +368,9 @@ def probing_link(tmp_path, status):
     return link
 
 
-def test_auto_takes_a_refused_agent_port_on_a_usable_session_as_the_answer(tmp_path):
+def test_auto_takes_a_refused_agent_port_on_a_usable_session_as_the_answer(tmp_path, monkeypatch):
     """The refusal itself ends auto's probe (not the probe's time running out)."""
+    monkeypatch.setattr(session_link, "REFUSAL_GRACE_SECONDS", 0.2)
     link = probing_link(tmp_path, "READY")
     try:
         with pytest.raises(errors.TunnelFailure) as e:
@@ -387,6 +389,117 @@ def test_auto_does_not_believe_a_refusal_while_the_session_is_not_usable(tmp_pat
         assert not isinstance(e.value, errors.TunnelFailure)
     finally:
         link.client.close()
+
+
+def refused(at):
+    e = errors.TunnelFailure("could not reach guest port 8443 (HTTP 502)", status=502)
+    e.at = at
+    return e
+
+
+@pytest.mark.parametrize("at, usable_at, out_of_time, believed", [
+    (10.0, None, False, False),   # the session was not seen usable: a 502 of a sandbox still booting
+    (10.0, None, True, False),
+    (9.0, 9.5, True, False),      # refused before the session was seen usable: says nothing about the port
+    (10.0, 9.5, False, False),    # within the grace: an agent still starting
+    (11.5, 9.5, False, True),     # refused the grace after the session was seen usable: nothing listens
+    (10.0, 9.5, True, True),      # still refused when the wait ran out
+])
+def test_a_refused_agent_port_is_believed_only_on_a_usable_session_after_the_grace(at, usable_at, out_of_time, believed):
+    assert session_link.REFUSAL_GRACE_SECONDS == 2.0
+    assert session_link.SessionLink._refusal_believed(refused(at), usable_at, out_of_time) is believed
+
+
+@pytest.mark.parametrize("at, usable_at, believed", [
+    (9.0, 9.5, False),            # auto too: refused before the session was seen usable says nothing
+    (9.5, 9.5, True),             # auto has the api road to fall back on: a refusal on a usable session at once
+])
+def test_auto_takes_a_refusal_on_a_usable_session_without_a_grace(at, usable_at, believed):
+    assert session_link.SessionLink._refusal_believed(refused(at), usable_at, False, grace=0.0) is believed
+
+
+class ListeningLater:
+    """A port-forward refused until `listen()` (the guest's agent starting), then carrying to a real agent.
+
+    `on_look(tunnel)` is called at each look at its errors once the session was reported READY.
+    """
+
+    def __init__(self, socket_path, on_look=None):
+        self.socket_path = socket_path
+        self.on_look = on_look
+        self.listening = False
+        self.ready = False
+        self.refused_after_ready = 0
+        self.seen = []
+
+    def start(self):
+        pass
+
+    def listen(self):
+        self.listening = True
+
+    def errors_since(self, since):
+        if self.ready and self.on_look is not None:
+            self.on_look(self)
+        if not self.listening:  # every dial the channel makes is refused while nothing listens
+            self.seen.append(refused(time.monotonic()))
+            self.refused_after_ready += self.ready
+        return [e for e in self.seen if e.at >= since]
+
+    def stop(self):
+        pass
+
+
+def agent_link(tmp_path, monkeypatch, socket_path, on_look=None):
+    """A `transport: agent` link on a READY session whose tunnel is a ListeningLater on `socket_path`."""
+    tunnels = []
+
+    def tunnel(*_args, **kwargs):
+        tunnels.append(ListeningLater(socket_path, on_look))
+        return tunnels[-1]
+
+    class Api:
+        def get_session(self, sid):
+            tunnels[-1].ready = True
+            return {"session_id": sid, "status": "SESSION_STATUS_READY"}
+
+    monkeypatch.setattr(session_link, "Tunnel", tunnel)
+    link = session_link.SessionLink(LinkConfig(session="box", token="t", transport="agent", connect_timeout=30),
+                                    str(tmp_path / "link"))
+    link.api, link.session_id, link.label = Api(), "sid-1", "box (sid-1)"
+    return link
+
+
+def test_agent_fails_a_refused_agent_port_naming_the_transport_not_after_connect_timeout(tmp_path, monkeypatch):
+    """transport agent, nothing on the agent port of a usable session: UNREACHABLE with what to do, at once."""
+    link = agent_link(tmp_path, monkeypatch, str(tmp_path / "nobody.sock"))
+    with pytest.raises(errors.Unreachable) as e:
+        link._open_agent_road()
+    text = str(e.value)
+    assert not isinstance(e.value, errors.TunnelFailure) and "within 30s" not in text, text
+    assert "could not reach guest port 8443 (HTTP 502)" in text and "the template has no guest agent" in text, text
+    assert "Set transport to auto or api" in text and "agent_port" in text, text
+
+
+def test_agent_waits_for_an_agent_that_listens_just_after_the_session_is_usable(fake_agent, tmp_path, monkeypatch):
+    """Dials are still refused after the session reports READY (its agent starting), then the agent listens: the
+    refusals within the grace fail nothing. The agent starts on the second look at the tunnel after READY, so a
+    refusal believed without the grace would have failed the link first."""
+    looks_after_ready = []
+
+    def starts(tunnel):  # the agent's socket appears (fake_agent serves it) a moment after READY
+        looks_after_ready.append(1)
+        if len(looks_after_ready) == 2 and not tunnel.listening:
+            os.symlink(str(tmp_path / "agent.sock"), tunnel.socket_path)
+            tunnel.listen()
+
+    link = agent_link(tmp_path, monkeypatch, str(tmp_path / "later.sock"), on_look=starts)
+    try:
+        assert link._open_agent_road() is True
+        assert len(looks_after_ready) >= 2 and link.tunnel.refused_after_ready  # it was refused on a READY session
+        assert link.client.exec(["echo", "hi"]).exit_code == 0
+    finally:
+        link._teardown()
 
 
 def test_the_choice_is_told_once_to_each_run(tmp_path):
