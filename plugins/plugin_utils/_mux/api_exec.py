@@ -60,6 +60,7 @@ STDIN_INLINE, STDIN_STAGED, STDIN_NONE = "0", "1", "2"  # how the job script get
 HELPER_TIMEOUT = 60                   # the documented default, for the road's own short commands
 JOBS_DIR = "jobs"                     # under the mux's api dir (run_dirs.api_dir_name), which a later link sweeps
 TRAILER = b"@@microvm-api-job@@"
+TRAILER_WORDS = {"done": 5, "running": 3, "absent": 1}  # its last word's shapes: done <rc> <out> <err> <kept>, ...
 # OUR READING: no page names the headers that tell a cut ("truncation is indicated via response headers when
 # present"); these are the local plane's. Never the only witness: a stream as long as the cap is taken as cut too.
 TRUNCATED_HEADERS = {"stdout": "X-Exec-Stdout-Truncated", "stderr": "X-Exec-Stderr-Truncated"}
@@ -110,7 +111,11 @@ def trailer(answer: Answer) -> tuple[list[str], bytes] | None:
     at = answer.stderr.rfind(b"\n" + TRAILER + b" ")
     if at < 0 or not answer.stderr.endswith(b"\n"):
         return None
-    return answer.stderr[at + 1:].decode("ascii", "replace").split()[1:], answer.stderr[:at]
+    words = answer.stderr[at + 1:].decode("ascii", "replace").split()[1:]
+    # the guest is hostile: only the script's own shapes, numbers that fit, count (anything else: no trailer)
+    if not words or any(not w.isdigit() or len(w) > 18 for w in words[1:]) or len(words) != TRAILER_WORDS.get(words[0]):
+        return None
+    return words, answer.stderr[:at]
 
 
 class Jobs:

@@ -122,6 +122,17 @@ def test_a_job_that_never_started_says_why(fake):
         client.exec(["true"])
 
 
+@pytest.mark.parametrize("word", ["done x 1 0 0", "done 0 1 0", "done 0 99999999999999999999 0 0", "running -1 0",
+                                  "finished 0 0 0 0"])
+def test_a_job_word_of_no_shape_the_script_prints_is_a_lost_command(fake, word):
+    """The guest is hostile: its last word is taken only in the script's own shapes, never parsed blindly."""
+    server, client = fake
+    hostile = answer(0, "", "\n%s %s\n" % (api_exec.TRAILER.decode(), word))
+    server.answers[("POST", route("/sandbox/exec"))] = [hostile, hostile, answer(0, "", "\n%s absent\n" % api_exec.TRAILER.decode())]
+    with pytest.raises(errors.CommandLost, match="does not answer"):
+        client.exec(["true"])
+
+
 def test_held_stdin_without_the_team_setting_names_it_and_remembers(fake):
     server, client = fake
     server.answers[("POST", route("/sandbox/exec"))] = (403, {}, json.dumps(
