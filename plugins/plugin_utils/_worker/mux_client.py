@@ -437,7 +437,7 @@ class MuxClient:
         WarmRefused means the payload was not started (and `before` may not have been done): run them in a shell,
         then the module cold.
         """
-        request = {"op": "warm", "interpreter": interpreter, "env": env, "run": run, "core": core}
+        request: dict[str, Any] = {"op": "warm", "interpreter": interpreter, "env": env, "run": run, "core": core}
         if before:
             request["before"] = before
         return self._retrying(lambda: self._exec_once(request, payload, None))
