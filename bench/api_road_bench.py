@@ -80,6 +80,8 @@ def main():
     parser.add_argument("--newest-venv", default=os.path.join(ROOT, ".venv-newest"),
                         help="a venv with the newest supported ansible-core (skipped when missing)")
     parser.add_argument("--only-commands", action="store_true", help="part 0 only (per command task)")
+    parser.add_argument("--changed-copies", action="store_true",
+                        help="part 1's copies change their file at every run (each puts it), not only the first")
     args = parser.parse_args()
     cores = {core_version(BIN): BIN}
     newest_bin = os.path.join(os.path.abspath(args.newest_venv), "bin")
@@ -89,7 +91,7 @@ def main():
     stage = Stage("roadbench")
     try:
         tmp, plane, session, sshd = stage.tmp, stage.plane, stage.session, stage.sshd
-        write(os.path.join(tmp, "playbook.yml"), playbook_text(mixed=True))
+        write(os.path.join(tmp, "playbook.yml"), playbook_text(mixed=True, changed=args.changed_copies))
         inventories = {"agent": stage.inventory("agent"),
                        "api": stage.inventory("agent", ansible_microvm_transport="api"),
                        "ssh": stage.inventory("ssh")}
@@ -143,7 +145,8 @@ def main():
         mib = float(args.size_mib)
         result = {
             "per_command_task": commands,
-            "tasks": 30, "repeat": args.repeat, "runs_seconds": times, "per_task_seconds": per_task,
+            "tasks": 30, "changed_copies": args.changed_copies, "repeat": args.repeat, "runs_seconds": times,
+            "per_task_seconds": per_task,
             "per_task_ratio_to_agent": {m: per_task[m] / per_task["agent"] for m in MODES},
             "copy_mib": args.size_mib, "copy_seconds": seconds, "copy_runs_seconds": runs, "api_transfer": api_ways,
             "copy_mib_per_second": {k: mib / v for k, v in seconds.items()},
@@ -151,7 +154,8 @@ def main():
             "machine": {"cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()},
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        print("30-task playbook (20 command, 10 copy), median of %d runs after a warm-up:" % args.repeat)
+        print("30-task playbook (20 command, 10 %s copy), median of %d runs after a warm-up:"
+              % ("changed" if args.changed_copies else "unchanged", args.repeat))
         print("  %-6s %9s %9s %10s" % ("road", "run s", "per task", "vs agent"))
         for mode in MODES:
             print("  %-6s %9.2f %9.3f %9.2fx" % (mode, statistics.median(times[mode]), per_task[mode],

@@ -34,14 +34,19 @@ PLAYBOOK = """
 {tasks}
 """
 COMMAND_TASK = "    - ansible.builtin.command: echo {n}\n"
-COPY_TASK = "    - ansible.builtin.copy: {{content: \"file {n}\\n\", dest: \"{{{{ dest_dir }}}}/f{n}.txt\"}}\n"
+COPY_TASK = "    - ansible.builtin.copy: {{content: \"file {n}{stamp}\\n\", dest: \"{{{{ dest_dir }}}}/f{n}.txt\"}}\n"
+STAMP = " {{ now().isoformat() }}"  # a content new at each run: the copy puts its file (mkdtemp, stat, put, chmod, copy, rm)
 
 
-def playbook_text(mixed=True, count=30):
-    """`count` tasks for host `target`: all `command`, or (mixed) 2 commands then 1 copy to {{ dest_dir }}, repeated."""
+def playbook_text(mixed=True, count=30, changed=False):
+    """`count` tasks for host `target`: all `command`, or (mixed) 2 commands then 1 copy to {{ dest_dir }}, repeated.
+
+    The copies are unchanged after the first run (stat, then the file module: nothing put), or with `changed`
+    changed at every run (the file put, chmod, the copy module)."""
     tasks = []
     for n in range(count):
-        tasks.append(COPY_TASK.format(n=n) if mixed and n % 3 == 2 else COMMAND_TASK.format(n=n))
+        tasks.append(COPY_TASK.format(n=n, stamp=STAMP if changed else "") if mixed and n % 3 == 2
+                     else COMMAND_TASK.format(n=n))
     return PLAYBOOK.format(tasks="".join(tasks))
 
 

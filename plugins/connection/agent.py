@@ -450,6 +450,10 @@ class Connection(ConnectionBase):
         self._run: dict[str, Any] | None = None
         self._user: dict[str, str] | None = None  # the guest user commands run as, once looked up: None = the agent's own user
         self._su_prompts = False  # su was seen to need a password here: it goes straight to interactive stdin
+        # task tmp dir commands (a chmod of the files just put) left for the warm runner to do ahead of the next module,
+        # in its request: (the command, its core_compat.tmp_op); any other operation runs them first (_flush_deferred)
+        self._deferred: list[tuple[str, dict[str, Any]]] = []
+        self._flushing = False
         self._task_action = ""  # the task's action, from the shell's task keys (see _keeps_tmp)
         self._wrap_shell()
 
@@ -669,6 +673,7 @@ class Connection(ConnectionBase):
         try:
             return fn(*args, **kwargs)
         except (OSError, mp.ProtocolError) as e:  # the worker's own connection to the mux broke
+            self._deferred.clear()  # the task fails here: nothing left to run at close
             self.close()
             raise AnsibleConnectionFailure("microvm.sandbox.agent: lost the multiplexer of session %s during %s: %s"
                                            % (self._session(), what, e)) from e
@@ -689,11 +694,17 @@ class Connection(ConnectionBase):
         timeout = int(self.get_option("command_timeout") or 0)
         stdin = to_bytes(in_data) if in_data else b""
         if self.get_option("warm_runner") and self._user is None:
+            if not stdin and not timeout and self.become is None and self._defer(argv, to_text(cmd)):
+                return 0, b"", b""
             warm = self._exec_warm(argv, stdin, sudoable, timeout, run)
-            if warm is None and not stdin and not timeout and self.become is None:
+            if warm is not None:
+                return warm
+            self._flush_deferred()
+            if not stdin and not timeout and self.become is None:
                 warm = self._exec_tmp_op(argv, run)
             if warm is not None:
                 return warm
+        self._flush_deferred()
         interact = None
         become = None  # the become plugin when it answers a prompt in this command
         prompted: list[bool] = []
@@ -767,14 +778,53 @@ class Connection(ConnectionBase):
                 display.vvv("WARM RUNNER not used, running cold: %s" % reason, host=session)
             return None
         interpreter, env = shape
+        before = [op for _cmd, op in self._deferred]
         try:
             rc, stdout, stderr, _info = self._call("a module run", self._attached().warm, interpreter, env, stdin, run=run,
-                                                   core=core_compat.core_version())
-        except errors.WarmRefused as e:  # see _call
+                                                   core=core_compat.core_version(), before=before)
+        except errors.WarmRefused as e:  # see _call: the module was not started (its deferred ops run in a shell next)
             display.vvv("WARM RUNNER refused, running cold: %s" % e, host=session)
             return None
-        display.vvv("WARM RUNNER ran the module with %s (rc %s)" % (interpreter, rc), host=session)
+        except AnsibleError:  # lost with its module: the task fails here, and core removes the tmp dir after it
+            self._deferred.clear()
+            raise
+        self._deferred.clear()  # done by the runner ahead of the module (a refusal would have stopped it)
+        display.vvv("WARM RUNNER ran the module with %s (rc %s)%s" % (interpreter, rc, ", after %s" % ", ".join(
+            op["op"] for op in before) if before else ""), host=session)
         return rc, stdout, stderr
+
+    def _defer(self, argv: list[str], cmd: str) -> bool:
+        """Leave a task tmp dir chmod for the runner to do with the next module (core chmods the files it put
+        just before it runs the module that reads them): one exec less per task on the api road. True if deferred.
+
+        Only what the runner does as a tmp op (so never with become: core's chmod/setfacl/chown dance runs as
+        today); every other operation of the connection runs it first, and so does close.
+        """
+        if self._flushing or (self._attached().attached or {}).get("version", 0) < mp.TMP_OP_VERSION:
+            return False
+        op = core_compat.tmp_op(self._shell, argv)
+        if op is None or op["op"] != "chmod":
+            return False
+        self._deferred.append((cmd, op))
+        display.vvv("WARM RUNNER will do chmod ahead of the next module, in its request", host=self._session())
+        return True
+
+    def _flush_deferred(self) -> None:
+        """Run the deferred chmods now, in order, as core would have run them: one that fails fails the task with
+        core's own words (ActionBase._fixup_perms2), before anything else is done."""
+        if self._flushing:
+            return
+        while self._deferred:
+            cmd, _op = self._deferred.pop(0)
+            self._flushing = True
+            try:
+                rc, _out, err = self.exec_command(cmd, sudoable=False)
+            finally:
+                self._flushing = False
+            if rc != 0:
+                self._deferred.clear()
+                raise AnsibleError("Failed to set permissions on remote files (rc: %s, err: %s)"
+                                   % (rc, to_text(err, errors="surrogate_or_strict")))
 
     def _exec_tmp_op(self, argv: list[str], run: dict[str, Any]) -> tuple[int, bytes, bytes] | None:
         """A task tmp dir command (mkdtemp, chmod, rm) done by the warm runner: (rc, stdout, stderr), or None."""
@@ -836,6 +886,7 @@ class Connection(ConnectionBase):
     def put_file(self, in_path: str, out_path: str) -> None:
         super().put_file(in_path, out_path)  # type: ignore[safe-super]  # connects (ensure_connect), see exec_command
         display.vvv("PUT %s TO %s" % (in_path, out_path), host=self._session())
+        self._flush_deferred()
         if not os.path.isfile(to_bytes(in_path, errors="surrogate_or_strict")):
             raise AnsibleFileNotFound("microvm.sandbox.agent: file or module does not exist: %s" % to_text(in_path))
         self._call("put_file", self._attached().put, to_text(in_path), to_text(out_path), run=self._run_info())
@@ -856,6 +907,7 @@ class Connection(ConnectionBase):
         """
         self._connect()
         display.vvv("PUT ARCHIVE %s INTO %s" % (in_path, out_dir), host=self._session())
+        self._flush_deferred()
         if not os.path.isfile(to_bytes(in_path, errors="surrogate_or_strict")):
             raise AnsibleFileNotFound("microvm.sandbox.agent: archive does not exist: %s" % to_text(in_path))
         return self._call("put_archive", self._attached().put_archive, to_text(in_path), to_text(out_dir))
@@ -870,6 +922,7 @@ class Connection(ConnectionBase):
         self._connect()
         run = self._run_info()
         display.vvv("EXEC STREAM %s" % argv[:4], host=self._session())
+        self._flush_deferred()
         stream = self._call("a streamed command", command_stream.ExecStream, self._new_mux_client(),
                             self._as_user(argv) if as_user else argv, env={"TMPDIR": run["dir"]}, run=run)
         return stream, run["dir"]
@@ -882,10 +935,17 @@ class Connection(ConnectionBase):
     def fetch_file(self, in_path: str, out_path: str) -> None:
         super().fetch_file(in_path, out_path)  # type: ignore[safe-super]  # connects (ensure_connect), see exec_command
         display.vvv("FETCH %s TO %s" % (in_path, out_path), host=self._session())
+        self._flush_deferred()
         self._call("fetch_file", self._attached().fetch, to_text(in_path), to_text(out_path), run=self._run_info())
 
     # -- life cycle -------------------------------------------------------------------------------
     def close(self) -> None:
+        if self._deferred and self._mux_client is not None:
+            # no module came after them in this task (keep_remote_files, an action of its own): done now, as core asked
+            try:
+                self._flush_deferred()
+            except AnsibleError as e:
+                display.warning("microvm.sandbox.agent: %s" % e)
         if self._mux_client is not None:
             self._mux_client.close()
         self._mux_client = None

@@ -406,8 +406,10 @@ def test_every_task_is_served_warm(plane, sandbox, env, mux_dir, playbook_runner
     for status in pool_status(mux_dir).values():
         for how, count in status["served_by_session"].get(sandbox["session_id"], {}).items():
             served[how] = served.get(how, 0) + count
-    # 3 commands + 2 (stat, copy) + 2 (stat, file) + ping; mkdtemp and rm twice, chmod once; one put
-    assert served == {"warm": 8, "tmp": 5, "put": 1}, (served, warm_lines(res))
+    # 3 commands + 2 (stat, copy) + 2 (stat, file) + ping; mkdtemp and rm twice; one put. The copy's chmod of the
+    # file it put goes with its module's request (agent.py _defer): a "tmp" of its own would make 5 here
+    assert served == {"warm": 8, "tmp": 4, "put": 1}, (served, warm_lines(res))
+    assert "WARM RUNNER ran the module with" in res.stdout and ", after chmod" in res.stdout, warm_lines(res)
 
 
 COUNT_PAYLOAD = r'''
@@ -445,3 +447,72 @@ def test_runner_compiles_a_module_once(tmp_path):
         assert seen[0]["file"] == seen[2]["file"] and seen[2]["probe"] == "probe"
     finally:
         r.close()
+
+
+DEFERRED_CHMOD = r"""
+- hosts: sbx
+  gather_facts: false
+  vars:
+    tmp_root: /workspace/.scratch/ansible-tmp
+  tasks:
+    - name: a tree of three files (each put's chmod goes with the copy module that reads it)
+      ansible.builtin.copy: {src: "{{ playbook_dir }}/tree/", dest: "/workspace/deferred-{{ p }}/", mode: "0640"}
+      register: tree
+    - ansible.builtin.command: cat a.txt sub/b.txt sub/c.txt
+      args: {chdir: "/workspace/deferred-{{ p }}"}
+      register: cat
+    - name: a copy that fails after its put and chmod (the dest dir is missing)
+      ansible.builtin.copy: {content: "x\n", dest: /workspace/deferred-missing/dir/x.txt}
+      register: broken
+      ignore_errors: true
+    - name: a script (no module after the chmod; it runs first, then the script)
+      ansible.builtin.script: "{{ playbook_dir }}/s.sh"
+      register: sc
+    - name: no other task's tmp dir is left behind, the failed one's included
+      ansible.builtin.find: {paths: "{{ tmp_root }}", patterns: "ansible-tmp-*", file_type: directory}
+      register: left
+    - ansible.builtin.assert:
+        that:
+          - tree is changed
+          - cat.stdout_lines == ['a', 'b', 'c']
+          - broken is failed and 'does not exist' in broken.msg
+          - sc.stdout | trim == 'ran'
+          - left.matched == (0 if p == 'true' else 1)  # without pipelining, find's own tmp dir
+"""
+
+KEPT = r"""
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - ansible.builtin.copy: {content: "kept\n", dest: /workspace/deferred-kept.txt}
+"""
+
+
+def test_a_deferred_chmod_keeps_cores_semantics(plane, sandbox, env, mux_dir, playbook_runner, tmp_path):  # noqa: F811
+    """The chmod core runs on what it put, sent with the module's request (or run before anything else): a
+    directory copy, a module failing after it (the tmp dir still removed), a script, pipelining off, and
+    keep_remote_files (the kept modules have the mode core asked for: each chmod ran before its module)."""
+    (tmp_path / "tree" / "sub").mkdir(parents=True)
+    for name, text in (("a.txt", "a"), ("sub/b.txt", "b"), ("sub/c.txt", "c")):
+        (tmp_path / "tree" / name).write_text(text + "\n")
+    (tmp_path / "s.sh").write_text("#!/bin/sh\necho ran\n")
+    inv = inventory({"box": sandbox["name"]})
+    for pipelining in ("true", "false"):
+        res = playbook_runner(DEFERRED_CHMOD, inv, dict(env, ANSIBLE_PIPELINING=pipelining), workdir=str(tmp_path),
+                              extra_args=["-vvv", "-e", "p=%s" % pipelining])
+        assert res.rc == 0 and "failed=0" in res.stdout and "ignored=1" in res.stdout, (pipelining, res)
+        assert (", after chmod" in res.stdout) == (pipelining == "true"), (pipelining, warm_lines(res))
+
+    res = playbook_runner(KEPT, inv, dict(env, ANSIBLE_KEEP_REMOTE_FILES="1"), workdir=str(tmp_path), extra_args=["-vvv"])
+    assert res.rc == 0 and "failed=0" in res.stdout, res
+    check = playbook_runner(r"""
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - ansible.builtin.shell: >-
+        for f in /workspace/.scratch/ansible-tmp/ansible-tmp-*/AnsiballZ_*.py; do test -x "$f" && basename "$f"; done;
+        rm -rf /workspace/.scratch/ansible-tmp/ansible-tmp-*
+      register: kept
+    - ansible.builtin.assert: {that: ["kept.stdout_lines == ['AnsiballZ_copy.py', 'AnsiballZ_stat.py']"]}
+""", inv, env, workdir=str(tmp_path))
+    assert check.rc == 0 and "failed=0" in check.stdout, check

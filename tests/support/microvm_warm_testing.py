@@ -28,9 +28,9 @@ class LocalRunner:
         self.proc.stdin.write(wr.HEADER.pack(len(body), rid, kind) + body)
         self.proc.stdin.flush()
 
-    def run(self, rid, run_env, data):
-        """Run a module payload: (rc, stdout, stderr), or ("refused", reason, b"")."""
-        meta = json.dumps({"env": run_env}).encode()
+    def run(self, rid, run_env, data, before=None):
+        """Run a module payload (after the tmp ops `before`): (rc, stdout, stderr), or ("refused", reason, b"")."""
+        meta = json.dumps(dict({"env": run_env}, **({"before": before} if before else {}))).encode()
         self.send(rid, wr.RUN, struct.pack("!I", len(meta)) + meta + data)
         out, err = b"", b""
         while True:

@@ -29,7 +29,8 @@ own), a client that goes away has its modules killed, every connection is first 
 stops once its socket file is removed or replaced (the link closes, or a later link sweeps a gone mux's dir).
 
 Frames: 9-byte header (4-byte length, 4-byte request id, 1-byte kind) + payload.
-    mux -> runner: RUN   (4-byte JSON length, JSON {"env": {...}}, module payload)
+    mux -> runner: RUN   (4-byte JSON length, JSON {"env": {...}, "before": [tmp ops]}, module payload;
+                          the TMP ops in "before", if any, done first: one refused, the run is REFUSEd)
                    RUNREF (4-byte JSON length, JSON {"env": {...}, "zip": key}, the payload without
                           its zip: split_payload's source), for a zip the runner already holds
                    KILL  (kill the request's process group)
@@ -574,12 +575,11 @@ class Runner:
             jlen = struct.unpack("!I", body[:4])[0]
             req = json.loads(body[4:4 + jlen].decode("utf-8"))
             rest = body[4 + jlen:]
-            if kind == RUN:
-                self.run(rid, req.get("env") or {}, split_payload(rest, self.core))
-            elif req.get("zip") in self.verified:
-                self.run(rid, req.get("env") or {}, (rest, self.verified[req["zip"]][2]))
-            else:
+            if kind == RUNREF and req.get("zip") not in self.verified:
                 self.send(rid, MISS)
+            elif self.before(rid, req.get("before") or []):
+                self.run(rid, req.get("env") or {}, split_payload(rest, self.core) if kind == RUN
+                         else (rest, self.verified[req["zip"]][2]))
         elif kind == KILL:
             self.kill(rid)
         elif kind == TMP:
@@ -645,6 +645,22 @@ class Runner:
             self.send(rid, REFUSE, {"reason": "not a task tmp dir operation the runner does"})
             return
         self.send(rid, DONE, {"rc": 0, "stdout": done, "stderr": ""})
+
+    def before(self, rid: int, ops: "List[Any]") -> bool:
+        """The task tmp dir commands the worker deferred to its module's request (chmod of the files it put), done
+        first; False (REFUSE sent, the module not started) if one cannot be: the worker then runs them in a shell,
+        which reports their real error, and the module cold. Each is safe to run again (see tmp_op)."""
+        for op in ops:
+            try:
+                done = TMP_OPS[op.get("op")](self.core, op)
+            except (OSError, KeyError, ValueError, TypeError, AttributeError) as e:
+                done, why = None, "%s: %s" % (type(e).__name__, e)
+            else:
+                why = "not a task tmp dir operation the runner does"
+            if done is None:
+                self.send(rid, REFUSE, {"reason": "the deferred %s before the module: %s" % (op.get("op"), why)})
+                return False
+        return True
 
     def serve(self) -> None:
         if self.listener is not None:

@@ -67,7 +67,8 @@ def op_exec(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> None
 
 
 def op_warm(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> str | None:
-    """Run a pipelined module payload in the session's warm module runner (see module_runners.py).
+    """Run a pipelined module payload in the session's warm module runner (see module_runners.py), after the
+    task tmp dir ops the worker deferred to it (`before`: the chmod of the files it put), in the same request.
 
     Before any output, a request the runner cannot take is answered with an ERR_WARM error, and
     the worker runs it cold; once started, a lost runner is a lost command (never re-run).
@@ -87,7 +88,7 @@ def op_warm(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> str 
         link.ensure_ready()
         link.runs.ensure(req.get("run"))
         runner = link.runners.get(req["interpreter"], req.get("core") or "")
-        rid, events = runner.submit(req.get("env") or {}, bytes(payload))
+        rid, events = runner.submit(req.get("env") or {}, bytes(payload), before=req.get("before") or None)
     except errors.WarmRefused as e:
         mp.send_frame(conn, mp.ERROR, e.to_frame())
         return "warm_refused"

@@ -255,21 +255,25 @@ class ModuleRunner:
             raise errors.WarmRefused("the warm runner is not running")
         self.feed.put(wr.HEADER.pack(len(body), rid, kind) + body)
 
-    def submit(self, env: dict[str, str], payload: bytes) -> tuple[int, queue.Queue[Event]]:
+    def submit(self, env: dict[str, str], payload: bytes, before: list[dict[str, Any]] | None = None
+               ) -> tuple[int, queue.Queue[Event]]:
         """Queue a module run: (request id, event queue).
 
+        `before`: task tmp dir ops (core_compat.tmp_op) the worker deferred to this run, done by the runner
+        first, in the same request (one refused: the run is refused, nothing started).
         A payload whose zip the runner already holds goes without it (about 170 KiB less per task);
         if the runner has dropped it meanwhile it answers MISS and gets the whole payload.
         """
         split = wr.split_payload(payload, CORE)
         key = wr.zip_key(split[1]) if split else None
-        meta = json.dumps({"env": env}).encode("utf-8")
+        extra: dict[str, Any] = {"before": before} if before else {}
+        meta = json.dumps({"env": env, **extra}).encode("utf-8")
         whole = struct.pack("!I", len(meta)) + meta + payload
         rid, q = self._new_request()
         with self.lock:
             self.whole[rid] = (key, whole)
         if split and key is not None and key in self.held:
-            ref = json.dumps({"env": env, "zip": key}).encode("utf-8")
+            ref = json.dumps({"env": env, "zip": key, **extra}).encode("utf-8")
             self._send(rid, wr.RUNREF, struct.pack("!I", len(ref)) + ref + split[0])
         else:
             self._send(rid, wr.RUN, whole)

@@ -52,8 +52,9 @@ from typing import Any
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 
 # 3: the "tmp" op; a worker uses it only with a mux that says 3 or more. 4: muxes live in versioned dirs
-# (_shared/config.py process_dir): a worker only ever talks to a mux of its own protocol.
-PROTOCOL_VERSION = 4
+# (_shared/config.py process_dir): a worker only ever talks to a mux of its own protocol. 5: a "warm" request's
+# "before" (task tmp dir ops the runner does ahead of the module, in the same request).
+PROTOCOL_VERSION = 5
 TMP_OP_VERSION = 3
 
 HEADER = struct.Struct("!IB")

@@ -430,12 +430,16 @@ class MuxClient:
                                   % (self.cfg.session, self.max_output, held))
 
     def warm(self, interpreter: str, env: dict[str, str], payload: bytes, run: dict[str, Any] | None = None,
-             core: str = "") -> ExecReply:
+             core: str = "", before: list[dict[str, Any]] | None = None) -> ExecReply:
         """Run a pipelined module payload in the session's warm runner for (interpreter, core); like exec().
 
-        WarmRefused means the payload was not started: run it cold.
+        `before`: task tmp dir ops (core_compat.tmp_op) the runner does first, in the same request.
+        WarmRefused means the payload was not started (and `before` may not have been done): run them in a shell,
+        then the module cold.
         """
-        request = {"op": "warm", "interpreter": interpreter, "env": env, "run": run, "core": core}
+        request: dict[str, Any] = {"op": "warm", "interpreter": interpreter, "env": env, "run": run, "core": core}
+        if before:
+            request["before"] = before
         return self._retrying(lambda: self._exec_once(request, payload, None))
 
     def tmp(self, op: dict[str, Any], run: dict[str, Any] | None = None) -> ExecReply:

@@ -494,3 +494,79 @@ def test_the_action_plugins_take_this_connection_as_theirs_and_no_other(conn):
     assert sandbox_connection(conn, "put_archive") is conn
     local = connection_loader.get("ansible.builtin.local", PlayContext())
     assert sandbox_connection(local, "exec_stream") is None and sandbox_connection(local, "put_archive") is None
+
+
+class WarmMux(FakeMux):
+    """A mux with a warm runner: module runs and tmp ops answered (or refused), each call recorded."""
+
+    def __init__(self, refuse_warm=False, tmp_result=(0, b"", b"", {"rc": 0})):
+        super().__init__()
+        self.attached = {"road": "api", "version": mp.PROTOCOL_VERSION}
+        self.refuse_warm = refuse_warm
+        self.tmp_result = tmp_result
+
+    def warm(self, interpreter, env, payload, run=None, core="", before=None):
+        self.calls.append(("warm", interpreter, before))
+        if self.refuse_warm:
+            raise errors.WarmRefused("the deferred chmod before the module: FileNotFoundError")
+        return 0, b"{}", b"", {"rc": 0, "warm": True}
+
+    def tmp(self, op, run=None):
+        self.calls.append(("tmp", op["op"]))
+        return self.tmp_result
+
+
+MODULE = ("/bin/sh -c '/usr/bin/python3 && sleep 0'", b"_ANSIBALLZ_WRAPPER = True\n")
+
+
+def deferred_chmod(conn):
+    tmpdir = conn._shell.join_path(conn._shell.get_option("remote_tmp"), "ansible-tmp-1.5-77-88")
+    paths = [tmpdir + "/", tmpdir + "/source"]
+    return conn._shell.chmod(paths, "u+rwx"), paths
+
+
+def test_a_tmp_chmod_goes_with_the_next_module_request(conn):
+    """core's chmod of the files it put answers at once and is done by the runner ahead of the module, in its
+    request: one exec less on the api road."""
+    mux = WarmMux()
+    connected(conn, mux)
+    cmd, paths = deferred_chmod(conn)
+    assert conn.exec_command(cmd, sudoable=False) == (0, b"", b"")
+    assert mux.calls == []
+    assert conn.exec_command(MODULE[0], in_data=MODULE[1])[0] == 0
+    assert mux.calls == [("warm", "/usr/bin/python3", [{"op": "chmod", "mode": "u+rwx", "paths": paths}])]
+    conn.exec_command(MODULE[0], in_data=MODULE[1])
+    assert mux.calls[-1] == ("warm", "/usr/bin/python3", [])  # done once
+
+
+@pytest.mark.parametrize("then", ["put", "fetch", "cold command", "close"])
+def test_a_deferred_chmod_runs_before_anything_else(conn, tmp_path, then):
+    mux = WarmMux()
+    connected(conn, mux)
+    conn.exec_command(deferred_chmod(conn)[0], sudoable=False)
+    (tmp_path / "f").write_text("x")
+    {"put": lambda: conn.put_file(str(tmp_path / "f"), "/workspace/f"),
+     "fetch": lambda: conn.fetch_file("/workspace/f", str(tmp_path / "g")),
+     "cold command": lambda: conn.exec_command("echo hi"),
+     "close": conn.close}[then]()
+    assert mux.calls[0] == ("tmp", "chmod") and len(mux.calls) == (1 if then == "close" else 2), mux.calls
+
+
+def test_a_refused_module_runs_its_deferred_chmod_first_and_its_failure_fails_the_task(conn):
+    """The runner could not do the chmod (so it started nothing): it runs as today, and fails as core would."""
+    mux = WarmMux(refuse_warm=True, tmp_result=(1, b"", b"chmod: cannot access 'source'", {"rc": 1}))
+    connected(conn, mux)
+    conn.exec_command(deferred_chmod(conn)[0], sudoable=False)
+    with pytest.raises(AnsibleError, match=r"Failed to set permissions on remote files \(rc: 1, err: chmod: cannot"):
+        conn.exec_command(MODULE[0], in_data=MODULE[1])
+    assert [c[0] for c in mux.calls] == ["warm", "tmp"]  # the module never ran cold
+    assert conn._deferred == []
+
+
+def test_no_chmod_is_deferred_with_become(conn):
+    """With become, core's chmod / setfacl / chown dance runs where and when it does today."""
+    mux = WarmMux()
+    connected(conn, mux)
+    conn.set_become_plugin(become_loader.get("ansible.builtin.sudo"))
+    conn.exec_command(deferred_chmod(conn)[0], sudoable=False)
+    assert mux.calls[0][0] == "exec" and conn._deferred == []

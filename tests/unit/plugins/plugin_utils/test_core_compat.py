@@ -355,6 +355,32 @@ def test_a7_runner_refuses_what_it_cannot_do_exactly(tmp_path):
         runner.close()
 
 
+def test_a7_deferred_chmod_runs_ahead_of_the_module_in_its_request(recorded, tmp_path):
+    """The copy task's chmod, sent with the module's request, is done before the module starts; one the runner
+    cannot do refuses the run, nothing started (the worker then runs both cold, and the chmod reports its error)."""
+    ping = next(e for e in module_runs(recorded) if b"ansible.modules.ping" in e["stdin"])
+    (_interp, env), _why = core_compat.module_command(ping["argv"], ping["stdin"])
+    task = tmp_path / "ansible-tmp-1.5-77-88"
+    task.mkdir(mode=0o700)
+    source = task / "source"
+    source.write_text("x")
+    os.chmod(str(source), 0o600)
+    chmod = {"op": "chmod", "mode": "u+rwx", "paths": [str(task) + "/", str(source)]}
+    runner = LocalRunner(tmp_path)
+    try:
+        rc, out, err = runner.run(1, env, ping["stdin"], before=[chmod])
+        assert rc == 0 and json.loads(out)["ping"] == "pong", err
+        assert oct(os.stat(str(source)).st_mode & 0o777) == oct(0o700)
+        missing = dict(chmod, paths=[str(source), str(task / "missing")])
+        os.chmod(str(source), 0o600)
+        refused = runner.run(2, env, ping["stdin"], before=[missing])
+        assert refused[0] == "refused" and "deferred chmod" in refused[1] and "missing" in refused[1], refused
+        assert oct(os.stat(str(source)).st_mode & 0o777) == oct(0o600)  # checked before any change
+        assert runner.run(3, env, ping["stdin"], before=[{"op": "unknown"}])[0] == "refused"
+    finally:
+        runner.close()
+
+
 WORKERS = r'''
 import builtins, json, os, sys
 from ansible import constants as C
