@@ -54,8 +54,11 @@ run)
   $X /bin/sh -c 'd=$1; shift; "$@" <"$d/in" >"$d/out" 2>"$d/err"; echo $? >"$d/rc.t" && mv -f "$d/rc.t" "$d/rc"' \
     sh "$d" "$@" </dev/null >/dev/null 2>&1 &
   p=$!; echo "$p" >"$d/pid"
+# The watcher ends the wait below at the slice (or once STEP bytes are there) with USR1, sent again every 0.1 s
+# until it is stopped: one that came before `wait` began would be lost and leave the exec waiting for the job.
   trap : USR1
-  (i=0; while [ $i -lt $((w * 10)) ] && ! fresh; do sleep 0.1; i=$((i + 1)); done; kill -USR1 $$) </dev/null >/dev/null 2>&1 &
+  (i=0; while [ $i -lt $((w * 10)) ] && ! fresh; do sleep 0.1; i=$((i + 1)); done
+   while kill -USR1 $$ 2>/dev/null; do sleep 0.1; done) </dev/null >/dev/null 2>&1 &
   t=$!
   wait "$p"
   kill "$t" 2>/dev/null ;;

@@ -92,6 +92,20 @@ def test_kill_stops_the_job_and_its_grandchildren(tmp_path):
     assert said == ["absent"] and not job.exists()
 
 
+def test_a_slice_that_ends_at_once_never_leaves_the_exec_waiting_for_the_job(tmp_path):
+    """The watcher's signal may come before the script's `wait` begins (a zero slice, a loaded guest): it is sent
+    again until the script goes on, so the exec answers `running` instead of waiting for the whole job. Many runs at
+    once make the early signal likely (before the fix, a few in a hundred waited out their job)."""
+    import concurrent.futures
+
+    def run(i):  # a job that ends by itself a little later: a run that waited for it would answer `done`
+        return script("run", tmp_path / ("job%d" % i), 0, args=[STDIN_NONE, "sleep", "5"])[2]
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        said = list(pool.map(run, range(96)))
+    assert all(words == ["running", "0", "0"] for words in said), [w for w in said if w[0] != "running"]
+
+
 def test_wait_on_a_job_that_is_not_there_answers_absent(tmp_path):
     assert script("wait", tmp_path / "nothing", 0)[2] == ["absent"]
 
