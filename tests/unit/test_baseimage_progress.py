@@ -47,8 +47,9 @@ def stub_bin(tmp_path):
     return bindir
 
 
-def read_line(stream, proc, timeout=30.0):
-    """The next stderr line, waiting at most `timeout` (a hung build fails the test instead of hanging it)."""
+def read_line(stream, proc, timeout=120.0):
+    """The next stderr line, waiting at most `timeout` (a hung build fails the test instead of hanging it; generous:
+    a loaded machine starts Python and the plane package slowly)."""
     import select
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
