@@ -21,6 +21,7 @@ import http.client
 import json
 import logging
 import random
+import select
 import socket
 import ssl
 import threading
@@ -107,8 +108,12 @@ class Http:
             old.close()
 
     def _take_idle(self) -> http.client.HTTPConnection | None:
+        """The kept connection, unless the server has closed it since (or sent something unasked: not reused)."""
         with self._idle_lock:
             conn, self._idle = self._idle, None
+        if conn is not None and (conn.sock is None or select.select([conn.sock], [], [], 0)[0]):
+            conn.close()
+            return None
         return conn
 
     def _connection(self) -> http.client.HTTPConnection:
@@ -117,10 +122,14 @@ class Http:
                                                blocksize=COPY_CHUNK)
         return http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout, blocksize=COPY_CHUNK)
 
-    def _exchange(self, method: str, url: str, body: bytes | BinaryIO | None, headers: dict,
-                  call: Call | None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    def _exchange(self, method: str, url: str, body: bytes | BinaryIO | None, headers: dict, call: Call | None,
+                  runs: bool = False) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """One request and its response head, on the kept connection when there is one (a body that is a stream is
-        never sent on it: it could not be sent again if the server had closed it)."""
+        never sent on it: it could not be sent again if the server had closed it).
+
+        A kept connection that fails is replaced and the call sent again, except a call that `runs` a command (an
+        exec): the server may have taken it before the connection broke, and a command is never run twice (the
+        road reports it lost). _take_idle() leaves out a connection the server had already closed, so that is rare."""
         reused = self._take_idle() if body is None or isinstance(body, bytes) else None
         while True:
             conn = reused or self._connection()
@@ -134,7 +143,7 @@ class Http:
                 return conn, conn.getresponse()
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 conn.close()
-                if reused is None or (call is not None and call.cancelled.is_set()):
+                if reused is None or runs or (call is not None and call.cancelled.is_set()):
                     raise
                 reused = None  # the server had closed the kept connection before reading the request: send it anew
             except (OSError, http.client.HTTPException):
@@ -156,7 +165,8 @@ class Http:
         replayable = body is None or isinstance(body, (bytes, bytearray)) or start is not None
         waited, attempt = 0.0, 0
         while True:
-            conn, resp = self._exchange(method, url, body, all_headers, call)
+            conn, resp = self._exchange(method, url, body, all_headers, call,
+                                        runs=method == "POST" and path == "/sandbox/exec")
             if resp.status < 300:
                 return conn, resp
             text = error_text(resp.read(64 * 1024))

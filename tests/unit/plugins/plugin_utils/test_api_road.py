@@ -6,6 +6,7 @@ import base64
 import hashlib
 import http.server
 import json
+import select
 import threading
 
 import pytest
@@ -26,7 +27,11 @@ class Fake(http.server.BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         self.server.seen.append((self.command, self.path, dict(self.headers), self.rfile.read(length) if length else b""))
         answer = self.server.answers[(self.command, self.path.split("?")[0])]
-        status, headers, body = answer.pop(0) if isinstance(answer, list) else answer  # a list: one answer a call
+        answer = answer.pop(0) if isinstance(answer, list) else answer  # a list: one answer a call
+        if answer is None:  # the call was read, then the connection dropped without an answer
+            self.close_connection = True
+            return
+        status, headers, body = answer
         self.send_response(status)
         for k, v in headers.items():
             self.send_header(k, v)
@@ -413,5 +418,25 @@ def test_a_kept_connection_the_server_closes_is_replaced_without_losing_a_call(k
     quietly_closing = (200, {"Content-Type": "application/json", "X-Then-Close": "1"},
                        json.dumps({"exit_code": 0, "stdout": "three", "stderr": ""}).encode())
     server.answers[("POST", route("/sandbox/exec"))] = [answer(0, "one"), closing, quietly_closing, answer(0, "four")]
-    assert [client.jobs.raw(["x"]).stdout for _dummy in range(4)] == [b"one", b"two", b"three", b"four"]
+    said = [client.jobs.raw(["x"]).stdout for _dummy in range(3)]
+    kept = client.http._idle
+    assert kept is not None and kept.sock is not None
+    select.select([kept.sock], [], [], 5)  # the server's close reaches this end (an exec is never sent to find out)
+    said.append(client.jobs.raw(["x"]).stdout)
+    assert said == [b"one", b"two", b"three", b"four"]
     assert server.connections == 3 and len(server.seen) == 4  # each call answered once: none sent twice
+
+
+def test_an_exec_on_a_kept_connection_that_breaks_is_lost_never_sent_twice(keepalive):
+    """The server may have taken an exec before its connection broke: the road reports the command lost (it may
+    have run) instead of running it a second time; a call that runs nothing is sent again."""
+    server, client = keepalive
+    server.answers[("POST", route("/sandbox/exec"))] = [answer(0, "one"), None, answer(0, "three")]
+    assert client.jobs.raw(["x"]).stdout == b"one"
+    with pytest.raises(errors.CommandLost, match="not re-run"):
+        client.jobs.raw(["x"])
+    assert len(server.seen) == 2  # taken once, not sent again
+    assert client.jobs.raw(["x"]).stdout == b"three"
+    server.answers[("GET", route("/probe"))] = [(200, {}, b"{}"), None, (200, {}, b"{}")]
+    assert client.http.json_call("GET", "/probe") == {}
+    assert client.http.json_call("GET", "/probe") == {}  # the broken one sent again on a new connection
