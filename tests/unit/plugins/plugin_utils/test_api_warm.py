@@ -246,3 +246,11 @@ def test_a_hostile_frame_ends_the_runner_and_the_task_is_lost_not_hung():
     _rid, q = runner.submit({}, payload())
     got = events_of(q)
     assert got[-1][0] == "dead" and "frame of" in got[-1][1] and not runner.alive
+
+
+def test_the_warm_clients_frame_constants_are_the_runners():
+    """warm_client.py runs alone in the guest (stdlib only, no import of ours), so it carries its own copy of the
+    runner's frame header and kinds: kept in step here."""
+    assert wc.HEADER.format == wr.HEADER.format
+    assert (wc.READY, wc.LAST) == (wr.READY, wr.LAST)
+    assert wc.ASKS == (wr.RUN, wr.RUNREF, wr.TMP)
