@@ -12,7 +12,8 @@
 # hangs up, which stops the job), and a job more than BACKLOG bytes ahead of the road is paused until it catches
 # up, as a pipe would hold it. Output travels base64 (the answer carries text: other bytes could change);
 # without base64(1) in the guest it is left in the job dir for download (kept=1).
-# A stream sent whole from its start is one base64(1), an empty one nothing: tail and head only for a part.
+# A stream sent whole from its start is one base64(1), an empty one nothing: tail and head only for a part, and
+# always while the job runs (its files grow past the sizes just read; -1 says so).
 # The last line of stderr is the script's word on the job, after the marker: `done <rc> <stdout bytes>
 # <stderr bytes> <kept>`, `running <stdout bytes> <stderr bytes>` (read so far), or `absent`.
 m=$1 d=$2 w=$3 oo=$4 eo=$5; shift 5
@@ -36,7 +37,7 @@ emit() {
   else
     if command -v base64 >/dev/null 2>&1; then
       no=$((os - oo)) ne=$((es - eo)); [ $no -le $S ] || no=$S; [ $ne -le $S ] || ne=$S
-      b64 "$d/out" "$oo" $no "$os"; b64 "$d/err" "$eo" $ne "$es" >&2; oo=$((oo + no)) eo=$((eo + ne))
+      b64 "$d/out" "$oo" $no -1; b64 "$d/err" "$eo" $ne -1 >&2; oo=$((oo + no)) eo=$((eo + ne))
       p=$(cat "$d/pid" 2>/dev/null)
       if [ $((os - oo)) -gt @BACKLOG@ ] || [ $((es - eo)) -gt @BACKLOG@ ]; then kill -STOP "-$p" 2>/dev/null
       else kill -CONT "-$p" 2>/dev/null; fi

@@ -106,6 +106,23 @@ def test_a_slice_that_ends_at_once_never_leaves_the_exec_waiting_for_the_job(tmp
     assert all(words == ["running", "0", "0"] for words in said), [w for w in said if w[0] != "running"]
 
 
+def test_a_running_job_sends_exactly_the_bytes_its_word_counts_while_its_files_grow(tmp_path):
+    """A poll of a job still writing: the output sent is what the word says was read, never the file as it has
+    grown since (a stream read whole from its start once sent the grown file)."""
+    job = tmp_path / "job"
+    writer = "i=0; while [ $i -lt 4000 ]; do echo line-$i-xxxxxxxxxxxxxxxx; echo err-$i >&2; i=$((i + 1)); done"
+    _out, _err, said = script("run", job, 0, args=[STDIN_NONE, "/bin/sh", "-c", writer])
+    have = [0, 0]
+    for _poll in range(200):
+        if said[0] == "done":
+            break
+        out, err, said = script("wait", job, 0, tuple(have))
+        if said[0] == "running":
+            assert (len(base64.b64decode(out)), len(base64.b64decode(err))) == (int(said[1]) - have[0], int(said[2]) - have[1])
+            have = [int(said[1]), int(said[2])]
+    script("drop", job, 0)
+
+
 def test_wait_on_a_job_that_is_not_there_answers_absent(tmp_path):
     assert script("wait", tmp_path / "nothing", 0)[2] == ["absent"]
 
