@@ -105,7 +105,7 @@ fi
 # The image holds what the collection's plugins need, and not the local plane's.
 podman run --rm --network host "$ee_image" python3 -c '
 import importlib.util as u
-missing = [m for m in ("grpc", "google.protobuf", "websockets", "boto3", "yaml") if u.find_spec(m) is None]
+missing = [m for m in ("grpc", "google.protobuf", "websockets", "h2", "boto3", "yaml") if u.find_spec(m) is None]
 extra = [m for m in ("aiohttp",) if u.find_spec(m) is not None]
 assert not missing and not extra, "missing %s, not wanted %s" % (missing, extra)' \
   || fail "the image's Python packages are not what requirements.txt says"

@@ -9,12 +9,19 @@ have partly run). Uploads stream a file in chunks with its sha256 in
 UploadEnd; downloads stream into a temporary file next to the destination
 and are renamed into place only once the sha256 matches. Transfer paths
 outside the transfer root are refused here, before any network call.
+
+Uploads and downloads take a bulk line (bulk_line.py: one socket, no gRPC
+threads) when the link gives a pool of them: an upload of at least BULK_MIN
+bytes dials one, a smaller one uses an idle line or the channel, a download
+always takes one (its size is unknown before it starts). A line that cannot
+be dialled leaves the transfer to the channel (nothing was sent yet).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import queue
 import tempfile
@@ -23,7 +30,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Sequence
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import capped
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import bulk_line, capped
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.untrusted import shown
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_pb import sandbox_agent_pb2 as pb
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.agent_pb import sandbox_agent_pb2_grpc as pb_grpc
@@ -36,8 +43,12 @@ except ImportError as e:  # the mux reports it, naming the package to install
     grpc = None  # type: ignore[assignment]
     GRPC_IMPORT_ERROR = e
 
+log = logging.getLogger("microvm.mux")
+
 CHUNK_SIZE = 2 * 1024 * 1024       # within the agent's accepted 1 KiB - 4 MiB, and under a default 4 MiB gRPC limit
 MAX_MESSAGE = 16 * 1024 * 1024
+BULK_MIN = 1024 * 1024   # an upload this big dials a bulk line when none is idle
+SERVICE = "/do.teams.hosted_agents.runtime.sandbox_agent.v1.SandboxAgentService/"
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE),
     ("grpc.max_send_message_length", MAX_MESSAGE),
@@ -163,17 +174,33 @@ def is_absent(error: grpc.RpcError) -> bool:
     """NOT_FOUND, or INTERNAL carrying a 404, means "absent" (platform contract, section 3)."""
     code = error.code() if hasattr(error, "code") else None
     details = (error.details() if hasattr(error, "details") else "") or ""
+    return _absent(code, details)
+
+
+def _absent(code: Any, details: str) -> bool:
     if code == grpc.StatusCode.NOT_FOUND:
         return True
     return code == grpc.StatusCode.INTERNAL and ("404" in details or "does not exist" in details)
 
 
+def status_code(number: int) -> grpc.StatusCode:
+    """A gRPC status number (from a bulk line's trailers) as grpcio's StatusCode (UNKNOWN for a number it lacks)."""
+    for code in grpc.StatusCode:
+        if code.value[0] == number:
+            return code
+    return grpc.StatusCode.UNKNOWN
+
+
 def transfer_error(error: grpc.RpcError, path: str, label: str, verb: str) -> errors.SandboxError:
     """Map a gRPC error of Upload/Download to a clear SandboxError naming the path and session."""
-    code = error.code()
-    details = shown(error.details() or "")  # the guest agent's words, shown to the user
+    return status_error(error.code(), error.details() or "", path, label, verb)
+
+
+def status_error(code: grpc.StatusCode, raw_details: str, path: str, label: str, verb: str) -> errors.SandboxError:
+    """A refused or failed Upload/Download (its status and the agent's words) as a clear SandboxError."""
+    details = shown(raw_details)  # the guest agent's words, shown to the user
     where = "%s on session %s" % (path, label)
-    if is_absent(error):
+    if _absent(code, raw_details):
         return errors.NotFound("cannot %s %s: no such file (%s)" % (verb, where, details))
     if code == grpc.StatusCode.PERMISSION_DENIED:
         return errors.Denied("the guest agent refused to %s %s: %s" % (verb, where, details))
@@ -207,8 +234,9 @@ class AgentClient:
     """
 
     def __init__(self, channel: grpc.Channel, label: str, scratch_dir: str = profile.SCRATCH_DIR,
-                 redial: Callable[[], grpc.Channel] | None = None) -> None:
+                 redial: Callable[[], grpc.Channel] | None = None, bulk: bulk_line.Pool | None = None) -> None:
         self.label = label
+        self.bulk = bulk
         self.scratch_dir = scratch_dir
         self._redial = redial
         self._lock = threading.Lock()
@@ -261,6 +289,8 @@ class AgentClient:
         with self._lock:
             line, self._redial = self._line, None
         line.channel.close()
+        if self.bulk is not None:
+            self.bulk.close()
 
     # -- Exec ------------------------------------------------------------------
     def exec_stream(self, argv: Sequence[str], env: dict[str, str] | None = None, workdir: str = "", timeout: int = 0,
@@ -353,18 +383,29 @@ class AgentClient:
 
     # -- Upload ----------------------------------------------------------------
     def upload(self, local_path: str, remote_path: str, mode: int = 0, chunk_size: int = CHUNK_SIZE, is_archive: bool = False) -> int:
-        """Stream a local file to a guest path under the transfer root; returns bytes written.
+        """Stream a local file to a guest path under the transfer root; returns bytes written (a Moved: `via` says how).
 
         With is_archive the file is a tar stream the agent extracts under remote_path.
         """
         with errors.path_rules():
             remote_path = profile.check_transfer_path(remote_path, self.scratch_dir,
                                                       what="archive destination" if is_archive else "upload destination")
+        verb = "extract an archive into" if is_archive else "upload to"
+        header = pb.UploadRequest(header=pb.UploadHeader(path=remote_path, mode=mode, is_archive=is_archive))
+        if self.bulk is not None and (os.path.getsize(local_path) >= BULK_MIN or self.bulk.has_idle()):
+            def upload_call(line: bulk_line.Line) -> int:
+                answer = _Collected()
+                with open(local_path, "rb") as f:
+                    bulk_line.run_call(line, SERVICE + "Upload", _upload_messages(header, f, chunk_size), answer)
+                return int(pb.UploadResponse.FromString(answer.data()).bytes_written)
+            moved = self._on_bulk_line(upload_call, remote_path, verb, local_path)
+            if moved is not None:
+                return moved
         with open(local_path, "rb") as f:
             chunks = prefetch_chunks(f, chunk_size)
 
             def requests() -> Iterator[Any]:
-                yield pb.UploadRequest(header=pb.UploadHeader(path=remote_path, mode=mode, is_archive=is_archive))
+                yield header
                 for chunk in chunks:
                     yield pb.UploadRequest(chunk=chunk)
                 yield pb.UploadRequest(end=pb.UploadEnd(sha256=chunks.hexdigest()))
@@ -375,56 +416,240 @@ class AgentClient:
             except grpc.RpcError as e:
                 chunks.cancel()
                 self._drop_if_lost(e, line)
-                if e.code() == grpc.StatusCode.INVALID_ARGUMENT and "sha" in (e.details() or "").lower():
-                    raise errors.ChecksumMismatch("upload of %s to %s on session %s failed its checksum: %s" % (
-                        local_path, remote_path, self.label, shown(e.details() or ""))) from e
-                raise transfer_error(e, remote_path, self.label, "extract an archive into" if is_archive else "upload to") from e
+                raise self._refused(e.code(), e.details() or "", remote_path, verb, local_path) from e
             finally:
                 self._give_back(line)
-        return response.bytes_written
+        return Moved(response.bytes_written, "grpc")
+
+    def _refused(self, code: grpc.StatusCode, details: str, remote_path: str, verb: str, local_path: str) -> errors.SandboxError:
+        if code == grpc.StatusCode.INVALID_ARGUMENT and "sha" in details.lower():
+            return errors.ChecksumMismatch("upload of %s to %s on session %s failed its checksum: %s" % (
+                local_path, remote_path, self.label, shown(details)))
+        return status_error(code, details, remote_path, self.label, verb)
 
     def _drop_if_lost(self, error: grpc.RpcError, line: _Line) -> None:
         if error.code() == grpc.StatusCode.UNAVAILABLE:  # the connection broke (a refusal leaves it alone)
             self.drop_connection(line)
 
+    def _on_bulk_line(self, call: Callable[[bulk_line.Line], int], remote_path: str, verb: str,
+                      local_path: str) -> Moved | None:
+        """call(line) on a bulk line -> Moved(its bytes, "bulk"); None when no line could be dialled (use the channel).
+
+        A reused line that breaks before any answer (its far end had closed it while idle) is replaced once by a
+        fresh one: nothing of the transfer took effect (an upload lands only after its checksum is checked).
+        """
+        assert self.bulk is not None
+        for attempt in (1, 2):
+            try:
+                line, reused = self.bulk.take()
+            except errors.TunnelFailure as e:
+                log.warning("session %s: no bulk line (%s); the transfer of %s takes the gRPC channel", self.label, e, remote_path)
+                return None
+            try:
+                moved = call(line)
+            except bulk_line.CallFailed as e:
+                self.bulk.give_back(line)
+                raise self._refused(status_code(e.code), e.message, remote_path, verb, local_path) from e
+            except bulk_line.LineBroken as e:
+                line.close()
+                if reused and not e.answered and attempt == 1:
+                    continue
+                raise e.error from e
+            except BaseException:
+                line.close()
+                raise
+            self.bulk.give_back(line)
+            return Moved(moved, "bulk")
+        return None  # not reached: the second attempt returns or raises
+
     # -- Download --------------------------------------------------------------
     def download(self, remote_path: str, local_path: str, chunk_size: int = CHUNK_SIZE) -> int:
-        """Stream a guest file to local_path; verified, then renamed into place. Returns bytes written."""
+        """Stream a guest file to local_path; verified, then renamed into place. Returns bytes written (a Moved)."""
         with errors.path_rules():
             remote_path = profile.check_transfer_path(remote_path, self.scratch_dir, what="download source")
+        request = pb.DownloadRequest(path=remote_path, chunk_size_bytes=chunk_size)
+        if self.bulk is not None:
+            def download_call(line: bulk_line.Line) -> int:
+                def fill(f: BinaryIO) -> int:
+                    landing = _Landing(f, remote_path, self.label, local_path)
+                    bulk_line.run_call(line, SERVICE + "Download", [[request.SerializeToString()]], _DownloadSink(landing))
+                    return landing.verdict()
+                return land_download(local_path, fill)
+            moved = self._on_bulk_line(download_call, remote_path, "download", local_path)
+            if moved is not None:
+                return moved
 
         def fill(f: BinaryIO) -> int:
-            digest = hashlib.sha256()
-            size = 0
-            expected_size = -1
-            expected_sha: str | None = None
+            landing = _Landing(f, remote_path, self.label, local_path)
             with self._using() as line:
                 try:
-                    for msg in line.stub.Download(pb.DownloadRequest(path=remote_path, chunk_size_bytes=chunk_size)):
+                    for msg in line.stub.Download(request):
                         which = msg.WhichOneof("output")
                         if which == "chunk":
-                            chunk = msg.chunk  # each access copies the bytes out of the message: take them once
-                            f.write(chunk)
-                            digest.update(chunk)
-                            size += len(chunk)
+                            landing.chunk(msg.chunk)  # each access copies the bytes out of the message: take them once
                         elif which == "header":
-                            expected_size = msg.header.size_bytes
+                            landing.expected_size = msg.header.size_bytes
                         elif which == "end":
-                            expected_sha = msg.end.sha256
+                            landing.expected_sha = msg.end.sha256
                 except grpc.RpcError as e:
                     self._drop_if_lost(e, line)
                     raise transfer_error(e, remote_path, self.label, "download") from e
-                if expected_sha is None:
+                if landing.expected_sha is None:
                     self.drop_connection(line)
-            if expected_sha is None:
-                raise errors.GuestUnavailable("the download of %s from session %s ended before its checksum: "
-                                              "the stream was cut; nothing was written to %s" % (remote_path, self.label, local_path))
-            if expected_size >= 0 and size != expected_size:
-                raise errors.ChecksumMismatch("the download of %s from session %s has %d bytes, the agent announced %d; "
-                                              "nothing was written to %s" % (remote_path, self.label, size, expected_size, local_path))
-            if expected_sha and expected_sha.lower() != digest.hexdigest():
-                raise errors.ChecksumMismatch("the download of %s from session %s failed its sha256 check; "
-                                              "nothing was written to %s" % (remote_path, self.label, local_path))
-            return size
+            return landing.verdict()
 
-        return land_download(local_path, fill)
+        return Moved(land_download(local_path, fill), "grpc")
+
+
+class Moved(int):
+    """The bytes a transfer moved, and the path that carried them: `via` is "bulk" or "grpc"."""
+
+    via: str
+
+    def __new__(cls, size: int, via: str) -> Moved:
+        moved = super().__new__(cls, size)
+        moved.via = via
+        return moved
+
+
+class _Landing:
+    """A download as it lands in its temporary file: written and hashed once, then judged (size, then sha256)."""
+
+    def __init__(self, f: BinaryIO, remote_path: str, label: str, local_path: str) -> None:
+        self._f = f
+        self._digest = hashlib.sha256()
+        self._where = (remote_path, label, local_path)
+        self.size = 0
+        self.expected_size = -1
+        self.expected_sha: str | None = None
+
+    def chunk(self, data: bytes | memoryview) -> None:
+        self._f.write(data)
+        self._digest.update(data)
+        self.size += len(data)
+
+    def verdict(self) -> int:
+        remote_path, label, local_path = self._where
+        if self.expected_sha is None:
+            raise errors.GuestUnavailable("the download of %s from session %s ended before its checksum: "
+                                          "the stream was cut; nothing was written to %s" % (remote_path, label, local_path))
+        if self.expected_size >= 0 and self.size != self.expected_size:
+            raise errors.ChecksumMismatch("the download of %s from session %s has %d bytes, the agent announced %d; "
+                                          "nothing was written to %s" % (remote_path, label, self.size, self.expected_size, local_path))
+        if self.expected_sha and self.expected_sha.lower() != self._digest.hexdigest():
+            raise errors.ChecksumMismatch("the download of %s from session %s failed its sha256 check; "
+                                          "nothing was written to %s" % (remote_path, label, local_path))
+        return self.size
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_CHUNK_TAG = 0x12  # field 2 (`chunk`), length-delimited, in both UploadRequest and DownloadChunk
+
+
+def _upload_messages(header: Any, f: BinaryIO, chunk_size: int) -> Iterator[list[bytes | bytearray | memoryview]]:
+    """The Upload's messages for a bulk line: the header, the file's chunks (read into one reused buffer, hashed as
+    read, framed by hand so the bytes are not copied into a message object), and the end with the sha256."""
+    yield [header.SerializeToString()]
+    digest = hashlib.sha256()
+    buf = bytearray(chunk_size)
+    with memoryview(buf) as view:
+        while True:
+            n = f.readinto(buf)  # type: ignore[attr-defined]  # a file opened "rb"
+            if not n:
+                break
+            digest.update(view[:n])
+            yield [bytes((_CHUNK_TAG,)) + _varint(n), view[:n]]  # sent (copied into frames) before the next read
+    yield [pb.UploadRequest(end=pb.UploadEnd(sha256=digest.hexdigest())).SerializeToString()]
+
+
+class _Collected:
+    """A small answer (UploadResponse), kept whole."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def begin(self, length: int) -> None:
+        self._parts.clear()
+
+    def piece(self, data: memoryview) -> None:
+        self._parts.append(bytes(data))
+
+    def end(self) -> None:
+        pass
+
+    def data(self) -> bytes:
+        return b"".join(self._parts)
+
+
+class _DownloadSink:
+    """DownloadChunk messages off a bulk line: a chunk's bytes go straight to the landing file as they arrive; the
+    header and end messages (small) are parsed whole."""
+
+    SMALL = 64 * 1024
+
+    def __init__(self, landing: _Landing) -> None:
+        self._landing = landing
+        self._kept = bytearray()
+        self._streaming = False
+        self._length = 0
+
+    def begin(self, length: int) -> None:
+        self._kept.clear()
+        self._streaming = False
+        self._length = length
+
+    def piece(self, data: memoryview) -> None:
+        if self._streaming:
+            self._landing.chunk(data)
+            return
+        self._kept += data
+        if self._length < self.SMALL:
+            return
+        # a big message must be a chunk: its tag and length, then the bytes streamed through
+        head = _chunk_head(self._kept, self._length)
+        if head is None:
+            return  # the tag and length are not all here yet
+        rest = bytes(self._kept[head:])
+        self._kept.clear()
+        self._streaming = True
+        if rest:
+            self._landing.chunk(rest)
+
+    def end(self) -> None:
+        if self._streaming:
+            return
+        msg = pb.DownloadChunk.FromString(bytes(self._kept))
+        which = msg.WhichOneof("output")
+        if which == "chunk":
+            self._landing.chunk(msg.chunk)
+        elif which == "header":
+            self._landing.expected_size = msg.header.size_bytes
+        elif which == "end":
+            self._landing.expected_sha = msg.end.sha256
+
+
+def _chunk_head(kept: bytearray, length: int) -> int | None:
+    """The size of a chunk message's tag and length prefix, once both are in `kept`; refused if it is not a chunk."""
+    if kept[0] != _CHUNK_TAG:
+        raise bulk_line.BudgetBreach("a download message of %d bytes that is not a chunk" % length)
+    value, at, shift = 0, 1, 0
+    while at < len(kept):
+        byte = kept[at]
+        value |= (byte & 0x7F) << shift
+        at += 1
+        if not byte & 0x80:
+            if at + value != length:
+                raise bulk_line.BudgetBreach("a download chunk whose length (%d) does not fill its message (%d)" % (value, length))
+            return at
+        shift += 7
+        if shift > 35:
+            raise bulk_line.BudgetBreach("a download chunk with a malformed length")
+    return None

@@ -22,6 +22,7 @@ from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError, WaitTimeout
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import api_road
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import bulk_line
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import capped
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.http_stdlib import stdlib_open
@@ -173,7 +174,7 @@ class SessionLink:
                              validate_certs=self.cfg.validate_certs, socket_dir=self.socket_dir)
         self.tunnel.start()
         # A lost stream drops its connection: the agent client then dials through a fresh channel (_dial).
-        client = ac.AgentClient(self._dial(), self.label, self.cfg.scratch_dir, redial=self._dial)
+        client = ac.AgentClient(self._dial(), self.label, self.cfg.scratch_dir, redial=self._dial, bulk=self._bulk_pool())
         self.client, self.runners = client, module_runners.ModuleRunners(client, self.cfg.scratch_dir)
         try:
             self.ensure_ready(limit=api_road.AUTO_PROBE_SECONDS if auto else None, refusal_ends=True)
@@ -336,6 +337,18 @@ class SessionLink:
     @property
     def channel(self) -> grpc.Channel | None:
         return self._client.channel if self._client is not None else None
+
+    def _bulk_pool(self) -> bulk_line.Pool | None:
+        """The session's bulk lines (big transfers on one socket each), unless switched off or h2 is missing."""
+        if not bulk_line.enabled():
+            if bulk_line.BULK_IMPORT_ERROR is not None:
+                log.info("session %s: transfers take the gRPC channel: %s (pip install h2 for the bulk path)",
+                         self.label, bulk_line.BULK_IMPORT_ERROR)
+            return None
+        assert self.tunnel is not None  # set by _open_agent_road just before
+        target = bulk_line.Target(self.tunnel.url, self.cfg.token, self.tunnel.ssl_context, self.cfg.connect_timeout,
+                                  self.label, self.cfg.agent_port)
+        return bulk_line.Pool(lambda: bulk_line.Line.dial(target))
 
     def _dial(self) -> grpc.Channel:
         """A gRPC channel through the tunnel (its state is asked when needed: connectivity())."""

@@ -42,6 +42,11 @@ def _controller_file(path: str) -> Iterator[None]:
         raise errors.SandboxError("controller file %s: %s" % (path, e.strerror or e)) from e
 
 
+def _moved(size: int, staged: bool) -> dict[str, Any]:
+    """A transfer's reply: its bytes, whether it was staged, and what carried it ("bulk", "grpc"; the api road: "api")."""
+    return {"bytes": int(size), "staged": staged, "via": getattr(size, "via", "api")}
+
+
 def _guest_path(path: str) -> str:
     with errors.path_rules():
         return profile.guest_path(path)
@@ -66,7 +71,7 @@ def op_put(link: SessionLink, req: dict[str, Any]) -> dict[str, Any]:
     if profile.is_within(remote):
         try:
             with _controller_file(local):
-                return {"bytes": link.client.upload(local, remote), "staged": False}
+                return _moved(link.client.upload(local, remote), staged=False)
         except errors.Denied:
             pass  # a symlink inside the workspace pointing outside it: stage instead
     stage = _stage_name(_stage_dir(link, req, remote), remote)
@@ -76,7 +81,7 @@ def op_put(link: SessionLink, req: dict[str, Any]) -> dict[str, Any]:
         link.guest(PUT_STAGED, stage, remote)
     except errors.NotFound as e:
         raise errors.NotFound("cannot put %s into session %s: its directory does not exist" % (remote, link.label)) from e
-    return {"bytes": written, "staged": True}
+    return _moved(written, staged=True)
 
 
 def op_put_archive(link: SessionLink, req: dict[str, Any]) -> dict[str, Any]:
@@ -89,7 +94,7 @@ def op_put_archive(link: SessionLink, req: dict[str, Any]) -> dict[str, Any]:
         raise errors.NotFound("local archive %s to upload does not exist" % local)
     link.ensure_ready()
     with _controller_file(local):
-        return {"bytes": link.client.upload(local, remote, is_archive=True), "staged": False}
+        return _moved(link.client.upload(local, remote, is_archive=True), staged=False)
 
 
 def op_fetch(link: SessionLink, req: dict[str, Any]) -> dict[str, Any]:
@@ -98,7 +103,7 @@ def op_fetch(link: SessionLink, req: dict[str, Any]) -> dict[str, Any]:
     if profile.is_within(remote):
         try:
             with _controller_file(local):
-                return {"bytes": link.client.download(remote, local), "staged": False}
+                return _moved(link.client.download(remote, local), staged=False)
         except errors.Denied:
             pass
     run_dir = _stage_dir(link, req, remote)
@@ -113,7 +118,7 @@ def op_fetch(link: SessionLink, req: dict[str, Any]) -> dict[str, Any]:
         raise e.rebuild("cannot stage %s from session %s through %s: %s" % (remote, link.label, run_dir, e), e.kind) from e
     try:
         with _controller_file(local):
-            return {"bytes": link.client.download(stage, local), "staged": True}
+            return _moved(link.client.download(stage, local), staged=True)
     finally:
         try:
             link.guest('rm -f -- "$1"', stage)

@@ -145,6 +145,11 @@ class Tunnel:
     def __repr__(self) -> str:
         return "Tunnel(%r, token=<hidden>)" % self.url
 
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS settings of the port-forward (None for ws://), for the bulk lines that dial it too."""
+        return self._ssl
+
     # -- life cycle ----------------------------------------------------------
     def start(self) -> str:
         ready = threading.Event()
