@@ -889,7 +889,8 @@ class Connection(ConnectionBase):
         self._flush_deferred()
         if not os.path.isfile(to_bytes(in_path, errors="surrogate_or_strict")):
             raise AnsibleFileNotFound("microvm.sandbox.agent: file or module does not exist: %s" % to_text(in_path))
-        self._call("put_file", self._attached().put, to_text(in_path), to_text(out_path), run=self._run_info())
+        moved = self._call("put_file", self._attached().put, to_text(in_path), to_text(out_path), run=self._run_info())
+        self._show_moved("PUT", moved)
         if self._user is not None:
             # The agent writes as its own user: hand the file to the task's user, as a put over SSH would.
             rc, _out, err, _info = self._call("put_file", self._attached().exec, [
@@ -936,7 +937,15 @@ class Connection(ConnectionBase):
         super().fetch_file(in_path, out_path)  # type: ignore[safe-super]  # connects (ensure_connect), see exec_command
         display.vvv("FETCH %s TO %s" % (in_path, out_path), host=self._session())
         self._flush_deferred()
-        self._call("fetch_file", self._attached().fetch, to_text(in_path), to_text(out_path), run=self._run_info())
+        moved = self._call("fetch_file", self._attached().fetch, to_text(in_path), to_text(out_path), run=self._run_info())
+        self._show_moved("FETCH", moved)
+
+    def _show_moved(self, verb: str, moved: Any) -> None:
+        """At -vvv, how a transfer went: its bytes, and the path that carried them (bulk line, gRPC channel, API)."""
+        if isinstance(moved, dict) and "bytes" in moved:
+            display.vvv("%s done: %s bytes over the %s path%s" % (verb, moved["bytes"], moved.get("via", "?"),
+                                                                 ", staged" if moved.get("staged") else ""),
+                        host=self._session())
 
     # -- life cycle -------------------------------------------------------------------------------
     def close(self) -> None:

@@ -126,6 +126,8 @@ class MuxServer:
         # session id: "hello" reports them, so tests and benches can tell a warm task from a cold one.
         self.served: collections.Counter = collections.Counter()
         self.served_by_session: dict[str, collections.Counter] = {}
+        self.moved: collections.Counter = collections.Counter()  # transfers by the path their bytes took ("put_via_bulk")
+        self.moved_by_session: dict[str, collections.Counter] = {}
         self.last_activity = time.monotonic()
         self.listener: socket.socket | None = None
         self.stopped = threading.Event()
@@ -360,9 +362,10 @@ class MuxServer:
             with self.lock:
                 served = dict(self.served)
                 by_session = {sid: dict(counts) for sid, counts in self.served_by_session.items()}
+                moved = {sid: dict(counts) for sid, counts in self.moved_by_session.items()}
             mp.send_frame(conn, mp.RESULT, {"pid": os.getpid(), "version": mp.PROTOCOL_VERSION,
                                             "sessions": len(self.links), "served": served,
-                                            "served_by_session": by_session})
+                                            "served_by_session": by_session, "moved_by_session": moved})
             return None
         if op == "reset":
             self.op_reset(conn, req)
@@ -406,6 +409,11 @@ class MuxServer:
             else:
                 mp.send_frame(conn, mp.RESULT, result)
                 outcome = op
+                if isinstance(result, dict) and result.get("via"):
+                    via = "%s_via_%s" % (op, result["via"])  # which path carried a transfer's bytes (bulk, grpc, api)
+                    with self.lock:
+                        self.moved[via] += 1
+                        self.moved_by_session.setdefault(link.session_id or link.label, collections.Counter())[via] += 1
         with self.lock:
             self.served[outcome] += 1
             self.served_by_session.setdefault(link.session_id or link.label, collections.Counter())[outcome] += 1
