@@ -52,12 +52,18 @@ def proxy(plane):
 class Agent:
     """An AgentClient over its own Tunnel (the mux's stack, without the mux process)."""
 
-    def __init__(self, url, token, session_id):
+    def __init__(self, url, token, session_id, bulk=False):
         from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
+        from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import bulk_line
         from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.tunnel import Tunnel
         self.tunnel = Tunnel(url, "/v2/agents", session_id, token, connect_timeout=30)
         target = "unix:" + self.tunnel.start()
-        self.client = ac.AgentClient(ac.open_channel(target), session_id, redial=lambda: ac.open_channel(target))
+        lines = None
+        if bulk:  # transfers on bulk lines dialled through the same port-forward (the mux's default for big ones)
+            where = bulk_line.Target(self.tunnel.url, token, None, 30, session_id, self.tunnel.port)
+            lines = bulk_line.Pool(lambda: bulk_line.Line.dial(where))
+        self.client = ac.AgentClient(ac.open_channel(target), session_id, redial=lambda: ac.open_channel(target),
+                                     bulk=lines)
 
     def close(self, drain=10):
         with contextlib.suppress(Exception):
@@ -77,8 +83,8 @@ def agents():
     """agents(url, token, session_id) -> AgentClient; all closed after the test."""
     made = []
 
-    def make(url, token, session_id):
-        a = Agent(url, token, session_id)
+    def make(url, token, session_id, bulk=False):
+        a = Agent(url, token, session_id, bulk=bulk)
         made.append(a)
         return a.client
 

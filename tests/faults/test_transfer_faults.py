@@ -37,8 +37,9 @@ def eventually(probe, want, timeout=20):
     return got
 
 
+@pytest.mark.parametrize("bulk", [False, True], ids=["channel", "bulk"])
 @pytest.mark.parametrize("existing", [True, False], ids=["replace", "new"])
-def test_upload_cut_midstream_leaves_old_or_nothing(plane, sandbox, proxy, agents, tmp_path, existing):
+def test_upload_cut_midstream_leaves_old_or_nothing(plane, sandbox, proxy, agents, tmp_path, existing, bulk):
     sid = sandbox["session_id"]
     direct = agents(plane.url, plane.token, sid)
     dest = "/workspace/up/target.bin"
@@ -52,7 +53,7 @@ def test_upload_cut_midstream_leaves_old_or_nothing(plane, sandbox, proxy, agent
     assert guest_sha(direct, dest)[0] == (old_sha if existing else "")
 
     proxy.cut_ws(up=3 * MIB)
-    cut = agents(proxy.url, plane.token, sid)
+    cut = agents(proxy.url, plane.token, sid, bulk=bulk)
     with pytest.raises(errors.SandboxError) as err:
         cut.upload(str(new), dest)
     assert isinstance(err.value, errors.GuestUnavailable), err.value
@@ -65,7 +66,8 @@ def test_upload_cut_midstream_leaves_old_or_nothing(plane, sandbox, proxy, agent
     assert guest_sha(direct, dest)[0] == (old_sha if existing else "")
 
 
-def test_download_cut_midstream_leaves_no_partial_file(plane, sandbox, proxy, agents, tmp_path):
+@pytest.mark.parametrize("bulk", [False, True], ids=["channel", "bulk"])
+def test_download_cut_midstream_leaves_no_partial_file(plane, sandbox, proxy, agents, tmp_path, bulk):
     sid = sandbox["session_id"]
     direct = agents(plane.url, plane.token, sid)
     src = tmp_path / "src"
@@ -76,7 +78,7 @@ def test_download_cut_midstream_leaves_no_partial_file(plane, sandbox, proxy, ag
     (out / "kept.bin").write_bytes(b"previous content")
 
     proxy.cut_ws(down=3 * MIB)
-    cut = agents(proxy.url, plane.token, sid)
+    cut = agents(proxy.url, plane.token, sid, bulk=bulk)
     for name in ("fresh.bin", "kept.bin"):
         with pytest.raises(errors.SandboxError):
             cut.download("/workspace/big.bin", str(out / name))
