@@ -335,10 +335,13 @@ class Line:
             with memoryview(self._recv_buf) as view:
                 self._ws_frames(view[:n])
         self._flush_ws()
-        if n == 0 or self._ws.close_rcvd is not None or self._ws.close_sent is not None:
+        closing = n == 0 or self._ws.close_rcvd is not None or self._ws.close_sent is not None
+        if closing:
+            self.reusable = False
+        self._split(budget)  # what came before the close counts (an answer begun, its words)
+        if closing:
             self._closed = True
             raise self._broken(self._close_words())
-        self._split(budget)
 
     def _ws_frames(self, data: memoryview) -> None:
         """Server frames, parsed here as they arrive: a binary payload goes straight into the HTTP/2 inbox (one copy;
@@ -484,8 +487,10 @@ class Line:
                 at = body + length
             if to_h2:
                 self._to_h2(b"".join(to_h2), call)
-        finally:
-            del inbox[:at]
+        except BaseException:
+            self.reusable = False  # the failure's traceback may still hold views of the inbox: leave it as it is
+            raise
+        del inbox[:at]
 
     def _take_data(self, call: _Call | None, length: int, stream_id: int | None = None) -> None:
         """Count DATA against the windows we gave; give them back once half is used."""
