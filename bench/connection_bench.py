@@ -46,6 +46,7 @@ import os
 import statistics
 import subprocess
 import time
+from typing import Any
 
 import benchlib  # first: it puts the collection and localplane on sys.path
 from benchlib import BIN, COLLECTIONS, ROOT, children_cpu, cpu_seconds, playbook_text, processes, run_playbook, tree, write
@@ -60,11 +61,11 @@ BULK_ENV = "MICROVM_MUX_BULK"  # "off" in a mux's environment turns the bulk byt
 DIRECTIONS = ("in", "out")
 
 
-def stats(values):
+def stats(values: list[float]) -> dict[str, float]:
     return {"min": round(min(values), 4), "median": round(statistics.median(values), 4)}
 
 
-def copier_env(bulk_off):
+def copier_env(bulk_off: bool) -> dict[str, str]:
     """The environment of a copier (and so of the mux it starts): the collection importable, the bulk path as asked."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([COLLECTIONS] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
@@ -74,7 +75,7 @@ def copier_env(bulk_off):
     return env
 
 
-def mux_peers(stage, newest_venv):
+def mux_peers(stage: Stage, newest_venv: str) -> tuple[dict[str, MuxCopier], dict[str, str]]:
     """{peer: MuxCopier}: the default mux and one with the bulk path off, on .venv's Python and on the newest
     venv's when it exists; and a note per skipped peer."""
     pythons = {"agent": os.path.join(BIN, "python")}
@@ -85,7 +86,7 @@ def mux_peers(stage, newest_venv):
     else:
         skipped["agent_newest"] = ("no %s: the newest core's muxes are not measured (make .venv-newest/.stamp "
                                    "creates it)" % newest_python)
-    peers = {}
+    peers: dict[str, MuxCopier] = {}
     try:
         for base, python in pythons.items():
             for bulk_off in (False, True):
@@ -98,13 +99,13 @@ def mux_peers(stage, newest_venv):
     return peers, skipped
 
 
-def close_peers(peers):
+def close_peers(peers: dict[str, MuxCopier]) -> None:
     for copier in peers.values():
         copier.close()
         stop_muxes(copier.mux_dir)
 
 
-def check_size(path, size_mib):
+def check_size(path: str, size_mib: int) -> None:
     if os.path.getsize(path) != size_mib << 20:
         raise RuntimeError("%s has %d bytes, not %d MiB" % (path, os.path.getsize(path), size_mib))
 
@@ -112,7 +113,7 @@ def check_size(path, size_mib):
 class Copies:
     """The copies of one run: each peer's in and out copy per round, their wall and CPU per MiB, the mux's "via"."""
 
-    def __init__(self, stage, peers, master, size_mib):
+    def __init__(self, stage: Stage, peers: dict[str, MuxCopier], master: ControlMaster, size_mib: int) -> None:
         self.stage, self.peers, self.master, self.mib = stage, peers, master, float(size_mib)
         self.size_mib = size_mib
         self.source = stage.path("big.bin")
@@ -121,18 +122,18 @@ class Copies:
                 f.write(os.urandom(1 << 20))
         self.scp = ["scp", "-q", "-P", str(stage.sshd.port)] + master.client_options()
         names = ["%s_%s" % (peer, d) for peer in list(peers) + ["scp"] for d in DIRECTIONS]
-        self.seconds = {name: [] for name in names}
-        self.cpu = {name: [] for name in names}  # per copy: {process group: CPU ms per MiB}
-        self.via = {name: [] for name in names if not name.startswith("scp")}
+        self.seconds: dict[str, list[float]] = {name: [] for name in names}
+        self.cpu: dict[str, list[dict[str, float]]] = {name: [] for name in names}  # per copy: {process group: CPU ms per MiB}
+        self.via: dict[str, list[str | None]] = {name: [] for name in names if not name.startswith("scp")}
 
-    def files(self, peer, round_no):
+    def files(self, peer: str, round_no: int) -> tuple[str, str]:
         """(the copy's target in: guest or ssh-dest path, the local file the copy out writes)"""
         local = self.stage.path("big-%s-%d.bin" % (peer, round_no))
         if peer == "scp":
             return os.path.join(self.stage.ssh_dir, "big-scp-%d.bin" % round_no), local
         return "/workspace/big-%s-%d.bin" % (peer, round_no), local
 
-    def remove_round(self, round_no):
+    def remove_round(self, round_no: int) -> None:
         """The files of round `round_no`, both sides (outside the timed part)."""
         for peer in list(self.peers) + ["scp"]:
             target, local = self.files(peer, round_no)
@@ -142,14 +143,14 @@ class Copies:
             if peer != "scp":
                 self.peers[peer].remove([target])
 
-    def groups(self, peer):
+    def groups(self, peer: str) -> dict[str, list[int]]:
         """{group: pids} of the processes on the agent road's sides of a copy through `peer`'s mux."""
         procs = processes()
         plane = self.stage.plane.process.pid
         return {"mux": mux_pids(self.peers[peer].mux_dir), "plane_port_forward": [plane],
                 "guest_agent": [p for p in tree(procs, plane) if p != plane]}
 
-    def copy(self, peer, direction, round_no):
+    def copy(self, peer: str, direction: str, round_no: int) -> None:
         """One timed copy: its wall seconds and CPU ms per MiB of each group recorded."""
         name = "%s_%s" % (peer, direction)
         target, local = self.files(peer, round_no)
@@ -171,7 +172,7 @@ class Copies:
         if direction == "out":
             check_size(local, self.size_mib)
 
-    def scp_copy(self, name, argv):
+    def scp_copy(self, name: str, argv: list[str]) -> None:
         if not self.master.used():
             raise RuntimeError("the bench's ControlMaster (pid %d) is not serving %s before %s; see %s"
                                % (self.master.proc.pid, self.master.path, name, self.master.log.name))
@@ -193,14 +194,14 @@ class Copies:
                                "through it; see %s" % (self.master.proc.pid, name, self.master.log.name))
         self.record(name, seconds, {"scp_client": client_used, "ssh_controlmaster": master_used, "sshd": sshd_used})
 
-    def record(self, name, seconds, used):
+    def record(self, name: str, seconds: float, used: dict[str, float]) -> None:
         self.seconds[name].append(round(seconds, 3))
         cpu = {g: round(s * 1000.0 / self.mib, 3) for g, s in used.items()}
         if "scp_client" in cpu:
             cpu["scp_controller_side"] = round(cpu["scp_client"] + cpu["ssh_controlmaster"], 3)
         self.cpu[name].append(cpu)
 
-    def run(self, repeat):
+    def run(self, repeat: int) -> None:
         order = list(self.peers) + ["scp"]
         for round_no in range(repeat):
             if round_no:
@@ -210,9 +211,9 @@ class Copies:
                     self.copy(peer, direction, round_no)
         self.remove_round(repeat - 1)
 
-    def summary(self):
+    def summary(self) -> dict[str, dict[str, Any]]:
         """{copy: {seconds, mib_per_second, cpu_ms_per_mib, via}}, min and median of the runs."""
-        out = {}
+        out: dict[str, dict[str, Any]] = {}
         for name, runs in self.seconds.items():
             wall = stats(runs)
             out[name] = {"seconds": wall,
@@ -224,9 +225,9 @@ class Copies:
         return out
 
 
-def ratios(summary, peers):
+def ratios(summary: dict[str, dict[str, Any]], peers: dict[str, MuxCopier]) -> dict[str, dict[str, Any]]:
     """{peer: {direction: ...}}: the mux's CPU per MiB over scp's controller side, and its throughput over scp's."""
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for peer in peers:
         out[peer] = {}
         for d in DIRECTIONS:
@@ -240,7 +241,7 @@ def ratios(summary, peers):
     return out
 
 
-def copy_bench(stage, args):
+def copy_bench(stage: Stage, args: argparse.Namespace) -> dict[str, Any]:
     """The copies' part of connection.json: the keys of earlier runs (medians; agent_* is the default mux on
     .venv) and the new ones (copy_summary, copy_ratios, copy_peers, copy_skipped, copy_via_runs)."""
     peers, skipped = mux_peers(stage, args.newest_venv)
@@ -282,7 +283,7 @@ def copy_bench(stage, args):
     }
 
 
-def print_copies(result, size_mib):
+def print_copies(result: dict[str, Any], size_mib: int) -> None:
     peers = result["copy_peers"]
     print("%d MiB file, %d rounds, fresh files each round; min / median (throughput: best / median):"
           % (size_mib, result["copy_repeat"]))
@@ -311,7 +312,7 @@ def print_copies(result, size_mib):
                 thr["median"], thr["best"], "" if thr["median"] >= TARGET_THROUGHPUT else " MISSED"))
 
 
-def fmt_ratio(value):
+def fmt_ratio(value: float | None) -> str:
     return "-" if value is None else "%.2fx" % value
 
 

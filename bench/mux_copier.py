@@ -23,6 +23,7 @@ class MuxCopier:
 
     def __init__(self, python: str, env: dict[str, str], mux_dir: str, session: str, api_url: str, token: str) -> None:
         self.mux_dir = mux_dir
+        self.python = python
         self.proc = subprocess.Popen([python, os.path.abspath(__file__)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      env=env, text=True)
         self.hello = self._call({"mux_dir": mux_dir, "session": session, "api_url": api_url, "token": token})
@@ -34,7 +35,7 @@ class MuxCopier:
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError("the mux copier on %s ended (exit %s); its mux's log is under %s"
-                               % (self.proc.args[0], self.proc.wait(), self.mux_dir))
+                               % (self.python, self.proc.wait(), self.mux_dir))
         answer = json.loads(line)
         if not answer.get("ok"):
             raise RuntimeError("mux copier (%s): %s" % (request.get("op", "start"), answer.get("error")))

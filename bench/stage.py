@@ -85,7 +85,7 @@ class ControlMaster:
     the ControlPath (`ssh -O check`), asked before and after each copy.
     """
 
-    def __init__(self, sshd, path):
+    def __init__(self, sshd: Sshd, path: str) -> None:
         self.sshd = sshd
         self.path = path
         self.log = open(os.path.join(sshd.dir, "controlmaster.log"), "w")
@@ -93,7 +93,7 @@ class ControlMaster:
             ["ssh", "-M", "-N", "-p", str(sshd.port), "-o", "ControlMaster=yes", "-o", "ControlPersist=no",
              "-o", "ControlPath=" + path] + sshd.base_options + ["root@127.0.0.1"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log)
-        self.rusage_seconds = None  # set when it has ended and been reaped
+        self.rusage_seconds: float | None = None  # set when it has ended and been reaped
         deadline = time.time() + 20
         while not self.used():
             self.cpu_seconds()  # reaps it if it ended
@@ -102,17 +102,17 @@ class ControlMaster:
                 raise RuntimeError("the bench's ssh ControlMaster did not come up; see %s" % self.log.name)
             time.sleep(0.1)
 
-    def client_options(self):
+    def client_options(self) -> list[str]:
         """ssh / scp options that go through this master (and never start one)."""
         return ["-o", "ControlMaster=no", "-o", "ControlPath=" + self.path] + self.sshd.base_options
 
-    def used(self):
+    def used(self) -> bool:
         """True when this master (its pid) answers on the ControlPath."""
         check = subprocess.run(["ssh", "-O", "check", "-p", str(self.sshd.port)] + self.client_options() + ["root@127.0.0.1"],
                                capture_output=True, text=True, check=False)
         return check.returncode == 0 and "pid=%d)" % self.proc.pid in check.stderr
 
-    def cpu_seconds(self):
+    def cpu_seconds(self) -> float:
         """CPU seconds it has used so far: from /proc while it runs, from its rusage once ended (then reaped)."""
         if self.rusage_seconds is None:
             pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
@@ -122,7 +122,7 @@ class ControlMaster:
             self.rusage_seconds = usage.ru_utime + usage.ru_stime
         return self.rusage_seconds
 
-    def stop(self):
+    def stop(self) -> None:
         if self.rusage_seconds is None:
             self.proc.terminate()
             deadline = time.time() + 10
