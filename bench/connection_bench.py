@@ -288,8 +288,8 @@ def print_copies(result: dict[str, Any], size_mib: int) -> None:
     print("%d MiB file, %d rounds, fresh files each round; min / median (throughput: best / median):"
           % (size_mib, result["copy_repeat"]))
     for peer, info in peers.items():
-        print("  %-22s Python %s, ansible-core %s%s" % (peer, info["python"], info["ansible_core"],
-                                                      "".join(" %s=%s" % kv for kv in info["env"].items())))
+        env = "".join(" %s=%s" % kv for kv in info["env"].items())
+        print("  %-22s Python %s, ansible-core %s%s" % (peer, info["python"], info["ansible_core"], env))
     for peer, note in result["copy_skipped"].items():
         print("  %-22s skipped: %s" % (peer, note))
     print("  %-26s %-15s %-15s %s" % ("copy", "wall s", "MiB/s", "CPU ms per MiB (min / median)"))
