@@ -57,9 +57,11 @@ class Sshd:
             except OSError:
                 time.sleep(0.05)
         self.control_path = os.path.join(self.dir, "cp-%C")
-        self.options = ["-o", "ControlMaster=auto", "-o", "ControlPersist=120s", "-o", "ControlPath=" + self.control_path,
-                        "-o", "UserKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=no", "-o", "LogLevel=ERROR",
-                        "-o", "IdentitiesOnly=yes", "-i", self.key]
+        # what every client of this sshd passes, then (options) the playbooks' ControlMaster started on demand
+        self.base_options = ["-o", "UserKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=no", "-o", "LogLevel=ERROR",
+                             "-o", "IdentitiesOnly=yes", "-i", self.key]
+        self.options = ["-o", "ControlMaster=auto", "-o", "ControlPersist=120s",
+                        "-o", "ControlPath=" + self.control_path] + self.base_options
 
     def inventory_vars(self):
         """Inventory variables for `connection: ssh` to this sshd with ControlPersist and pipelining."""
@@ -71,6 +73,64 @@ class Sshd:
                        capture_output=True, check=False)
         self.proc.terminate()
         self.proc.wait(10)
+
+
+class ControlMaster:
+    """An ssh ControlMaster to `sshd` that is the bench's own child, so none of its CPU time goes uncounted.
+
+    It is started in the foreground (`ssh -M -N`, ControlPersist=no): it never forks away and never lapses on
+    its own. cpu_seconds() reads its utime + stime from /proc while it runs; once it has ended, the rusage of
+    the reaped child (os.wait4, done here and nowhere else). Clients use it with client_options(): with
+    ControlMaster=no they never become a master themselves; used() says whether this master is the one serving
+    the ControlPath (`ssh -O check`), asked before and after each copy.
+    """
+
+    def __init__(self, sshd: Sshd, path: str) -> None:
+        self.sshd = sshd
+        self.path = path
+        self.log = open(os.path.join(sshd.dir, "controlmaster.log"), "w")
+        self.proc = subprocess.Popen(
+            ["ssh", "-M", "-N", "-p", str(sshd.port), "-o", "ControlMaster=yes", "-o", "ControlPersist=no",
+             "-o", "ControlPath=" + path] + sshd.base_options + ["root@127.0.0.1"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log)
+        self.rusage_seconds: float | None = None  # set when it has ended and been reaped
+        deadline = time.time() + 20
+        while not self.used():
+            self.cpu_seconds()  # reaps it if it ended
+            if self.rusage_seconds is not None or time.time() > deadline:
+                self.stop()
+                raise RuntimeError("the bench's ssh ControlMaster did not come up; see %s" % self.log.name)
+            time.sleep(0.1)
+
+    def client_options(self) -> list[str]:
+        """ssh / scp options that go through this master (and never start one)."""
+        return ["-o", "ControlMaster=no", "-o", "ControlPath=" + self.path] + self.sshd.base_options
+
+    def used(self) -> bool:
+        """True when this master (its pid) answers on the ControlPath."""
+        check = subprocess.run(["ssh", "-O", "check", "-p", str(self.sshd.port)] + self.client_options() + ["root@127.0.0.1"],
+                               capture_output=True, text=True, check=False)
+        return check.returncode == 0 and "pid=%d)" % self.proc.pid in check.stderr
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds it has used so far: from /proc while it runs, from its rusage once ended (then reaped)."""
+        if self.rusage_seconds is None:
+            pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
+            if pid == 0:
+                return cpu_seconds([self.proc.pid])
+            self.proc.returncode = os.waitstatus_to_exitcode(status)
+            self.rusage_seconds = usage.ru_utime + usage.ru_stime
+        return self.rusage_seconds
+
+    def stop(self) -> None:
+        if self.rusage_seconds is None:
+            self.proc.terminate()
+            deadline = time.time() + 10
+            while self.cpu_seconds() is not None and self.rusage_seconds is None:
+                if time.time() > deadline:
+                    self.proc.kill()
+                time.sleep(0.05)
+        self.log.close()
 
 
 class Stage:
