@@ -31,8 +31,9 @@ class Peer:
     """One accepted connection: the upgrade, then HTTP/2 frames in WebSocket messages; `script(peer, request)` answers
     each call once its request has ended (request: the request body's bytes)."""
 
-    def __init__(self, script, upgrade_status=101, frame_max=16384):
+    def __init__(self, script, upgrade_status=101, frame_max=16384, tls=None):
         self.script = script
+        self.tls = tls  # a server SSLContext: wss://
         self.upgrade_status = upgrade_status
         self.frame_max = frame_max
         self.listener = socket.socket()
@@ -46,9 +47,10 @@ class Peer:
         self.thread = threading.Thread(target=self.serve, daemon=True)
         self.thread.start()
 
-    def target(self):
-        return bulk_line.Target("ws://127.0.0.1:%d/v2/x/sessions/s/port-forward/8443" % self.port, "tok", None, 5,
-                                "box", 8443)
+    def target(self, client_tls=None):
+        scheme = "wss" if self.tls else "ws"
+        return bulk_line.Target("%s://localhost:%d/v2/x/sessions/s/port-forward/8443" % (scheme, self.port), "tok",
+                                client_tls, 5, "box", 8443)
 
     def serve(self):
         while True:
@@ -58,6 +60,8 @@ class Peer:
                 return
             self.accepted += 1
             try:
+                if self.tls is not None:
+                    sock = self.tls.wrap_socket(sock, server_side=True)
                 self.one(sock)
             except Exception as e:  # recorded: a test may look
                 self.errors.append(e)
@@ -338,3 +342,46 @@ def test_the_pool_reuses_a_line_and_replaces_one_closed_while_idle(peer):
     assert not reused and fresh is not line and pool.dials == 2
     upload(fresh, b"y")
     pool.close()
+
+
+@pytest.fixture(scope="module")
+def tls_pair(tmp_path_factory):
+    """(server context, client context trusting it) for localhost, from a throwaway self-signed certificate."""
+    import shutil
+    import ssl
+    import subprocess
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is needed to make a test certificate")
+    d = tmp_path_factory.mktemp("tls")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+                    "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem")], check=True, capture_output=True)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(str(d / "cert.pem"), str(d / "key.pem"))
+    client = ssl.create_default_context(cafile=str(d / "cert.pem"))
+    return server, client
+
+
+def test_both_ways_over_tls(peer, tls_pair):
+    """wss:// through Python's ssl: the certificate checked against the host name, bytes both ways."""
+    server, client = tls_pair
+    data = b"secret bytes " * (300 * 1024)
+
+    def script(p, sid, body):
+        msgs = messages_of(body)
+        if len(msgs) == 1:  # a download
+            p.answer(sid, [pb.DownloadChunk(chunk=data).SerializeToString(),
+                           pb.DownloadChunk(end=pb.DownloadEnd(sha256=hashlib.sha256(data).hexdigest())).SerializeToString()])
+        else:
+            got = b"".join(pb.UploadRequest.FromString(m).chunk for m in msgs[1:-1])
+            p.answer(sid, [pb.UploadResponse(bytes_written=len(got)).SerializeToString()])
+
+    p = peer(script, tls=server)
+    line = bulk_line.Line.dial(p.target(client))
+    assert upload(line, data).bytes_written == len(data)
+    assert download(line) == data
+    line.close()
+    import ssl
+    with pytest.raises(errors.TunnelFailure) as e:  # a certificate nobody vouches for is refused at the dial
+        bulk_line.Line.dial(p.target(ssl.create_default_context()))
+    assert "CERTIFICATE_VERIFY_FAILED" in str(e.value) or "certificate verify failed" in str(e.value)
