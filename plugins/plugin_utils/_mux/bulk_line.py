@@ -84,6 +84,7 @@ _DATA, _HEADERS, _RST_STREAM, _SETTINGS, _PING, _GOAWAY, _WINDOW_UPDATE = 0x0, 0
 _END_STREAM, _PADDED = 0x1, 0x8
 _FRAME_HEAD = struct.Struct(">BHBBI")   # length as 1 + 2 bytes, type, flags, stream id
 _UPDATE = struct.Struct(">I")
+_IOV_MAX = 512   # buffers per sendmsg (the kernel takes 1024)
 
 
 def enabled() -> bool:
@@ -273,25 +274,33 @@ class Line:
 
     # -- the socket and the WebSocket -------------------------------------------------------------
     def _send_message(self, payload: bytes | bytearray | memoryview) -> None:
-        """One binary WebSocket message, masked with a fresh key, written without copying it again."""
-        n = len(payload)
-        if n < 126:
-            head = bytes((0x82, 0x80 | n))
-        elif n < 65536:
-            head = struct.pack(">BBH", 0x82, 0xFE, n)
+        """One binary WebSocket message, masked with a fresh key."""
+        self._send_parts([payload], len(payload))
+
+    def _send_parts(self, parts: list[bytes | bytearray | memoryview], size: int) -> None:
+        """One binary WebSocket message made of `parts` (`size` bytes in all), masked with a fresh key part by part
+        (the key turned to each part's offset), so the parts are never joined: one copy, the masking's own."""
+        if size < 126:
+            head = bytes((0x82, 0x80 | size))
+        elif size < 65536:
+            head = struct.pack(">BBH", 0x82, 0xFE, size)
         else:
-            head = struct.pack(">BBQ", 0x82, 0xFF, n)
+            head = struct.pack(">BBQ", 0x82, 0xFF, size)
         key = secrets.token_bytes(4)
-        masked = apply_mask(payload, key)
+        buffers: list[bytes | memoryview] = [head + key]
+        offset = 0
+        for part in parts:
+            turn = offset & 3
+            buffers.append(apply_mask(part, key[turn:] + key[:turn]))
+            offset += len(part)
         self._sock.settimeout(READ_TIMEOUT)
         try:
             if isinstance(self._sock, ssl.SSLSocket):
-                self._sock.sendall(head + key)
-                self._sock.sendall(masked)
+                for buffer in buffers:
+                    self._sock.sendall(buffer)
                 return
-            buffers: list[bytes | memoryview] = [head + key, masked]
             while buffers:  # a partial send goes on from where it stopped, without joining the buffers
-                sent = self._sock.sendmsg(buffers)
+                sent = self._sock.sendmsg(buffers[:_IOV_MAX])
                 while sent and buffers:
                     if sent >= len(buffers[0]):
                         sent -= len(buffers.pop(0))
@@ -593,8 +602,12 @@ class Line:
                 self.reusable = False
 
     def _send_data(self, call: _Call, pieces: list[bytes | bytearray | memoryview]) -> None:
-        """The pieces as DATA frames of the call within both send windows, in WebSocket messages of WS_SEND_MAX."""
-        out = bytearray()
+        """The pieces as DATA frames of the call within both send windows, in WebSocket messages of WS_SEND_MAX.
+
+        A message is a list of frame heads and views of the pieces: nothing is copied before the masking.
+        """
+        parts: list[bytes | bytearray | memoryview] = []
+        size = 0
         for piece in pieces:
             view = memoryview(piece)
             at, n = 0, len(view)
@@ -603,27 +616,28 @@ class Line:
                     return
                 room = min(call.send_window, self._conn_send_window)
                 if room <= 0:
-                    if out:
-                        self._send_message(out)
-                        out = bytearray()
+                    if parts:
+                        self._send_parts(parts, size)
+                        parts, size = [], 0
                     self._receive(READ_TIMEOUT, call)
                     continue
-                take = min(n - at, room, self._peer_frame_max, WS_SEND_MAX - 9 - len(out))
+                take = min(n - at, room, self._peer_frame_max, WS_SEND_MAX - 9 - size)
                 if take <= 0:
-                    self._send_message(out)
-                    out = bytearray()
+                    self._send_parts(parts, size)
+                    parts, size = [], 0
                     continue
-                out += _frame_head(take, _DATA, 0, call.stream_id)
-                out += view[at:at + take]
+                parts.append(_frame_head(take, _DATA, 0, call.stream_id))
+                parts.append(view[at:at + take])
+                size += 9 + take
                 at += take
                 call.send_window -= take
                 self._conn_send_window -= take
-                if len(out) >= WS_SEND_MAX - 9:
-                    self._send_message(out)
-                    out = bytearray()
+                if size >= WS_SEND_MAX - 9 or len(parts) >= _IOV_MAX - 2:
+                    self._send_parts(parts, size)
+                    parts, size = [], 0
                     self._poll(call)
-        if out:
-            self._send_message(out)
+        if parts:
+            self._send_parts(parts, size)
             self._poll(call)
 
     def _poll(self, call: _Call) -> None:
