@@ -943,8 +943,8 @@ class Connection(ConnectionBase):
     def _show_moved(self, verb: str, moved: Any) -> None:
         """At -vvv, how a transfer went: its bytes, and the path that carried them (bulk line, gRPC channel, API)."""
         if isinstance(moved, dict) and "bytes" in moved:
-            display.vvv("%s done: %s bytes over the %s path%s" % (verb, moved["bytes"], moved.get("via", "?"),
-                                                                 ", staged" if moved.get("staged") else ""),
+            staged = ", staged" if moved.get("staged") else ""
+            display.vvv("%s done: %s bytes over the %s path%s" % (verb, moved["bytes"], moved.get("via", "?"), staged),
                         host=self._session())
 
     # -- life cycle -------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ import pytest
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import LinkConfig
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import MuxClient, pool_status
 from microvm_plane_testing import run_transport
-from test_connection import env, inventory, mux_dir  # noqa: F401  (fixtures are re-used)
+# fixtures re-used from test_connection
+from test_connection import env, inventory, mux_dir  # noqa: F401  # pylint: disable=unused-import
 
 pytestmark = pytest.mark.skipif(run_transport() == "api", reason="agent road only: the api run closes the agent port")
 

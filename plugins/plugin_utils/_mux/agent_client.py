@@ -438,17 +438,19 @@ class AgentClient:
         A reused line that breaks before any answer (its far end had closed it while idle) is replaced once by a
         fresh one: nothing of the transfer took effect (an upload lands only after its checksum is checked).
         """
-        assert self.bulk is not None
+        pool = self.bulk
+        if pool is None:
+            return None
         for attempt in (1, 2):
             try:
-                line, reused = self.bulk.take()
+                line, reused = pool.take()
             except errors.TunnelFailure as e:
                 log.warning("session %s: no bulk line (%s); the transfer of %s takes the gRPC channel", self.label, e, remote_path)
                 return None
             try:
                 moved = call(line)
             except bulk_line.CallFailed as e:
-                self.bulk.give_back(line)
+                pool.give_back(line)
                 raise self._refused(status_code(e.code), e.message, remote_path, verb, local_path) from e
             except bulk_line.LineBroken as e:
                 line.close()
@@ -458,7 +460,7 @@ class AgentClient:
             except BaseException:
                 line.close()
                 raise
-            self.bulk.give_back(line)
+            pool.give_back(line)
             return Moved(moved, "bulk")
         return None  # not reached: the second attempt returns or raises
 

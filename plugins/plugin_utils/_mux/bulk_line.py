@@ -57,7 +57,10 @@ except ImportError as e:  # the bulk path is then off: transfers take the gRPC c
 try:
     from websockets.speedups import apply_mask
 except ImportError:  # websockets without its C extension: the same function in Python
-    from websockets.utils import apply_mask
+    try:
+        from websockets.utils import apply_mask
+    except ImportError as e:
+        BULK_IMPORT_ERROR = e
 
 log = logging.getLogger("microvm.mux")
 # websockets logs frames with their first bytes at DEBUG: never on this path (a put may carry credentials).
@@ -148,7 +151,7 @@ class _Connection(h2.connection.H2Connection if BULK_IMPORT_ERROR is None else o
     """h2's connection, without the hex dump of every DATA frame it hands to its trace log."""
 
     def _receive_frame(self, frame: Any) -> Any:
-        if type(frame) is DataFrame:
+        if type(frame) is DataFrame:  # pylint: disable=unidiomatic-typecheck  # exactly h2's class, not a subclass
             frame.__class__ = _QuietDataFrame
         return super()._receive_frame(frame)
 
@@ -734,7 +737,7 @@ class _Call:
                 length = int.from_bytes(self._head[1:5], "big")
                 if length > MESSAGE_MAX:
                     raise BudgetBreach("a gRPC message of %d bytes, over the %d MiB one transfer message may hold"
-                                        % (length, MESSAGE_MAX >> 20))
+                                       % (length, MESSAGE_MAX >> 20))
                 self._head.clear()
                 self._in_message = True
                 self._left = length

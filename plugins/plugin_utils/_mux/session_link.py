@@ -345,7 +345,8 @@ class SessionLink:
                 log.info("session %s: transfers take the gRPC channel: %s (pip install h2 for the bulk path)",
                          self.label, bulk_line.BULK_IMPORT_ERROR)
             return None
-        assert self.tunnel is not None  # set by _open_agent_road just before
+        if self.tunnel is None:  # set by _open_agent_road just before
+            return None
         target = bulk_line.Target(self.tunnel.url, self.cfg.token, self.tunnel.ssl_context, self.cfg.connect_timeout,
                                   self.label, self.cfg.agent_port)
         return bulk_line.Pool(lambda: bulk_line.Line.dial(target))
