@@ -458,7 +458,7 @@ def test_deleted_mid_play_is_unreachable(plane, env, mux_dir, playbook_runner):
     assert res.rc != 0
     assert "UNREACHABLE!" in res.stdout, res
     assert "unreachable=1" in res.stdout
-    assert s["session_id"] in res.stdout, res
+    assert s["session_id"] in res.stdout, res.stdout  # the whole output: which message left the id out
     assert ("DESTROY" in res.stdout or "deleted" in res.stdout or "not found" in res.stdout), res
     # the mux notices and exits soon after
     deadline = time.time() + 20
