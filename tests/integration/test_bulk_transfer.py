@@ -22,9 +22,9 @@ pytestmark = pytest.mark.skipif(run_transport() == "api", reason="agent road onl
 BIG = 9 * 1024 * 1024 + 123  # over a chunk, a frame and a WebSocket message, and not a multiple of any
 
 
-def attach(plane, sandbox, mux_dir):
+def attach(plane, sandbox, directory):
     cfg = LinkConfig(session=sandbox["name"], token=plane.token, api_url=plane.url, persist=30, transport="agent")
-    return MuxClient(mux_dir, cfg).connect()
+    return MuxClient(directory, cfg).connect()
 
 
 def sha(path):
@@ -32,15 +32,15 @@ def sha(path):
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def moved(mux_dir, sandbox):
+def moved(directory, sandbox):
     counts = {}
-    for status in pool_status(mux_dir).values():
+    for status in pool_status(directory).values():
         for via, n in status.get("moved_by_session", {}).get(sandbox["session_id"], {}).items():
             counts[via] = counts.get(via, 0) + n
     return counts
 
 
-def test_big_put_and_fetch_take_the_bulk_line(plane, sandbox, mux_dir, tmp_path):
+def test_big_put_and_fetch_take_the_bulk_line(plane, sandbox, mux_dir, tmp_path):  # noqa: F811
     src = tmp_path / "big.bin"
     src.write_bytes(os.urandom(BIG))
     mux = attach(plane, sandbox, mux_dir)
@@ -68,7 +68,7 @@ def test_big_put_and_fetch_take_the_bulk_line(plane, sandbox, mux_dir, tmp_path)
     assert moved(mux_dir, sandbox) == {"put_via_bulk": 3, "fetch_via_bulk": 3}
 
 
-def test_an_archive_is_extracted_from_the_bulk_line(plane, sandbox, mux_dir, tmp_path):
+def test_an_archive_is_extracted_from_the_bulk_line(plane, sandbox, mux_dir, tmp_path):  # noqa: F811
     buf = io.BytesIO()
     payload = os.urandom(3 * 1024 * 1024)
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -86,7 +86,7 @@ def test_an_archive_is_extracted_from_the_bulk_line(plane, sandbox, mux_dir, tmp
         mux.close()
 
 
-def test_a_refusal_on_the_bulk_line_reads_like_the_channels(plane, sandbox, mux_dir, tmp_path):
+def test_a_refusal_on_the_bulk_line_reads_like_the_channels(plane, sandbox, mux_dir, tmp_path):  # noqa: F811
     """The agent's refusals arrive as gRPC statuses in HTTP/2 trailers: the same errors as on the gRPC channel."""
     from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 
@@ -103,7 +103,7 @@ def test_a_refusal_on_the_bulk_line_reads_like_the_channels(plane, sandbox, mux_
         mux.close()
 
 
-def test_the_switch_sends_big_transfers_through_the_grpc_channel(plane, sandbox, mux_dir, tmp_path, monkeypatch):
+def test_the_switch_sends_big_transfers_through_the_grpc_channel(plane, sandbox, mux_dir, tmp_path, monkeypatch):  # noqa: F811
     monkeypatch.setenv("MICROVM_MUX_BULK", "off")  # read by the mux this client starts
     src = tmp_path / "big.bin"
     src.write_bytes(os.urandom(BIG))
@@ -125,7 +125,7 @@ PLAY = r"""
 """
 
 
-def test_a_playbooks_copy_and_fetch_take_the_bulk_line(plane, sandbox, env, mux_dir, tmp_path, playbook_runner):
+def test_a_playbooks_copy_and_fetch_take_the_bulk_line(plane, sandbox, env, mux_dir, tmp_path, playbook_runner):  # noqa: F811
     """put_file and fetch_file of the connection plugin, through ansible-playbook; -vvv names the path."""
     src = tmp_path / "play.bin"
     src.write_bytes(os.urandom(BIG))

@@ -8,9 +8,11 @@ import threading
 
 import pytest
 
-h2 = pytest.importorskip("h2.connection")
+pytest.importorskip("h2.connection")
 import h2.config  # noqa: E402
+import h2.connection  # noqa: E402
 import h2.events  # noqa: E402
+import h2.settings  # noqa: E402
 from websockets.frames import Frame, Opcode  # noqa: E402
 from websockets.http11 import Request  # noqa: E402
 from websockets.server import ServerProtocol  # noqa: E402

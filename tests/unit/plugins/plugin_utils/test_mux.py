@@ -136,7 +136,8 @@ def test_put_and_fetch_inside_the_workspace(served, tmp_path):
     agent, client = served[:2]
     src = tmp_path / "in ☃.bin"
     src.write_bytes(os.urandom(2 * 1024 * 1024 + 3))
-    assert client.put(str(src), "/workspace/in.bin", run=RUN) == {"bytes": src.stat().st_size, "staged": False}
+    # on the fake agent's gRPC channel (this link has no bulk lines)
+    assert client.put(str(src), "/workspace/in.bin", run=RUN) == {"bytes": src.stat().st_size, "staged": False, "via": "grpc"}
     dest = tmp_path / "out ☃.bin"
     assert client.fetch("/workspace/in.bin", str(dest), run=RUN)["bytes"] == src.stat().st_size
     assert dest.read_bytes() == src.read_bytes()
@@ -423,6 +424,8 @@ class ListeningLater:
 
     `on_look(tunnel)` is called at each look at its errors once the session was reported READY.
     """
+
+    url, ssl_context = "ws://127.0.0.1:9/no-bulk-lines-here", None  # what a link's bulk lines would dial
 
     def __init__(self, socket_path, on_look=None):
         self.socket_path = socket_path
