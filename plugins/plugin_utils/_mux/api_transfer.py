@@ -352,6 +352,8 @@ def pump(resp: http.client.HTTPResponse, budget: int, sink: Callable[[memoryview
     while got < budget:
         n = resp.readinto(view[:min(len(view), budget - got)])
         if not n:
+            if resp.length:  # http.client's readinto takes a body cut short of its Content-Length as its end
+                raise http.client.IncompleteRead(b"", resp.length)
             break
         got += n
         sink(view[:n])
