@@ -32,7 +32,7 @@ import ssl
 import threading
 import time
 import urllib.parse
-from typing import BinaryIO, Callable, Protocol
+from typing import BinaryIO, Callable
 
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import USER_AGENT, retry_after_seconds
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
@@ -46,12 +46,6 @@ RATE_LIMIT_BUDGET = 120.0  # all the waits one call spends on 429s before it giv
 RATE_LIMIT_WAIT_MAX = 30.0  # one wait, whatever Retry-After asks (as the REST client caps it)
 RATE_LIMIT_BACKOFF = 0.5    # the first wait of a 429 without Retry-After; doubled each time
 RATE_LIMIT_RETRIES = 8      # sends after a 429, whatever the waits (a Retry-After of 0 must not loop forever)
-
-
-class Readable(Protocol):
-    """A request body http.client reads in blocks: an open file, or a slice of one."""
-
-    def read(self, n: int = -1, /) -> bytes: ...
 
 
 class FileBody:
@@ -250,8 +244,8 @@ class Http:
             raise errors.SandboxError("the data plane answered %s %s with %r, not an object" % (method, path, str(answer)[:200]))
         return answer
 
-    def presigned(self, method: str, url: str, body: bytes | Readable | FileBody | None = None,
-                  length: int = 0) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    def presigned(self, method: str, url: str,
+                  body: bytes | FileBody | None = None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """(connection, response) of a presigned object-storage URL: never the API token, its own credential."""
         parts = urllib.parse.urlsplit(str(url))
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -264,8 +258,7 @@ class Http:
             conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=TRANSFER_STALL, blocksize=COPY_CHUNK)
         headers = {"User-Agent": USER_AGENT}
         if body is not None:
-            size = len(body) if isinstance(body, (bytes, FileBody)) else length
-            headers.update({"Content-Length": str(size), "Content-Type": "application/octet-stream"})
+            headers.update({"Content-Length": str(len(body)), "Content-Type": "application/octet-stream"})
         try:
             request(conn, method, parts.path + ("?" + parts.query if parts.query else ""), body, headers)
             return conn, conn.getresponse()
@@ -274,7 +267,7 @@ class Http:
             raise
 
 
-def request(conn: http.client.HTTPConnection, method: str, url: str, body: bytes | Readable | FileBody | None,
+def request(conn: http.client.HTTPConnection, method: str, url: str, body: bytes | BinaryIO | FileBody | None,
             headers: dict, stall: float | None = None) -> None:
     """Send one request; a FileBody goes after the head, straight on the socket (its Content-Length is in headers).
     With `stall`, the connection (made within its connect timeout) then waits at most that long for the other side."""
