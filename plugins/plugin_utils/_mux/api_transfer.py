@@ -30,8 +30,8 @@ from typing import BinaryIO, Callable
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.api_http import (COPY_CHUNK, TRANSFER_STALL, FileBody,
-                                                                                Http, error_text)
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.api_http import (
+    COPY_CHUNK, TRANSFER_STALL, FileBody, Http, error_text)
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 
 log = logging.getLogger("microvm.mux")

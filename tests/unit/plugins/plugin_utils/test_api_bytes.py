@@ -33,7 +33,7 @@ def test_the_footer_is_found_whatever_the_reads_cut(size, read):
     payload = os.urandom(size)
     body = payload + footer(payload)
     got = bytearray()
-    split = api_transfer.FooterSplit(lambda view: got.extend(view))
+    split = api_transfer.FooterSplit(got.extend)
     for i in range(0, len(body), read):
         split.feed(memoryview(body[i:i + read]))
         assert len(got) == max(0, i + min(read, len(body) - i) - api_transfer.FOOTER_BYTES)  # payload goes out at once
