@@ -6,8 +6,8 @@
 1. A 30-task playbook (20 `command`, 10 `copy`) through `microvm.sandbox.agent` with `transport: agent`, with
    `transport: api`, and through `connection: ssh` (ControlPersist, pipelining) to a private sshd on
    127.0.0.1; each warmed up once, then timed REPEAT times, interleaved (median per task).
-2. A SIZE MiB file copied in and out REPEAT times, interleaved (median): the mux's put/fetch on each road,
-   and scp over the warm ControlMaster. On the api road a file over 50 MiB comes out through a staged
+2. A SIZE MiB file copied in and out REPEAT times, interleaved (median): the mux's put/fetch on each road
+   (with the mux's CPU per MiB), and scp over the warm ControlMaster. On the api road a file over 50 MiB comes out through a staged
    transfer (object storage) and one over 500 MiB goes in through one: `--size-mib 520` stages both ways.
 
 Ratios are against the agent road measured in the same run. Writes bench/results/api_road.json.
@@ -23,6 +23,7 @@ import time
 import benchlib  # first: it puts the collection and localplane on sys.path
 from benchlib import BIN, PLAYBOOK, ROOT, playbook_argv, playbook_text, run_playbook, timed_run, write
 
+from microvm_plane_testing import mux_pids
 from stage import Stage
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import MuxClient
@@ -127,11 +128,15 @@ def main():
         copies["scp_out"] = lambda: subprocess.run(scp + ["root@127.0.0.1:%s/big.bin" % stage.ssh_dir,
                                                           os.path.join(tmp, "back.scp")], check=True)
         runs = {name: [] for name in copies}
+        mux_cpu = {name: [] for name in copies if not name.startswith("scp")}  # the mux's CPU seconds per copy
         for _dummy in range(args.repeat):
             for name, copy in copies.items():
+                cpu = benchlib.cpu_seconds(mux_pids(stage.mux_dir))
                 start = time.perf_counter()
                 copy()
                 runs[name].append(round(time.perf_counter() - start, 3))
+                if name in mux_cpu:
+                    mux_cpu[name].append(benchlib.cpu_seconds(mux_pids(stage.mux_dir)) - cpu)
         for mux in muxes.values():
             mux.close()
         for name in ("back.agent", "back.api", "back.scp"):
@@ -151,6 +156,7 @@ def main():
             "copy_mib": args.size_mib, "copy_seconds": seconds, "copy_runs_seconds": runs, "api_transfer": api_ways,
             "copy_mib_per_second": {k: mib / v for k, v in seconds.items()},
             "copy_time_ratio_to_agent": {k: v / seconds["agent_" + k.rsplit("_", 1)[1]] for k, v in seconds.items()},
+            "copy_mux_cpu_ms_per_mib": {k: 1000 * statistics.median(v) / mib for k, v in mux_cpu.items()},
             "machine": {"cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()},
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
@@ -167,6 +173,8 @@ def main():
                 "%s %6.2f s (%.2fx)" % (road, seconds["%s_%s" % (road, direction)],
                                         result["copy_time_ratio_to_agent"]["%s_%s" % (road, direction)])
                 for road in ("agent", "api", "scp")))
+        print("  the mux's CPU per MiB: " + ", ".join("%s %.2f ms" % (k, v) for k, v in
+                                                      result["copy_mux_cpu_ms_per_mib"].items()))
         print("wrote %s" % benchlib.save_json(args.output, result))
     finally:
         stage.stop()

@@ -13,11 +13,16 @@ A 429 is the one answer retried, here in `send` alone: the platform answers it b
 sending it again is safe for any call, an exec too. The wait is the answer's Retry-After (seconds or an HTTP
 date), else a short backoff, each wait capped and all of them within RATE_LIMIT_BUDGET; then the 429 is
 raised, naming what to do. A 413 is raised with what it means on this road and what to do.
+
+A file body (`FileBody`) is sent by the kernel (`socket.sendfile`) on a plain-HTTP connection and from one
+reused buffer over TLS (which encrypts in user space); once a transfer has started, TRANSFER_STALL bounds any
+silence of the other side (`send(..., stall=...)`, and the presigned calls).
 """
 
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import logging
 import random
@@ -27,7 +32,7 @@ import ssl
 import threading
 import time
 import urllib.parse
-from typing import BinaryIO, Callable, Protocol
+from typing import BinaryIO, Callable
 
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import USER_AGENT, retry_after_seconds
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
@@ -35,6 +40,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import err
 log = logging.getLogger("microvm.mux")
 
 READ_TIMEOUT = 120.0     # the longest a data-plane answer may stay silent (a buffered exec waits at most WAIT_SLICE)
+TRANSFER_STALL = READ_TIMEOUT  # the longest either side of a started transfer may stay silent
 COPY_CHUNK = 1024 * 1024
 RATE_LIMIT_BUDGET = 120.0  # all the waits one call spends on 429s before it gives up (a task is not held longer)
 RATE_LIMIT_WAIT_MAX = 30.0  # one wait, whatever Retry-After asks (as the REST client caps it)
@@ -42,10 +48,41 @@ RATE_LIMIT_BACKOFF = 0.5    # the first wait of a 429 without Retry-After; doubl
 RATE_LIMIT_RETRIES = 8      # sends after a 429, whatever the waits (a Retry-After of 0 must not loop forever)
 
 
-class Readable(Protocol):
-    """A request body http.client reads in blocks: an open file, or a slice of one."""
+class FileBody:
+    """`length` bytes of a file open for reading (unbuffered) from `offset`, as a request body: sent by the kernel
+    on a plain connection, else read into `buf` (one buffer, reused) and sent from it. It can be sent again
+    (after a 429): each send starts at `offset`."""
 
-    def read(self, n: int = -1, /) -> bytes: ...
+    def __init__(self, f: io.RawIOBase | BinaryIO, offset: int, length: int, buf: bytearray | None = None) -> None:
+        self.f, self.offset, self.length = f, offset, length
+        self.buf = buf if buf is not None else bytearray(COPY_CHUNK)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def send(self, sock: socket.socket) -> None:
+        """All `length` bytes on sock; a file that ended sooner (it shrank since it was sized) raises OSError."""
+        if self.length == 0:
+            return
+        if isinstance(sock, ssl.SSLSocket):  # TLS encrypts in user space: the kernel cannot send the file itself
+            sent = send_from_buffer(sock, self.f, self.offset, self.length, self.buf)
+        else:
+            sent = sock.sendfile(self.f, self.offset, self.length)  # os.sendfile beneath
+        if sent != self.length:
+            raise OSError("the file ended after %d of its %d bytes: it changed while it was sent" % (sent, self.length))
+
+
+def send_from_buffer(sock: socket.socket, f: io.RawIOBase | BinaryIO, offset: int, length: int, buf: bytearray) -> int:
+    """Send `length` bytes of f from `offset` through one reused buffer (no new bytes object a block); -> bytes sent."""
+    view, left = memoryview(buf), length
+    f.seek(offset)
+    while left:
+        n = f.readinto(view[:min(left, len(view))])  # type: ignore[union-attr]
+        if not n:
+            break
+        sock.sendall(view[:n])
+        left -= n
+    return length - left
 
 
 def error_text(body: bytes) -> str:
@@ -122,8 +159,8 @@ class Http:
                                                blocksize=COPY_CHUNK)
         return http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout, blocksize=COPY_CHUNK)
 
-    def _exchange(self, method: str, url: str, body: bytes | BinaryIO | None, headers: dict, call: Call | None,
-                  runs: bool = False) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    def _exchange(self, method: str, url: str, body: bytes | BinaryIO | FileBody | None, headers: dict, call: Call | None,
+                  runs: bool = False, stall: float | None = None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """One request and its response head, on the kept connection when there is one (a body that is a stream is
         never sent on it: it could not be sent again if the server had closed it).
 
@@ -139,7 +176,7 @@ class Http:
                     conn.close()
                     raise ConnectionAbortedError("the call was cancelled")
             try:
-                conn.request(method, url, body=body, headers=headers)
+                request(conn, method, url, body, headers, stall)
                 return conn, conn.getresponse()
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 conn.close()
@@ -150,23 +187,25 @@ class Http:
                 conn.close()
                 raise
 
-    def send(self, method: str, path: str, body: bytes | BinaryIO | None = None, headers: dict | None = None,
-             query: dict | None = None, call: Call | None = None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    def send(self, method: str, path: str, body: bytes | BinaryIO | FileBody | None = None, headers: dict | None = None,
+             query: dict | None = None, call: Call | None = None,
+             stall: float | None = None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """(connection, response) of one call; an error status raises HttpRefused (the connection is closed).
 
         With `call`, the connection is the call's from the start: its cancel() hangs up a call still waiting
-        for its answer (a buffered exec says nothing until its command is over)."""
+        for its answer (a buffered exec says nothing until its command is over). With `stall` (a transfer), the
+        longest the other side may stay silent once the request is under way."""
         if self.closed:
             raise errors.GuestUnavailable("the link to session %s was closed" % self.label)
         url = self.base + path + ("?" + urllib.parse.urlencode(query) if query else "")
         all_headers = {"Authorization": "Bearer " + self._token, "User-Agent": USER_AGENT}
         all_headers.update(headers or {})
         start = _file_start(body)
-        replayable = body is None or isinstance(body, (bytes, bytearray)) or start is not None
+        replayable = body is None or isinstance(body, (bytes, bytearray, FileBody)) or start is not None
         waited, attempt = 0.0, 0
         while True:
             conn, resp = self._exchange(method, url, body, all_headers, call,
-                                        runs=method == "POST" and path == "/sandbox/exec")
+                                        runs=method == "POST" and path == "/sandbox/exec", stall=stall)
             if resp.status < 300:
                 return conn, resp
             text = error_text(resp.read(64 * 1024))
@@ -205,33 +244,48 @@ class Http:
             raise errors.SandboxError("the data plane answered %s %s with %r, not an object" % (method, path, str(answer)[:200]))
         return answer
 
-    def presigned(self, method: str, url: str, body: bytes | Readable | None = None,
-                  length: int = 0) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    def presigned(self, method: str, url: str,
+                  body: bytes | FileBody | None = None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """(connection, response) of a presigned object-storage URL: never the API token, its own credential."""
         parts = urllib.parse.urlsplit(str(url))
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise errors.SandboxError("the data plane gave a presigned URL that is not http(s): %r" % str(url)[:200])
         conn: http.client.HTTPConnection
         if parts.scheme == "https":
-            conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=READ_TIMEOUT,
+            conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=TRANSFER_STALL,
                                                context=self.context or ssl.create_default_context(), blocksize=COPY_CHUNK)
         else:
-            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=READ_TIMEOUT, blocksize=COPY_CHUNK)
+            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=TRANSFER_STALL, blocksize=COPY_CHUNK)
         headers = {"User-Agent": USER_AGENT}
         if body is not None:
-            headers.update({"Content-Length": str(length), "Content-Type": "application/octet-stream"})
+            headers.update({"Content-Length": str(len(body)), "Content-Type": "application/octet-stream"})
         try:
-            conn.request(method, parts.path + ("?" + parts.query if parts.query else ""), body=body, headers=headers)
+            request(conn, method, parts.path + ("?" + parts.query if parts.query else ""), body, headers)
             return conn, conn.getresponse()
         except BaseException:
             conn.close()
             raise
 
 
-def _file_start(body: bytes | BinaryIO | None) -> int | None:
+def request(conn: http.client.HTTPConnection, method: str, url: str, body: bytes | BinaryIO | FileBody | None,
+            headers: dict, stall: float | None = None) -> None:
+    """Send one request; a FileBody goes after the head, straight on the socket (its Content-Length is in headers).
+    With `stall`, the connection (made within its connect timeout) then waits at most that long for the other side."""
+    if stall is not None:
+        if conn.sock is None:
+            conn.connect()
+        conn.sock.settimeout(stall)
+    if not isinstance(body, FileBody):
+        conn.request(method, url, body=body, headers=headers)
+        return
+    conn.request(method, url, headers=headers)  # the head alone: no body was given to http.client
+    body.send(conn.sock)
+
+
+def _file_start(body: bytes | BinaryIO | FileBody | None) -> int | None:
     """Where a file body starts (it is sent again from there after a 429); None when it is no seekable file."""
-    if body is None or isinstance(body, (bytes, bytearray)):
-        return None
+    if body is None or isinstance(body, (bytes, bytearray, FileBody)):
+        return None  # a FileBody starts at its offset at each send
     try:
         return body.tell() if body.seekable() else None
     except (AttributeError, OSError, ValueError):
@@ -247,7 +301,7 @@ def rate_limit_wait(retry_after: str | None, attempt: int) -> float:
     return base / 2 + random.uniform(0, base / 2)  # jitter: parallel hosts told the same do not return in step
 
 
-def too_large(method: str, path: str, body: bytes | BinaryIO | None, headers: dict, text: str) -> str:
+def too_large(method: str, path: str, body: bytes | BinaryIO | FileBody | None, headers: dict, text: str) -> str:
     """A 413's message: the request's size, the documented bounds the road keeps, and what to do."""
     size = len(body) if isinstance(body, (bytes, bytearray)) else headers.get("Content-Length", "an unknown number of")
     return ("HTTP 413: %s: the platform refused %s %s of %s bytes as too large; nothing was taken. The api road keeps "

@@ -8,6 +8,13 @@ inside /workspace (the mux stages the rest, as on the agent road). Past the stre
 50 MiB down) the documented staged transfers carry the file: parts PUT to presigned object-storage URLs (never
 with the API token), or the object fetched from its presigned URL, bounded by the size the transfer reports and
 verified against its sha256 before it is renamed into place.
+
+The bytes move with as few copies as the protocol allows. Up: the sha256 must be in X-Content-Sha256, a header
+that precedes the body, so the file is read twice: once to hash it, through one reused buffer (readinto), and
+once by the kernel as it sends the body (sendfile; over TLS from the same buffer), parts alike. Down: each read
+lands in one reused buffer (readinto) and goes to the hash and the file from there as memoryview slices; the
+streaming download's footer is kept aside by a rolling 73-byte tail, so the payload is never re-sliced. Every
+answer is bounded: a body the platform announces (Content-Length) or sends past the bound is refused naming it.
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ from typing import BinaryIO, Callable
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.api_http import COPY_CHUNK, Http, error_text
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.api_http import (
+    COPY_CHUNK, TRANSFER_STALL, FileBody, Http, error_text)
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 
 log = logging.getLogger("microvm.mux")
@@ -35,6 +43,7 @@ PART_URL_BATCH = 16                   # part URLs asked for at a time (they shar
 STAGED_DEADLINE = 3600.0              # how long a staged transfer may stay pending or in progress
 FOOTER_MAGIC = b"DOWSSHA1"
 FOOTER_BYTES = 73                     # magic + 64 hex + "\n" (get_session_workspace_download)
+ANSWER_LIMIT = 64 * 1024              # the most of an upload's JSON answer, or of an error body, that is read
 
 
 class Transfers:
@@ -67,31 +76,30 @@ class Transfers:
         if size > STAGED_MAX:
             raise errors.SandboxError("%s is %d bytes: the platform's transfers carry at most %d bytes (50 GiB)"
                                       % (local_path, size, STAGED_MAX))
-        digest = hashlib.sha256()
-        with open(local_path, "rb") as f:
-            for chunk in iter(lambda: f.read(COPY_CHUNK), b""):
-                digest.update(chunk)
         verb = "extract an archive into" if is_archive else "upload to"
-        if size > MAX_UPLOAD:
-            return self._staged_upload(local_path, remote_path, size, digest.hexdigest(), is_archive, verb)
-        query = {"path": remote_path, "is_archive": "true" if is_archive else "false"}
-        with open(local_path, "rb") as f:
+        buf = bytearray(COPY_CHUNK)  # the one buffer this upload reads into (hash pass; TLS send)
+        with open(local_path, "rb", buffering=0) as f:
+            sha = file_sha256(f, size, buf, local_path)
+            if size > MAX_UPLOAD:
+                return self._staged_upload(f, buf, remote_path, size, sha, is_archive, verb)
+            query = {"path": remote_path, "is_archive": "true" if is_archive else "false"}
             try:
-                conn, resp = self.http.send("POST", "/workspace/upload", f, {
+                conn, resp = self.http.send("POST", "/workspace/upload", FileBody(f, 0, size, buf), {
                     "Content-Type": "application/octet-stream", "Content-Length": str(size),
-                    "X-Content-Sha256": digest.hexdigest()}, query=query)
+                    "X-Content-Sha256": sha}, query=query, stall=TRANSFER_STALL)
             except errors.HttpRefused as e:
                 raise self._transfer_error(e, remote_path, verb) from e
             except (OSError, http.client.HTTPException) as e:
                 raise errors.GuestUnavailable("lost the connection to session %s while trying to %s %s: %s"
                                               % (self.label, verb, remote_path, e)) from e
         try:
-            doc = json.loads(resp.read().decode("utf-8") or "{}")
+            doc = json.loads(resp.read(ANSWER_LIMIT).decode("utf-8") or "{}")
         except (OSError, http.client.HTTPException, ValueError) as e:
             raise errors.GuestUnavailable("the upload of %s to session %s got no answer: %s" % (remote_path, self.label, e)) from e
         finally:
             conn.close()
-        return int(doc.get("bytes_written", size))
+        written = doc.get("bytes_written", size) if isinstance(doc, dict) else size
+        return written if isinstance(written, int) and not isinstance(written, bool) else size
 
     def download(self, remote_path: str, local_path: str, chunk_size: int = COPY_CHUNK) -> int:
         """Fetch a guest file to local_path, verified, then renamed into place; a file past the streaming bound is staged."""
@@ -110,42 +118,45 @@ class Transfers:
                                       "(larger files need a staged transfer); nothing was asked of the platform"
                                       % (remote_path, self.label, known_size, STREAM_DOWNLOAD_MAX))
         try:
-            conn, resp = self.http.send("GET", "/workspace/download", query={"path": remote_path, "as_archive": "false"})
+            conn, resp = self.http.send("GET", "/workspace/download", query={"path": remote_path, "as_archive": "false"},
+                                        stall=TRANSFER_STALL)
         except errors.HttpRefused as e:
             raise self._transfer_error(e, remote_path, "download") from e
         except (OSError, http.client.HTTPException) as e:
             raise errors.GuestUnavailable("cannot download %s from session %s: %s" % (remote_path, self.label, e)) from e
+        limit = STREAM_DOWNLOAD_MAX + FOOTER_BYTES
+
+        def past_bound(what: str) -> errors.SandboxError:
+            return errors.SandboxError("the download of %s from session %s %s the streaming bound of %d bytes (the file "
+                                       "grew, or the guest misreported its size); nothing was written to %s"
+                                       % (remote_path, self.label, what, STREAM_DOWNLOAD_MAX, local_path))
 
         def fill(f: BinaryIO) -> int:
-            digest, size, tail = hashlib.sha256(), 0, b""
+            if resp.length is not None and resp.length > limit:  # announced (Content-Length) past the bound
+                raise past_bound("was announced as %d bytes with its footer, past" % resp.length)
+            digest, sizes = hashlib.sha256(), [0]
+
+            def payload(data: memoryview | bytes) -> None:
+                sizes[0] += len(data)
+                if sizes[0] > STREAM_DOWNLOAD_MAX:
+                    raise past_bound("passed")
+                digest.update(data)
+                f.write(data)
+
+            split = FooterSplit(payload)
             try:
-                while True:
-                    chunk = resp.read(chunk_size)
-                    if not chunk:
-                        break
-                    tail += chunk
-                    if len(tail) > FOOTER_BYTES:  # everything but the last 73 bytes is payload
-                        body, tail = tail[:-FOOTER_BYTES], tail[-FOOTER_BYTES:]
-                        size += len(body)
-                        if size > STREAM_DOWNLOAD_MAX:
-                            raise errors.SandboxError("the download of %s from session %s passed the streaming bound of %d "
-                                                      "bytes (the file grew, or the guest misreported its size); nothing "
-                                                      "was written to %s" % (remote_path, self.label, STREAM_DOWNLOAD_MAX,
-                                                                             local_path))
-                        f.write(body)
-                        digest.update(body)
+                pump(resp, limit + 1, split.feed, bytearray(min(chunk_size, COPY_CHUNK) or COPY_CHUNK))
             except (OSError, http.client.HTTPException) as e:
                 raise errors.GuestUnavailable("the download of %s from session %s was cut: %s; nothing was written "
                                               "to %s" % (remote_path, self.label, e, local_path)) from e
-            footer_ok = (len(tail) == FOOTER_BYTES and tail.startswith(FOOTER_MAGIC) and tail.endswith(b"\n")
-                         and all(c in b"0123456789abcdef" for c in tail[8:72]))
-            if not footer_ok:
+            sha = split.footer_sha()
+            if sha is None:
                 raise errors.GuestUnavailable("the download of %s from session %s ended without its integrity footer: the "
                                               "transfer was cut; nothing was written to %s" % (remote_path, self.label, local_path))
-            if tail[8:72].decode() != digest.hexdigest():
+            if sha != digest.hexdigest():
                 raise errors.ChecksumMismatch("the download of %s from session %s failed its sha256 check; nothing was "
                                               "written to %s" % (remote_path, self.label, local_path))
-            return size
+            return sizes[0]
 
         try:
             return ac.land_download(local_path, fill)
@@ -194,7 +205,8 @@ class Transfers:
             raise errors.SandboxError("the data plane gave no upload URL for parts %s of transfer %s" % (missing[:5], tid))
         return urls
 
-    def _staged_upload(self, local_path: str, remote_path: str, size: int, sha: str, is_archive: bool, verb: str) -> int:
+    def _staged_upload(self, f: BinaryIO, buf: bytearray, remote_path: str, size: int, sha: str, is_archive: bool,
+                       verb: str) -> int:
         """Create an upload transfer, PUT its parts to their presigned URLs, commit with the sha256, wait for it."""
         body = {"direction": "upload", "path": posixpath.relpath(remote_path, profile.TRANSFER_ROOT),
                 "size_bytes": size, "sha256": sha}
@@ -210,27 +222,25 @@ class Transfers:
         count = -(-size // part_size)
         done = False
         try:
-            with open(local_path, "rb") as f:
-                for first in range(1, count + 1, PART_URL_BATCH):
-                    batch = list(range(first, min(count, first + PART_URL_BATCH - 1) + 1))
-                    urls = self._part_urls(tid, batch)
-                    for n in batch:
-                        offset = (n - 1) * part_size
-                        length = min(part_size, size - offset)
-                        for attempt in (1, 2):
-                            f.seek(offset)
-                            conn, resp = self.http.presigned("PUT", urls[n], _Slice(f, length), length)
-                            try:
-                                text = error_text(resp.read(64 * 1024))
-                            finally:
-                                conn.close()
-                            if resp.status < 300:
-                                break
-                            if resp.status == 403 and attempt == 1:  # "If URLs expire before the PUT, request them again"
-                                urls.update(self._part_urls(tid, [m for m in batch if m >= n]))
-                                continue
-                            raise errors.SandboxError("object storage refused part %d of %d of the staged upload to %s: "
-                                                      "HTTP %d: %s" % (n, count, remote_path, resp.status, text))
+            for first in range(1, count + 1, PART_URL_BATCH):
+                batch = list(range(first, min(count, first + PART_URL_BATCH - 1) + 1))
+                urls = self._part_urls(tid, batch)
+                for n in batch:
+                    offset = (n - 1) * part_size
+                    part = FileBody(f, offset, min(part_size, size - offset), buf)
+                    for attempt in (1, 2):
+                        conn, resp = self.http.presigned("PUT", urls[n], part)
+                        try:
+                            text = error_text(resp.read(ANSWER_LIMIT))
+                        finally:
+                            conn.close()
+                        if resp.status < 300:
+                            break
+                        if resp.status == 403 and attempt == 1:  # "If URLs expire before the PUT, request them again"
+                            urls.update(self._part_urls(tid, [m for m in batch if m >= n]))
+                            continue
+                        raise errors.SandboxError("object storage refused part %d of %d of the staged upload to %s: "
+                                                  "HTTP %d: %s" % (n, count, remote_path, resp.status, text))
             self._transfer("POST", "/%s/commit" % tid, {"sha256": sha})
             doc = self._await_transfer(tid, remote_path, verb)
             done = True
@@ -286,27 +296,25 @@ class Transfers:
         def fill(f: BinaryIO) -> int:
             if resp.status >= 300:
                 raise errors.SandboxError("object storage refused the staged download of %s: HTTP %d: %s"
-                                          % (remote_path, resp.status, error_text(resp.read(64 * 1024))))
-            length = resp.getheader("Content-Length")
-            if length is not None and length.strip() != str(declared):
-                raise errors.SandboxError("the staged download of %s from session %s is %s bytes, the transfer reported %d; "
-                                          "nothing was written to %s" % (remote_path, self.label, length[:30], declared, local_path))
-            digest, got = hashlib.sha256(), 0
+                                          % (remote_path, resp.status, error_text(resp.read(ANSWER_LIMIT))))
+            if resp.length is not None and resp.length != declared:  # http.client's reading of Content-Length
+                raise errors.SandboxError("the staged download of %s from session %s is %d bytes, the transfer reported %d; "
+                                          "nothing was written to %s" % (remote_path, self.label, resp.length, declared, local_path))
+            digest = hashlib.sha256()
+
+            def payload(data: memoryview) -> None:
+                digest.update(data)
+                f.write(data)
+
             try:
-                while True:
-                    chunk = resp.read(min(COPY_CHUNK, declared + 1 - got))  # one byte past the size tells a longer body
-                    if not chunk:
-                        break
-                    got += len(chunk)
-                    if got > declared:
-                        raise errors.SandboxError("the staged download of %s from session %s sent more than the %d bytes "
-                                                  "the transfer reported; nothing was written to %s"
-                                                  % (remote_path, self.label, declared, local_path))
-                    digest.update(chunk)
-                    f.write(chunk)
+                got = pump(resp, declared + 1, payload, bytearray(COPY_CHUNK))  # one byte past the size tells a longer body
             except (OSError, http.client.HTTPException) as e:
                 raise errors.GuestUnavailable("the staged download of %s from session %s was cut: %s; nothing was "
                                               "written to %s" % (remote_path, self.label, e, local_path)) from e
+            if got > declared:
+                raise errors.SandboxError("the staged download of %s from session %s sent more than the %d bytes "
+                                          "the transfer reported; nothing was written to %s"
+                                          % (remote_path, self.label, declared, local_path))
             if got != declared:
                 raise errors.GuestUnavailable("the staged download of %s from session %s ended after %d of %d bytes; "
                                               "nothing was written to %s" % (remote_path, self.label, got, declared, local_path))
@@ -321,14 +329,63 @@ class Transfers:
             conn.close()
 
 
-class _Slice:
-    """`length` bytes of an open file from its current position, as a body http.client reads in blocks."""
+def file_sha256(f: BinaryIO, size: int, buf: bytearray, name: str) -> str:
+    """The sha256 of an open file's `size` bytes, read into `buf` (reused); a file of another size raises (it changed)."""
+    digest, view, got = hashlib.sha256(), memoryview(buf), 0
+    f.seek(0)
+    while True:
+        n = f.readinto(view)  # type: ignore[attr-defined]
+        if not n:
+            break
+        digest.update(view[:n])
+        got += n
+    if got != size:
+        raise errors.SandboxError("%s changed while it was read (%d bytes, then %d); nothing was sent: run again once "
+                                  "it is still" % (name, size, got))
+    return digest.hexdigest()
 
-    def __init__(self, f: BinaryIO, length: int) -> None:
-        self.f, self.left = f, length
 
-    def read(self, n: int = -1) -> bytes:
-        n = self.left if n is None or n < 0 else min(n, self.left)
-        data = self.f.read(n) if n else b""
-        self.left -= len(data)
-        return data
+def pump(resp: http.client.HTTPResponse, budget: int, sink: Callable[[memoryview], None], buf: bytearray) -> int:
+    """Read an answer's body into `buf` (reused) and hand each read to sink as a view of it, until the body ends or
+    `budget` bytes came (the caller sets it one past what it accepts); -> bytes read. sink must not keep the view."""
+    view, got = memoryview(buf), 0
+    while got < budget:
+        n = resp.readinto(view[:min(len(view), budget - got)])
+        if not n:
+            if resp.length:  # http.client's readinto takes a body cut short of its Content-Length as its end
+                raise http.client.IncompleteRead(b"", resp.length)
+            break
+        got += n
+        sink(view[:n])
+    return got
+
+
+class FooterSplit:
+    """A download's bytes as they come: all but the last FOOTER_BYTES go to `payload` at once; those are kept in a
+    small rolling tail, so no byte of the payload is copied to find the footer."""
+
+    def __init__(self, payload: Callable[[memoryview], None]) -> None:
+        self.payload = payload
+        self.tail = bytearray()
+
+    def feed(self, data: memoryview) -> None:
+        spare = len(self.tail) + len(data) - FOOTER_BYTES  # bytes now known to be payload
+        if spare <= 0:
+            self.tail += data
+            return
+        from_tail = min(spare, len(self.tail))
+        if from_tail:
+            self.payload(memoryview(bytes(self.tail[:from_tail])))  # at most 73 bytes
+            del self.tail[:from_tail]
+        from_data = spare - from_tail
+        if from_data:
+            self.payload(data[:from_data])
+        self.tail += data[from_data:]
+
+    def footer_sha(self) -> str | None:
+        """The footer's sha256 (64 lowercase hex) once the body ended, or None when the tail has no footer's shape."""
+        tail = bytes(self.tail)
+        if (len(tail) != FOOTER_BYTES or not tail.startswith(FOOTER_MAGIC) or not tail.endswith(b"\n")
+                or any(c not in b"0123456789abcdef" for c in tail[8:72])):
+            return None
+        return tail[8:72].decode()

@@ -305,9 +305,29 @@ def test_a_direct_download_stops_at_the_streaming_bound_when_the_guest_misreport
     monkeypatch.setattr(api_transfer, "STREAM_DOWNLOAD_MAX", 1000)
     stat_says(server, 10)  # the guest says small; it sends more
     server.answers[("GET", route("/workspace/download"))] = (200, {}, PAYLOAD + footer(PAYLOAD))
-    with pytest.raises(errors.SandboxError, match="passed the streaming bound"):
+    with pytest.raises(errors.SandboxError, match="announced as 2073 bytes with its footer, past the streaming bound of 1000"):
         client.download("/workspace/f", str(tmp_path / "out"))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("body,declared,error", [
+    (b"", 0, None),                                  # an empty file
+    (b"x", 1, None),                                 # one byte
+    (PAYLOAD[:-10], len(PAYLOAD), errors.SandboxError),  # the object is shorter than the transfer reported
+])
+def test_a_staged_download_of_any_size_lands_only_whole(fake, tmp_path, monkeypatch, body, declared, error):
+    server, client = fake
+    monkeypatch.setattr(api_transfer, "STREAM_DOWNLOAD_MAX", 0)
+    stat_says(server, declared + 1)  # past the bound of 0: staged
+    staged_download(server, body if error is None else PAYLOAD, size=declared)
+    server.answers[("GET", "/_obj/tr_1")] = (200, {}, body)
+    dest = tmp_path / "out"
+    if error is None:
+        assert client.download("/workspace/f", str(dest)) == declared and dest.read_bytes() == body
+    else:
+        with pytest.raises(error, match="the transfer reported %d" % declared):
+            client.download("/workspace/f", str(dest))
+        assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("final,error", [("completed", None), ("failed", errors.ChecksumMismatch)])
