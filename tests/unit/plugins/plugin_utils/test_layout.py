@@ -2,7 +2,7 @@
 
 plugins/plugin_utils/_worker runs in every task's freshly forked worker, _shared in the worker and the mux,
 _guest inside the guest (sent as one argv string), _mux in the shared multiplexer. Heavy imports (grpc,
-websockets) belong to the mux alone; a guest program imports nothing but the standard library.
+websockets, h2) belong to the mux alone; a guest program imports nothing but the standard library.
 """
 import ast
 import importlib
@@ -66,7 +66,7 @@ def test_worker_shared_and_guest_code_imports_nothing_heavy(package):
 def test_plugins_run_in_the_worker_never_import_the_mux(plugin):
     for path in files(plugin):
         names, ours = imports_of(path)
-        assert not {"grpc", "websockets", "google"} & names, path
+        assert not {"grpc", "websockets", "google", "h2", "hyperframe", "hpack"} & names, path
         assert not any(m.startswith("plugin_utils._mux") for m in ours), "%s imports the mux's code" % path
 
 
