@@ -37,10 +37,11 @@ PYTEST_ARGS ?=
 export PYTEST_WORKERS ?= 3
 NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/test_ssh_habits.py tests/integration/test_connection.py::test_battery_pipelining_on_and_off tests/integration/test_modules_sessions.py tests/unit/plugins/plugin_utils/test_option_defs.py tests/unit/plugins/plugin_utils/test_warm.py $(CORE_SUITES)
 # What every supported ansible-core must pass: its internals the connection relies on (_shared/core_compat.py),
-# and every task served by the warm runner through the real stack.
+# every task served by the warm runner, and big transfers on the bulk line (on that core's Python), through the real stack.
 API_SUITES := $(addprefix tests/integration/,test_connection.py test_connection_shared.py test_connection_fastpath.py \
 	test_ssh_habits.py test_hostile_output.py test_sync.py test_hostile_sync.py)
-CORE_SUITES := tests/unit/plugins/plugin_utils/test_core_compat.py tests/integration/test_connection_fastpath.py::test_every_task_is_served_warm
+CORE_SUITES := tests/unit/plugins/plugin_utils/test_core_compat.py tests/integration/test_connection_fastpath.py::test_every_task_is_served_warm \
+	tests/unit/plugins/plugin_utils/test_bulk_line.py tests/integration/test_bulk_transfer.py::test_a_playbooks_copy_and_fetch_take_the_bulk_line
 
 .PHONY: help venv system-deps collection base-rootfs proto proto-check lint typecheck sanity ansible-lint docs-lint docs \
         unit localplane-test integration integration-api molecule galaxy-import ee-test test check test-newest test-newest-sanity test-newest-suites test-core220 test-live demo local-up local-down sweep build clean clean-images bench docsite
