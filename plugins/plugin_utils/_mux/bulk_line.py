@@ -49,8 +49,6 @@ try:
     from hyperframe.frame import DataFrame
     from websockets.client import ClientProtocol
     from websockets.exceptions import InvalidStatus
-    from websockets.frames import Frame, Opcode
-    from websockets.http11 import Response
     from websockets.uri import parse_uri
 except ImportError as e:  # the bulk path is then off: transfers take the gRPC channel (AgentClient)
     BULK_IMPORT_ERROR = e
@@ -233,29 +231,39 @@ class Line:
             ws.send_request(request)
             sock.sendall(b"".join(ws.data_to_send()))
             deadline = time.monotonic() + target.connect_timeout
-            response = None
-            early = bytearray()  # the agent's first HTTP/2 bytes may come in the same read as the upgrade's answer
-            while response is None:
+            answer = bytearray()
+            while b"\r\n\r\n" not in answer:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise socket.timeout("no answer to the WebSocket upgrade")
+                if len(answer) > 65536:
+                    raise ConnectionError("the answer to the WebSocket upgrade is over 64 KiB")
                 sock.settimeout(left)
                 data = sock.recv(65536)
                 if not data:
                     ws.receive_eof()
-                else:
-                    ws.receive_data(data)
-                for event in ws.events_received():
-                    if isinstance(event, Response):
-                        response = event
-                    elif isinstance(event, Frame) and event.opcode in (Opcode.BINARY, Opcode.CONT):
-                        early += event.data
-                if ws.handshake_exc is not None:
-                    raise ws.handshake_exc
-                if not data and response is None:
                     raise ConnectionError("the connection closed during the WebSocket upgrade")
+                answer += data
+            # websockets reads the answer's head only: the frames after it (the agent's first HTTP/2 bytes may come
+            # in the same read) are this line's to parse, from their first byte
+            end = answer.index(b"\r\n\r\n") + 4
+            if not answer.startswith(b"HTTP/1.1 101 "):  # a refusal: websockets reads it to the end of its body
+                ws.receive_data(bytes(answer))
+                while ws.handshake_exc is None and time.monotonic() < deadline:
+                    sock.settimeout(max(deadline - time.monotonic(), 0.01))
+                    data = sock.recv(65536)
+                    if not data:
+                        ws.receive_eof()
+                        break
+                    ws.receive_data(data)
+                raise ws.handshake_exc or ConnectionError("the WebSocket upgrade was refused: %r"
+                                                          % bytes(answer[:min(end, 80)]))
+            ws.receive_data(bytes(answer[:end]))
+            ws.events_received()
+            if ws.handshake_exc is not None:
+                raise ws.handshake_exc
             line = cls(sock, ws, target)
-            line._h2_bytes(memoryview(bytes(early)), None)
+            line._take_in(memoryview(bytes(answer[end:])))
             line._wait_settings(deadline)
             return line
         except InvalidStatus as e:
@@ -347,11 +355,14 @@ class Line:
             raise self._broken("the connection broke: %s" % (e.strerror or e)) from e
         if n == 0:
             self._ws.receive_eof()
-        else:
-            with memoryview(self._recv_buf) as view:
-                self._ws_frames(view[:n])  # what came before a close counts (an answer begun, its words)
+        with memoryview(self._recv_buf) as view:
+            self._take_in(view[:n], eof=n == 0)
+
+    def _take_in(self, data: memoryview, eof: bool = False) -> None:
+        """Received bytes through the WebSocket into HTTP/2; then a close (or the end of the stream) fails the line."""
+        self._ws_frames(data)  # what came before a close counts (an answer begun, its words)
         self._flush_ws()
-        if n == 0 or self._ws.close_rcvd is not None or self._ws.close_sent is not None:
+        if eof or self._ws.close_rcvd is not None or self._ws.close_sent is not None:
             self.reusable = False
             self._closed = True
             raise self._broken(self._close_words())

@@ -5,6 +5,7 @@ import hashlib
 import socket
 import struct
 import threading
+import time
 
 import pytest
 
@@ -33,8 +34,9 @@ class Peer:
     """One accepted connection: the upgrade, then HTTP/2 frames in WebSocket messages; `script(peer, request)` answers
     each call once its request has ended (request: the request body's bytes)."""
 
-    def __init__(self, script, upgrade_status=101, frame_max=16384, tls=None):
+    def __init__(self, script, upgrade_status=101, frame_max=16384, tls=None, early=False):
         self.script = script
+        self.early = early  # the upgrade's answer, the SETTINGS and a cut frame in one write
         self.tls = tls  # a server SSLContext: wss://
         self.upgrade_status = upgrade_status
         self.frame_max = frame_max
@@ -87,12 +89,22 @@ class Peer:
             sock.sendall(b"HTTP/1.1 %d Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n" % self.upgrade_status)
             return
         ws.send_response(ws.accept(request))
-        sock.sendall(b"".join(ws.data_to_send()))
+        answer = b"".join(ws.data_to_send())
         conn = self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
         conn.local_settings = h2.settings.Settings(client=False, initial_values={
             h2.settings.SettingCodes.MAX_FRAME_SIZE: self.frame_max})
         conn.initiate_connection()
-        self.flush()
+        if self.early:
+            ws.send_binary(conn.data_to_send())
+            conn.ping(b"12345678")
+            ws.send_binary(conn.data_to_send())
+            frames = b"".join(ws.data_to_send())
+            sock.sendall(answer + frames[:-20])
+            time.sleep(0.05)
+            sock.sendall(frames[-20:])
+        else:
+            sock.sendall(answer)
+            self.flush()
         bodies = {}
         while True:
             data = sock.recv(1 << 20)
@@ -387,3 +399,13 @@ def test_both_ways_over_tls(peer, tls_pair):
     with pytest.raises(errors.TunnelFailure) as e:  # a certificate nobody vouches for is refused at the dial
         bulk_line.Line.dial(p.target(ssl.create_default_context()))
     assert "CERTIFICATE_VERIFY_FAILED" in str(e.value) or "certificate verify failed" in str(e.value)
+
+
+def test_frames_in_the_same_read_as_the_upgrades_answer_are_not_lost(peer):
+    """The agent's SETTINGS and part of a next frame may come with the 101: they are the line's, from their first byte."""
+    data = b"early" * 1000
+    p = peer(lambda p, sid, body: p.answer(sid, [pb.DownloadChunk(chunk=data).SerializeToString(), pb.DownloadChunk(
+        end=pb.DownloadEnd(sha256=hashlib.sha256(data).hexdigest())).SerializeToString()]), early=True)
+    line = bulk_line.Line.dial(p.target())
+    assert download(line) == data
+    line.close()
