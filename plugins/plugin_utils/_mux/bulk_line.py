@@ -620,6 +620,8 @@ class Line:
             if not call.ended:
                 self._conn.end_stream(stream_id)
                 self._flush_h2()
+            else:
+                self.reusable = False  # our half of the stream is still open: this line carries nothing more
             call.sending = False
             while not call.ended:
                 self._receive(VERDICT_TIMEOUT if not call.answered else READ_TIMEOUT, call)
