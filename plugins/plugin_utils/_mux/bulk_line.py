@@ -31,10 +31,11 @@ import select
 import socket
 import ssl
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import unquote_to_bytes, urlsplit
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import tunnel
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
@@ -272,7 +273,7 @@ class Line:
         except errors.SandboxError:
             sock.close()
             raise
-        except (OSError, ssl.SSLError, Exception) as e:  # noqa: B014  # websockets' handshake errors vary by version
+        except Exception as e:  # OSError, ssl.SSLError, and websockets' handshake errors (they vary by version)
             sock.close()
             raise errors.TunnelFailure("cannot open the port-forward to session %s at %s: %s"
                                        % (target.label, target.url, str(e) or type(e).__name__)) from e
@@ -710,7 +711,7 @@ class _Call:
     """The state of one call on a line: its windows, the gRPC message deframer and the outcome."""
 
     __slots__ = ("stream_id", "sink", "send_window", "recv_window", "ended", "reset", "answered", "sending",
-                 "control", "status", "message", "_head", "_left", "_in_message", "headers_ok")
+                 "control", "status", "message", "_head", "_left", "_in_message")
 
     def __init__(self, stream_id: int, sink: Sink, send_window: int) -> None:
         self.stream_id = stream_id
@@ -724,7 +725,6 @@ class _Call:
         self.control = 0
         self.status: int | None = None
         self.message = ""
-        self.headers_ok = False
         self._head = bytearray()   # a message's 5-byte prefix while it arrives in pieces
         self._left = 0             # bytes of the current message still to come
         self._in_message = False
@@ -737,7 +737,6 @@ class _Call:
             raise line._refuse("an HTTP status %s instead of 200" % status.decode("ascii", "replace")[:8])
         if not fields.get(b"content-type", b"").startswith(b"application/grpc"):
             raise line._refuse("a response that is not gRPC (content-type %r)" % fields.get(b"content-type", b"")[:40])
-        self.headers_ok = True
         self.trailers(headers)  # a trailers-only answer (a refusal before any message) carries its status here
 
     def trailers(self, headers: list[tuple[bytes, bytes]]) -> None:
@@ -795,7 +794,6 @@ class BudgetBreach(Exception):
 
 
 def _percent_decoded(raw: bytes) -> str:
-    from urllib.parse import unquote_to_bytes
     return unquote_to_bytes(raw).decode("utf-8", "replace")
 
 
@@ -813,7 +811,6 @@ class Pool:
     KEEP = 2
 
     def __init__(self, dial: Callable[[], Line]) -> None:
-        import threading
         self._dial = dial
         self._idle: list[Line] = []
         self._lock = threading.Lock()

@@ -362,10 +362,11 @@ class MuxServer:
             with self.lock:
                 served = dict(self.served)
                 by_session = {sid: dict(counts) for sid, counts in self.served_by_session.items()}
-                moved = {sid: dict(counts) for sid, counts in self.moved_by_session.items()}
+                moved, moved_by_session = dict(self.moved), {sid: dict(c) for sid, c in self.moved_by_session.items()}
             mp.send_frame(conn, mp.RESULT, {"pid": os.getpid(), "version": mp.PROTOCOL_VERSION,
                                             "sessions": len(self.links), "served": served,
-                                            "served_by_session": by_session, "moved_by_session": moved})
+                                            "served_by_session": by_session, "moved": moved,
+                                            "moved_by_session": moved_by_session})
             return None
         if op == "reset":
             self.op_reset(conn, req)
@@ -398,6 +399,7 @@ class MuxServer:
                 continue  # nothing was sent for this request yet
 
     def run_op(self, op: str, link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> None:
+        result: Any = None
         if op in STREAM_OPS:
             outcome = STREAM_OPS[op](link, conn, req) or op  # a stream op may say how it was served
         else:
@@ -409,14 +411,15 @@ class MuxServer:
             else:
                 mp.send_frame(conn, mp.RESULT, result)
                 outcome = op
-                if isinstance(result, dict) and result.get("via"):
-                    via = "%s_via_%s" % (op, result["via"])  # which path carried a transfer's bytes (bulk, grpc, api)
-                    with self.lock:
-                        self.moved[via] += 1
-                        self.moved_by_session.setdefault(link.session_id or link.label, collections.Counter())[via] += 1
+        # which path carried a transfer's bytes: put_via_bulk, fetch_via_grpc, put_archive_via_api...
+        via = "%s_via_%s" % (op, result["via"]) if isinstance(result, dict) and result.get("via") else None
+        session = link.session_id or link.label
         with self.lock:
             self.served[outcome] += 1
-            self.served_by_session.setdefault(link.session_id or link.label, collections.Counter())[outcome] += 1
+            self.served_by_session.setdefault(session, collections.Counter())[outcome] += 1
+            if via is not None:
+                self.moved[via] += 1
+                self.moved_by_session.setdefault(session, collections.Counter())[via] += 1
 
     def op_reset(self, conn: socket.socket, req: dict[str, Any]) -> None:
         """meta: reset_connection: close this session's link only; its next task opens a fresh one."""
