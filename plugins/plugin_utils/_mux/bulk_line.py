@@ -12,7 +12,8 @@ The DATA frames of the call are framed here, not by h2: the agent allows 16 KiB 
 about 1.2 ms of CPU per MiB making them (more than the whole budget of a transfer), and formats every
 received frame for its trace log, a hex dump of the payload, even with logging off. So this module keeps
 the call's flow-control windows itself: WINDOW_UPDATE frames and the call's plain DATA frames never
-reach h2 (its windows stay as they began, unused); everything else does. Client frames carry a fresh
+reach h2 (its windows stay as they began, unused); everything else does (a DATA frame h2 must see, padded
+or ending the stream, counts against CONTROL_MAX, which bounds its hex dump too). Client frames carry a fresh
 random mask key each, as RFC 6455 requires.
 
 Everything the guest sends is hostile and has a budget: a WebSocket message over WS_MESSAGE_MAX (the
@@ -47,7 +48,6 @@ try:
     import h2.events
     import h2.exceptions
     import h2.settings
-    from hyperframe.frame import DataFrame
     from websockets.client import ClientProtocol
     from websockets.exceptions import InvalidStatus
     from websockets.uri import parse_uri
@@ -146,23 +146,6 @@ def _frame_head(length: int, kind: int, flags: int, stream_id: int) -> bytes:
     return _FRAME_HEAD.pack(length >> 16, length & 0xFFFF, kind, flags, stream_id)
 
 
-class _Connection(h2.connection.H2Connection if BULK_IMPORT_ERROR is None else object):  # type: ignore[misc]
-    """h2's connection, without the hex dump of every DATA frame it hands to its trace log."""
-
-    def _receive_frame(self, frame: Any) -> Any:
-        if type(frame) is DataFrame:  # pylint: disable=unidiomatic-typecheck  # exactly h2's class, not a subclass
-            frame.__class__ = _QuietDataFrame
-        return super()._receive_frame(frame)
-
-
-if BULK_IMPORT_ERROR is None:
-    class _QuietDataFrame(DataFrame):
-        __slots__ = ()
-
-        def _body_repr(self) -> str:
-            return "<%d bytes>" % len(self.data)
-
-
 class Line:
     """One WebSocket to the agent's port and one HTTP/2 connection over it; one call at a time."""
 
@@ -177,7 +160,7 @@ class Line:
         self._h2_left = 0              # payload bytes of the current frame still to come
         self._h2_direct = False        # the current frame is the call's DATA: its payload goes straight to the call
         self._rx_call: _Call | None = None  # the call the bytes being received belong to
-        self._conn = _Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        self._conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
         self._conn.local_settings = h2.settings.Settings(client=True, initial_values={
             h2.settings.SettingCodes.ENABLE_PUSH: 0,
             h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: WINDOW,
@@ -203,7 +186,6 @@ class Line:
         self._ws_control = bytearray()       # a control frame, whole, for websockets
         self._closed = False
         self.reusable = True
-        self.calls = 0
         self.idle_since = time.monotonic()
         self._call: _Call | None = None
         self._flush_h2()
@@ -604,7 +586,6 @@ class Line:
 
         Raises CallFailed for a status other than OK, LineBroken when the line fails under it.
         """
-        self.calls += 1
         stream_id = self._conn.get_next_available_stream_id()
         call = self._call = _Call(stream_id, sink, self._peer_initial_window)
         try:
