@@ -41,6 +41,7 @@ NEWEST_SUITES ?= tests/integration/test_collection_build.py tests/integration/te
 API_SUITES := $(addprefix tests/integration/,test_connection.py test_connection_shared.py test_connection_fastpath.py \
 	test_ssh_habits.py test_hostile_output.py test_sync.py test_hostile_sync.py)
 CORE_SUITES := tests/unit/plugins/plugin_utils/test_core_compat.py tests/integration/test_connection_fastpath.py::test_every_task_is_served_warm \
+	tests/integration/test_connection_fastpath.py::test_a_later_run_takes_its_payloads_from_the_cache \
 	tests/unit/plugins/plugin_utils/test_bulk_line.py tests/integration/test_bulk_transfer.py::test_a_playbooks_copy_and_fetch_take_the_bulk_line
 
 .PHONY: help venv system-deps collection base-rootfs proto proto-check lint typecheck sanity ansible-lint docs-lint docs \

@@ -60,6 +60,8 @@ def ansible_env(plane, mux_dir, persist, **extra):
     """The environment ansible-playbook runs in: the repo's collection, the plane's URL and token, a private mux dir."""
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS, ANSIBLE_NOCOLOR="1", ANSIBLE_HOST_KEY_CHECKING="0",
                ANSIBLE_RETRY_FILES_ENABLED="0", MICROVM_MUX_DIR=mux_dir, MICROVM_PERSIST=str(persist), **plane.env)
+    # the bench's own payload cache: its warm-up run fills it, as a user's earlier runs would
+    env["MICROVM_PAYLOAD_CACHE"] = os.path.join(os.path.dirname(os.path.abspath(mux_dir)), "payloads")
     env.update(extra)
     return env
 

@@ -223,6 +223,23 @@ options:
       - name: ansible_microvm_become_timeout
     cli:
       - name: timeout
+  payload_cache:
+    description:
+      - Where the connection keeps what ansible-core puts into a module's payload (AnsiballZ) across runs, so that a
+        run does not rebuild, for each module it uses, a payload whose files did not change (core's own cache lasts
+        one run, and a build takes 60-200 ms). Per ansible-core version, at most 256 payloads, least recently used
+        dropped first.
+      - Every use checks the sha256 of each file a payload was built from and that no file appeared where the import
+        would find it first; a payload with a redirected module_util is not kept. A directory another user can write
+        is not used.
+      - Set it to an empty string to build every payload as core does.
+    type: path
+    default: ~/.ansible/microvm_sandbox/payloads
+    env:
+      - name: MICROVM_PAYLOAD_CACHE
+    ini:
+      - section: microvm_agent_connection
+        key: payload_cache
   persist:
     description:
       - Seconds the session's channel in the multiplexer stays open without any task before it is closed.
@@ -383,6 +400,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import com
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import one_shot_become  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import option_defs  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import outcomes  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import payload_cache  # noqa: E402
 
 if TYPE_CHECKING:
     from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.sandbox_connection import SandboxConnection
@@ -395,6 +413,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.untrusted 
 display = Display()
 T = TypeVar("T")
 option_defs.register("connection", __name__, DOCUMENTATION)  # saves core's slow parse in every worker
+payload_cache.install()  # module payloads kept across runs (core_compat A10), used once configured
 
 PLUGIN = "microvm.sandbox.agent"  # how the connection names itself in its messages
 DEFAULT_REMOTE_TMP = "~/.ansible/tmp"
@@ -470,6 +489,11 @@ class Connection(ConnectionBase):
         _value, origin = C.config.get_config_value_and_origin("INTERPRETER_PYTHON", variables=variables)
         if origin == "default":
             variables["ansible_python_interpreter"] = DEFAULT_PYTHON_INTERPRETER
+
+    def set_options(self, task_keys: Any = None, var_options: Any = None, direct: Any = None) -> None:
+        super().set_options(task_keys=task_keys, var_options=var_options, direct=direct)
+        # core builds the task's module payload after this, in this worker (core_compat A10)
+        payload_cache.configure(self.get_option("payload_cache"), note=lambda line: display.vvv(line, host=self._session()))
 
     # -- options --------------------------------------------------------------------------
     def _session(self) -> str:

@@ -412,6 +412,20 @@ def test_every_task_is_served_warm(plane, sandbox, env, mux_dir, playbook_runner
     assert "WARM RUNNER ran the module with" in res.stdout and ", after chmod" in res.stdout, warm_lines(res)
 
 
+def test_a_later_run_takes_its_payloads_from_the_cache(plane, sandbox, env, playbook_runner, tmp_path):  # noqa: F811
+    """The first run builds each module's payload and keeps it; the next run builds none (core_compat A10)."""
+    env = dict(env, MICROVM_PAYLOAD_CACHE=str(tmp_path / "payloads"))
+    said = "came from the payload cache"
+    first = playbook_runner(SERVED_WARM, inventory({"box": sandbox["name"]}), env, extra_args=["-vvv"])
+    assert first.rc == 0 and said not in first.stdout, first
+    second = playbook_runner(SERVED_WARM, inventory({"box": sandbox["name"]}), env, extra_args=["-vvv"])
+    assert second.rc == 0 and "failed=0" in second.stdout, second
+    cached = {line.split("payload of ", 1)[1].split()[0] for line in second.stdout.splitlines() if said in line}
+    # every module the second run used (its copies find the file in place: stat and file, no copy module)
+    assert cached == {"ansible.modules.command", "ansible.modules.stat", "ansible.modules.file", "ansible.modules.ping"}, \
+        [line for line in second.stdout.splitlines() if said in line]
+
+
 COUNT_PAYLOAD = r'''
 _ANSIBALLZ_WRAPPER = True
 import json, sys, zipimport

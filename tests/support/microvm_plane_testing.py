@@ -194,6 +194,7 @@ def plane():
     # none: workers share no multiplexer, and the ones this run started are stopped with it.
     mux_dir = os.path.join(state_dir, "mux")
     handle.env["MICROVM_MUX_DIR"] = mux_dir
+    handle.env["MICROVM_PAYLOAD_CACHE"] = os.path.join(state_dir, "payloads")  # not the user's own (core_compat A10)
     try:
         yield handle
     finally:

@@ -39,6 +39,12 @@ A9 A Python module's payload is core's wrapper code, the same for every task of 
    `if __name__ == "__main__":` / `_ansiballz_main(<the task's arguments>)` block (WRAPPER_CALL): the warm runner
    compiles the code before it once and only the call in each run.
                                                              -> test_a9_wrapper_code_comes_before_the_task_call
+A10 Core builds a Python module's payload with `module_common.recursive_finder(name, module_fqn, module_data, zf,
+   date_time, extension_manager)`, looked up at call time, only when its per-run cache in the run's local temp dir
+   lacks the module; it writes each module_util into `zf` with `writestr`, the text tagged with its file's `Origin`
+   (no tag: made by core), and returns a `metadata_versions` dataclass: _worker/payload_cache.py keeps those
+   entries across runs and writes them back, checked against their files.
+                                             -> test_a10_payloads_are_kept_across_runs and the other test_a10_*
 
 Only the standard library and ansible-core (imported lazily) are used: this runs in every task's worker.
 """

@@ -420,3 +420,126 @@ def test_a8_collection_code_compiled_once_per_run(tmp_path):
     assert set(second["compiled"]) <= {"agent.py", "__init__.py", "core_compat.py"}, second
     assert second["transport"] == first["transport"] == "microvm.sandbox.agent"
     assert second["file"] == first["file"] and second["file"].startswith(COLLECTIONS)
+
+
+# A10: one "run" of ansible-core's payload build, in a fresh process with a fresh local temp dir (as each
+# ansible-playbook run has), with the payload cache hooked in as the agent connection does it.
+BUILD = r'''
+import base64, hashlib, io, json, os, re, sys, tempfile, zipfile
+from ansible import constants as C
+from ansible.executor import module_common
+from ansible.plugins.loader import init_plugin_loader, module_loader
+from ansible.template import Templar
+init_plugin_loader([sys.argv[1]])
+C.DEFAULT_LOCAL_TMP = tempfile.mkdtemp()  # core's own cache lasts one run: this is a new run
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import payload_cache
+store, names = sys.argv[2], sys.argv[3:]
+assert payload_cache.install()
+payload_cache.configure(store)
+out = {}
+for name in names:
+    path = module_loader.find_plugin(name)
+    built = module_common.modify_module(module_name=name, module_path=path, module_args={"_raw_params": "true"},
+                                        templar=Templar(), task_vars={"ansible_python_interpreter": "/usr/bin/python3"})
+    zip_data = re.search(rb"zip_data='([^']*)'", built.b_module_data).group(1)
+    zf = zipfile.ZipFile(io.BytesIO(base64.b64decode(zip_data)))
+    out[name] = {n: zf.read(n).decode("utf-8", "replace") for n in zf.namelist()}
+out["counts"] = payload_cache.COUNTS.__dict__
+print(json.dumps(out))
+'''
+
+
+def build_run(tmp_path, store, *modules, **env_extra):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([COLLECTIONS, os.environ.get("PYTHONPATH", "")]), **env_extra)
+    done = subprocess.run([sys.executable, "-c", BUILD, env_extra.get("ANSIBLE_COLLECTIONS_PATH", COLLECTIONS),
+                           store, *modules], env=env, capture_output=True, text=True, timeout=120, check=False, cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_a10_payloads_are_kept_across_runs(tmp_path):
+    """A second run takes the payloads from the store, not from recursive_finder, and they are the same payloads."""
+    store = str(tmp_path / "store")
+    first = build_run(tmp_path, store, "ansible.builtin.command", "ansible.builtin.copy")
+    assert first["counts"] == {"hits": 0, "built": 2, "kept": 2, "refused": 0}
+    second = build_run(tmp_path, store, "ansible.builtin.command", "ansible.builtin.copy")
+    assert second["counts"] == {"hits": 2, "built": 0, "kept": 0, "refused": 0}
+    plain = build_run(tmp_path, "", "ansible.builtin.command", "ansible.builtin.copy")  # the cache off: core alone
+    assert plain["counts"] == {"hits": 0, "built": 0, "kept": 0, "refused": 0}
+    for module in ("ansible.builtin.command", "ansible.builtin.copy"):
+        assert second[module] == first[module] == plain[module]
+        assert "ansible/module_utils/basic.py" in second[module]
+    (entry,) = os.listdir(store)
+    assert entry == "core-%s-%d" % (CORE_VERSION, 1)  # per core version: an upgrade of core starts afresh
+    assert oct(os.stat(os.path.join(store, entry)).st_mode & 0o777) == "0o700"
+
+
+def _collection(root, helper="VALUE = 'one'\n"):
+    base = root / "ansible_collections" / "acme" / "demo"
+    (base / "plugins" / "modules").mkdir(parents=True, exist_ok=True)
+    (base / "plugins" / "module_utils").mkdir(parents=True, exist_ok=True)
+    (base / "galaxy.yml").write_text("namespace: acme\nname: demo\nversion: 1.0.0\n")
+    (base / "plugins" / "modules" / "echo.py").write_text(
+        "from ansible.module_utils.basic import AnsibleModule\n"
+        "from ansible_collections.acme.demo.plugins.module_utils.helper import VALUE\n"
+        "from ansible.module_utils.acme_util import WORD\n"
+        "AnsibleModule(argument_spec={}).exit_json(value=VALUE, word=WORD)\n")
+    (base / "plugins" / "module_utils" / "helper.py").write_text(helper)
+    return base
+
+
+def test_a10_a_changed_or_shadowed_module_util_is_built_afresh(tmp_path):
+    """A stale payload after an upgrade of a module_util (or a new file that the import would now find first)
+    is a failure: the store is checked against the files at every use."""
+    store = str(tmp_path / "store")
+    first_mu, second_mu, colls, early_colls = (tmp_path / "mu1", tmp_path / "mu2", tmp_path / "colls", tmp_path / "early")
+    first_mu.mkdir(), second_mu.mkdir(), early_colls.mkdir()
+    (second_mu / "acme_util.py").write_text("WORD = 'late'\n")
+    base = _collection(colls)
+    env = {"ANSIBLE_MODULE_UTILS": "%s:%s" % (first_mu, second_mu),
+           "ANSIBLE_COLLECTIONS_PATH": "%s:%s:%s" % (early_colls, colls, COLLECTIONS)}
+    helper, util = "ansible_collections/acme/demo/plugins/module_utils/helper.py", "ansible/module_utils/acme_util.py"
+
+    run = build_run(tmp_path, store, "acme.demo.echo", **env)
+    assert run["counts"]["kept"] == 1 and run["acme.demo.echo"][helper] == "VALUE = 'one'\n"
+    assert build_run(tmp_path, store, "acme.demo.echo", **env)["counts"]["hits"] == 1
+
+    (base / "plugins" / "module_utils" / "helper.py").write_text("VALUE = 'two'\n")  # the collection upgraded
+    run = build_run(tmp_path, store, "acme.demo.echo", **env)
+    assert run["counts"]["hits"] == 0 and run["acme.demo.echo"][helper] == "VALUE = 'two'\n"
+    assert build_run(tmp_path, store, "acme.demo.echo", **env)["acme.demo.echo"][helper] == "VALUE = 'two'\n"
+
+    (first_mu / "acme_util.py").write_text("WORD = 'early'\n")  # found first by the import from now on
+    run = build_run(tmp_path, store, "acme.demo.echo", **env)
+    assert run["counts"]["hits"] == 0 and run["acme.demo.echo"][util] == "WORD = 'early'\n"
+
+    shadow = _collection(early_colls, helper="VALUE = 'shadow'\n")  # the same collection, on an earlier path
+    (shadow / "plugins" / "modules" / "echo.py").write_text((base / "plugins" / "modules" / "echo.py").read_text())
+    run = build_run(tmp_path, store, "acme.demo.echo", **env)
+    assert run["counts"]["hits"] == 0 and run["acme.demo.echo"][helper] == "VALUE = 'shadow'\n"
+
+
+def test_a10_a_redirected_module_util_is_not_kept(tmp_path):
+    """A redirect's shim comes from no file (its text follows the collection's routing): never kept."""
+    store, colls = str(tmp_path / "store"), tmp_path / "colls"
+    base = _collection(colls)
+    (base / "meta").mkdir()
+    (base / "meta" / "runtime.yml").write_text(
+        "plugin_routing:\n  module_utils:\n    old_helper:\n      redirect: acme.demo.helper\n")
+    (base / "plugins" / "modules" / "echo.py").write_text(
+        "from ansible.module_utils.basic import AnsibleModule\n"
+        "from ansible_collections.acme.demo.plugins.module_utils.old_helper import VALUE\n"
+        "AnsibleModule(argument_spec={}).exit_json(value=VALUE)\n")
+    env = {"ANSIBLE_COLLECTIONS_PATH": "%s:%s" % (colls, COLLECTIONS)}
+    for _ in range(2):
+        run = build_run(tmp_path, store, "acme.demo.echo", **env)
+        assert run["counts"] == {"hits": 0, "built": 1, "kept": 0, "refused": 1}
+
+
+def test_a10_a_store_others_can_write_is_not_used(tmp_path):
+    store = tmp_path / "store"
+    build_run(tmp_path, str(store), "ansible.builtin.command")
+    (entry,) = os.listdir(str(store))
+    os.chmod(str(store / entry), 0o777)
+    run = build_run(tmp_path, str(store), "ansible.builtin.command")
+    assert run["counts"] == {"hits": 0, "built": 1, "kept": 0, "refused": 1}
