@@ -14,6 +14,11 @@ from typing import Any
 
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.progress_action import ProgressAction, session_lookup
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import preload
+
+# the strategy loads this class in ansible-playbook itself before it forks the worker: the agent connection too,
+# so every worker forked after (the tasks in the session) inherits it loaded (_worker/preload.py)
+preload.load_connection()
 
 
 class ActionModule(ProgressAction):

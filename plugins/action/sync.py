@@ -48,6 +48,11 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import out
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.command_stream import ExecStream
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.sandbox_connection import SandboxConnection, sandbox_connection
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.sync_plan import ManifestReader, Planner
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import preload
+
+# the strategy loads this class in ansible-playbook itself before it forks the worker: the agent connection too,
+# so every worker forked after (the tasks in the session) inherits it loaded (_worker/preload.py)
+preload.load_connection()
 
 ARGUMENT_SPEC = dict(
     src=dict(type="str", required=True),

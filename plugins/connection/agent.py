@@ -412,6 +412,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.untrusted 
 
 display = Display()
 T = TypeVar("T")
+LOADED_BY = os.getpid()  # a worker that inherited the plugin loaded (the sessions inventory loads it before the forks)
 option_defs.register("connection", __name__, DOCUMENTATION)  # saves core's slow parse in every worker
 payload_cache.install()  # module payloads kept across runs (core_compat A10), used once configured
 
@@ -475,6 +476,8 @@ class Connection(ConnectionBase):
         self._flushing = False
         self._task_action = ""  # the task's action, from the shell's task keys (see _keeps_tmp)
         self._wrap_shell()
+        if LOADED_BY != os.getpid():
+            display.vvvv("%s: loaded before this worker was forked" % PLUGIN)
 
     def update_vars(self, variables: dict[str, Any]) -> None:
         """The connection's magic variables, plus a silent interpreter discovery for a host that names no Python.

@@ -109,6 +109,7 @@ from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # 
 from ansible_collections.microvm.sandbox.plugins.module_utils.api_module import describe_error  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.rest import ApiClient, ApiError  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.module_utils.views import expand_statuses, select_sessions  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import preload  # noqa: E402
 
 if TYPE_CHECKING:
     from ansible.inventory.data import InventoryData
@@ -161,7 +162,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         super(InventoryModule, self).parse(inventory, loader, path, cache)
         self._read_config_data(path)
         sessions = self._sessions(self.get_cache_key(path), cache)
-        self._populate(self._select(sessions))
+        selected = self._select(sessions)
+        self._populate(selected)
+        if selected:  # in ansible-playbook's own process: each task's worker inherits it
+            preload.load_connection(self.get_option("connection_plugin"))
 
     # -- data --------------------------------------------------------------
     def _sessions(self, cache_key: str, cache: bool) -> list[dict[str, Any]]:

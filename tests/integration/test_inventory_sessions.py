@@ -253,3 +253,48 @@ def test_inventory_hosts_run_tasks_over_the_agent_connection(plane, tmp_path, fl
     assert sorted(by_host) == ["%s-a-1" % prefix, "%s-a-2" % prefix]
     for host, result in by_host.items():
         assert result["stdout"] == host
+
+
+def test_the_inventory_loads_the_connection_before_the_workers_fork(plane, tmp_path, fleet):
+    """Each task's worker inherits the agent connection loaded by the inventory, in ansible-playbook itself."""
+    prefix, _made = fleet
+    inventory = tmp_path / "one.microvm_sessions.yml"
+    inventory.write_text("plugin: microvm.sandbox.sessions\nname_regex: '^%s-a-1$'\n" % prefix)
+    play = """
+        - hosts: all
+          gather_facts: false
+          tasks:
+            - ansible.builtin.command: "true"
+              changed_when: false
+            - ansible.builtin.command: "true"
+              changed_when: false
+    """
+    run = run_playbook(plane, tmp_path, play, inventory=str(inventory), args=["-vvvv"],
+                       env={"ANSIBLE_PYTHON_INTERPRETER": "/usr/bin/python3"})
+    assert run.rc == 0, run
+    assert run.stdout.count("microvm.sandbox.agent: loaded before this worker was forked") == 2, run.stdout[-3000:]
+
+
+def test_a_play_that_starts_its_session_loads_the_connection_before_the_workers_fork(plane, tmp_path, fleet):
+    """The strategy loads the session action in ansible-playbook itself: the connection comes with it."""
+    prefix, _made = fleet
+    run = run_playbook(plane, tmp_path, """
+        - hosts: localhost
+          gather_facts: false
+          tasks:
+            - microvm.sandbox.session: {name: "%s-a-1", state: running}
+              register: sandbox
+            - ansible.builtin.add_host:
+                name: box
+                ansible_connection: microvm.sandbox.agent
+                ansible_host: "{{ sandbox.session.session_id }}"
+                ansible_python_interpreter: /usr/bin/python3
+        - hosts: box
+          gather_facts: false
+          tasks:
+            - ansible.builtin.command: "true"
+              changed_when: false
+    """ % prefix, args=["-vvvv"])
+    assert run.rc == 0, run
+    in_the_session = run.stdout.split("TASK [ansible.builtin.command]")[-1]
+    assert "microvm.sandbox.agent: loaded before this worker was forked" in in_the_session, in_the_session[-3000:]
