@@ -11,11 +11,16 @@ import tarfile
 
 import pytest
 
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import LinkConfig
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import MuxClient, pool_status
 from microvm_plane_testing import run_transport
 # fixtures re-used from test_connection
 from test_connection import env, inventory, mux_dir  # noqa: F401  # pylint: disable=unused-import
+
+# a run as the worker names one: its pid and that pid's start time (a wrong start reads as a run that ended,
+# whose dir the mux removes while the test still stages through it)
+THIS_START = str(mp.process_start_time(os.getpid()))
 
 pytestmark = pytest.mark.skipif(run_transport() == "api", reason="agent road only: the api run closes the agent port")
 
@@ -51,7 +56,7 @@ def test_big_put_and_fetch_take_the_bulk_line(plane, sandbox, mux_dir, tmp_path)
         assert back["via"] == "bulk" and back["bytes"] == BIG, back
         assert sha(tmp_path / "back.bin") == sha(src)
         # outside /workspace: staged through the run's dir, the bytes still on the bulk line
-        run = {"id": "bulk-%d" % os.getpid(), "pid": os.getpid(), "start": "0",
+        run = {"id": "bulk-%d" % os.getpid(), "pid": os.getpid(), "start": THIS_START,
                "dir": "/workspace/.scratch/run.bulk-%d" % os.getpid()}
         staged = mux.put(str(src), "/root/big.bin", run=run)
         assert staged["staged"] and staged["via"] == "bulk", staged

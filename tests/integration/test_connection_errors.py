@@ -9,10 +9,15 @@ import pytest
 from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import LinkConfig
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import outcomes
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import MuxClient
 from microvm_plane_testing import run_transport, stop_muxes
+
+# a run as the worker names one: its pid and that pid's start time (a wrong start reads as a run that ended,
+# whose dir the mux removes while the test still stages through it)
+THIS_START = str(mp.process_start_time(os.getpid()))
 
 
 @pytest.fixture(params=["agent", "api"])
@@ -31,7 +36,7 @@ def client(request, plane, sandbox, tmp_path):
 
 def test_staged_fetch_of_a_missing_file_is_not_found_by_exit_code(client, tmp_path):
     """Outside /workspace a fetch is staged by a helper command: its exit code, not cp's words, says not found."""
-    run = {"id": "errors-test-%d" % os.getpid(), "pid": os.getpid(), "start": "0",
+    run = {"id": "errors-test-%d" % os.getpid(), "pid": os.getpid(), "start": THIS_START,
            "dir": "/workspace/.scratch/run.errors-test-%d" % os.getpid()}
     with pytest.raises(errors.NotFound) as e:
         client.fetch("/etc/no-such-file-here", str(tmp_path / "x"), run=run)
@@ -49,7 +54,7 @@ def test_staged_fetch_of_a_missing_file_is_not_found_by_exit_code(client, tmp_pa
 def test_staged_put_into_a_missing_directory_says_so(client, tmp_path):
     src = tmp_path / "f"
     src.write_text("x")
-    run = {"id": "errors-put-%d" % os.getpid(), "pid": os.getpid(), "start": "0",
+    run = {"id": "errors-put-%d" % os.getpid(), "pid": os.getpid(), "start": THIS_START,
            "dir": "/workspace/.scratch/run.errors-put-%d" % os.getpid()}
     with pytest.raises(errors.NotFound, match="cannot put /opt/no-such-dir/f into session .*its directory does not exist"):
         client.put(str(src), "/opt/no-such-dir/f", run=run)
