@@ -321,9 +321,12 @@ class MuxServer:
                     return
                 with self.lock:
                     self.last_activity = time.monotonic()
-                mp.send_frame(conn, mp.ACK)
+                # a "nowait" request is answered with nothing at all (frames.py): its worker may be gone already
+                out = exec_ops.Unanswered(conn) if isinstance(req, dict) and req.get("nowait") else conn
+                if out is conn:
+                    mp.send_frame(conn, mp.ACK)
                 try:
-                    result = self.dispatch(conn, req, link)
+                    result = self.dispatch(out, req, link)
                 finally:
                     self.requests_done += 1
                     self.poke()  # the link's idle deadline moved; a new run or link may need watching
@@ -356,7 +359,8 @@ class MuxServer:
             # road: the api road takes sudo's password up front; road_note: what `auto` chose, once per run (-v)
             mp.send_frame(conn, mp.RESULT, {"pid": os.getpid(), "session_id": link.session_id, "label": link.label,
                                             "generation": link.generation, "version": mp.PROTOCOL_VERSION,
-                                            "road": link.road, "road_note": link.road_note(str(req.get("run") or ""))})
+                                            "road": link.road, "road_note": link.road_note(str(req.get("run") or "")),
+                                            "tmp_warnings": exec_ops.take_tmp_warnings(link)})
             return link
         if op == "hello":
             with self.lock:
