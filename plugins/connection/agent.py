@@ -869,9 +869,10 @@ class Connection(ConnectionBase):
             if rc == 0:
                 continue
             self._deferred.clear()
-            if op["op"] == "mkdtemp":
+            if op["op"] == "mkdtemp":  # core names its own command, before the connection wrapped it in a shell
+                script = core_compat.core_script(command_argv(self._play_context.executable or "/bin/sh", cmd))
                 raise AnsibleConnectionFailure(core_compat.mkdtemp_failure(
-                    cmd, rc, to_text(out, errors="surrogate_or_strict"), to_text(err, errors="surrogate_or_strict"),
+                    script or cmd, rc, to_text(out, errors="surrogate_or_strict"), to_text(err, errors="surrogate_or_strict"),
                     display.verbosity))
             raise AnsibleError("Failed to set permissions on remote files (rc: %s, err: %s)"
                                % (rc, to_text(err, errors="surrogate_or_strict")))

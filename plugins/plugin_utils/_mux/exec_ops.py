@@ -13,7 +13,9 @@ from __future__ import annotations
 import queue
 import socket
 import threading
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
@@ -230,6 +232,26 @@ class Unanswered:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.conn, name)
+
+
+@contextlib.contextmanager
+def unawaited(link: SessionLink) -> Iterator[None]:
+    """Serve an unanswered request: the session's requests that come after it wait until it is done
+    (after_unawaited), so a later task finds its predecessor's tmp dir removed, as with core's awaited rm."""
+    with link.unawaited_done:
+        link.unawaited += 1
+    try:
+        yield
+    finally:
+        with link.unawaited_done:
+            link.unawaited -= 1
+            link.unawaited_done.notify_all()
+
+
+def after_unawaited(link: SessionLink) -> None:
+    """Wait for the session's unanswered requests in progress (bounded: each is, by UNAWAITED_TIMEOUT)."""
+    with link.unawaited_done:
+        link.unawaited_done.wait_for(lambda: link.unawaited == 0, timeout=UNAWAITED_TIMEOUT + DEADLINE_GRACE)
 
 
 def tmp_unawaited(link: SessionLink, req: dict[str, Any]) -> str:

@@ -397,7 +397,12 @@ class MuxServer:
                     return None
             try:
                 with link.in_use():
-                    self.run_op(op, link, conn, req)
+                    if req.get("nowait"):
+                        with exec_ops.unawaited(link):
+                            self.run_op(op, link, conn, req)
+                    else:
+                        exec_ops.after_unawaited(link)  # an earlier task's rm, say, is done first
+                        self.run_op(op, link, conn, req)
                 return link
             except LinkClosed:
                 continue  # nothing was sent for this request yet

@@ -110,6 +110,9 @@ class SessionLink:
         self.on_close = on_close          # the mux's watch thread is told (it sleeps until something is due)
         # task tmp dir rms that failed unawaited (exec_ops.op_tmp "nowait"): the next attach of this session shows them
         self.tmp_warnings: collections.deque[str] = collections.deque(maxlen=TMP_WARNINGS_KEPT)
+        # requests being served unanswered ("nowait"): the session's next requests wait for them (exec_ops.Unawaited)
+        self.unawaited = 0
+        self.unawaited_done = threading.Condition()
 
     def __repr__(self) -> str:
         return "SessionLink(%r, generation=%d)" % (self.label, self.generation)
