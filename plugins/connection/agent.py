@@ -866,16 +866,32 @@ class Connection(ConnectionBase):
                 rc, out, err = self.exec_command(cmd, sudoable=False)
             finally:
                 self._flushing = False
-            if rc == 0:
-                continue
-            self._deferred.clear()
-            if op["op"] == "mkdtemp":  # core names its own command, before the connection wrapped it in a shell
-                script = core_compat.core_script(command_argv(self._play_context.executable or "/bin/sh", cmd))
-                raise AnsibleConnectionFailure(core_compat.mkdtemp_failure(
-                    script or cmd, rc, to_text(out, errors="surrogate_or_strict"), to_text(err, errors="surrogate_or_strict"),
-                    display.verbosity))
-            raise AnsibleError("Failed to set permissions on remote files (rc: %s, err: %s)"
-                               % (rc, to_text(err, errors="surrogate_or_strict")))
+            if rc != 0:
+                self._deferred_failed(cmd, op, rc, out, err)
+
+    def _deferred_ahead(self) -> list[tuple[str, dict[str, Any], list[str]]]:
+        """The deferred tmp dir commands, taken for a request that has the mux do them first: (command, op, argv).
+        With a mux that cannot, they are run now, as _flush_deferred does."""
+        if not self._deferred or (self._attached().attached or {}).get("version", 0) < mp.NOWAIT_VERSION:
+            self._flush_deferred()
+            return []
+        executable = self._play_context.executable or "/bin/sh"
+        taken = [(cmd, op, command_argv(executable, cmd)) for cmd, op in self._deferred]
+        self._deferred.clear()
+        display.vvv("WARM RUNNER will do %s ahead of the put, in its request" % ", ".join(op["op"] for _c, op, _a in taken),
+                    host=self._session())
+        return taken
+
+    def _deferred_failed(self, cmd: str, op: dict[str, Any], rc: int, out: bytes, err: bytes) -> None:
+        """A deferred tmp dir command failed: the task fails here, in core's words for it."""
+        self._deferred.clear()
+        if op["op"] == "mkdtemp":  # core names its own command, before the connection wrapped it in a shell
+            script = core_compat.core_script(command_argv(self._play_context.executable or "/bin/sh", cmd))
+            raise AnsibleConnectionFailure(core_compat.mkdtemp_failure(
+                script or cmd, rc, to_text(out, errors="surrogate_or_strict"), to_text(err, errors="surrogate_or_strict"),
+                display.verbosity))
+        raise AnsibleError("Failed to set permissions on remote files (rc: %s, err: %s)"
+                           % (rc, to_text(err, errors="surrogate_or_strict")))
 
     def _exec_tmp_op(self, argv: list[str], run: dict[str, Any]) -> tuple[int, bytes, bytes] | None:
         """A task tmp dir command (mkdtemp, chmod, rm) done by the warm runner: (rc, stdout, stderr), or None."""
@@ -937,10 +953,17 @@ class Connection(ConnectionBase):
     def put_file(self, in_path: str, out_path: str) -> None:
         super().put_file(in_path, out_path)  # type: ignore[safe-super]  # connects (ensure_connect), see exec_command
         display.vvv("PUT %s TO %s" % (in_path, out_path), host=self._session())
-        self._flush_deferred()
         if not os.path.isfile(to_bytes(in_path, errors="surrogate_or_strict")):
+            self._flush_deferred()
             raise AnsibleFileNotFound("microvm.sandbox.agent: file or module does not exist: %s" % to_text(in_path))
-        moved = self._call("put_file", self._attached().put, to_text(in_path), to_text(out_path), run=self._run_info())
+        ahead = self._deferred_ahead()
+        moved = self._call("put_file", self._attached().put, to_text(in_path), to_text(out_path), run=self._run_info(),
+                           ahead=[{"op": op, "argv": argv} for _cmd, op, argv in ahead])
+        if isinstance(moved, dict) and isinstance(moved.get("ahead_failed"), dict):
+            failed = moved["ahead_failed"]
+            cmd, op, _argv = ahead[int(failed.get("index") or 0)]
+            self._deferred_failed(cmd, op, int(failed.get("rc") or -1), to_bytes(failed.get("stdout") or ""),
+                                  to_bytes(failed.get("stderr") or ""))
         self._show_moved("PUT", moved)
         if self._user is not None:
             # The agent writes as its own user: hand the file to the task's user, as a put over SSH would.

@@ -480,15 +480,19 @@ def test_tmp_dir_without_round_trips_keeps_cores_semantics(plane, sandbox, env, 
     assert "tmp" not in served and served.get("tmp_nowait") == 5, served
 
     failures = {}
-    for warm in ("true", "false"):
-        res = playbook_runner(TMP_DIR_FAILS, inv, dict(env, MICROVM_WARM_RUNNER=warm), extra_args=["-vvv"])
-        assert res.rc != 0 and "unreachable=1" in res.stdout, (warm, res)
+    # warm runner on: the mkdir fails with the stat module's request; without pipelining, with the put of the module;
+    # off: core runs its own command
+    for warm, pipelining in (("true", "true"), ("true", "false"), ("false", "true")):
+        res = playbook_runner(TMP_DIR_FAILS, inv, dict(env, MICROVM_WARM_RUNNER=warm, ANSIBLE_PIPELINING=pipelining),
+                              extra_args=["-vvv"])
+        assert res.rc != 0 and "unreachable=1" in res.stdout, (warm, pipelining, res)
         assert ("WARM RUNNER will make the task tmp dir" in res.stdout) == (warm == "true"), (warm, warm_lines(res))
+        assert ("mkdtemp ahead of the put" in res.stdout) == (pipelining == "false"), (pipelining, warm_lines(res))
         found = re.search(r"(Failed to create temporary directory\..*?exited with result \d+)", res.stdout)
-        assert found, (warm, res.stdout)
-        failures[warm] = re.sub(r"ansible-tmp-[0-9.]+-\d+-\d+", "ansible-tmp-N", found.group(1))
-    assert failures["true"] == failures["false"], failures
-    assert "Failed command was: ( umask 77 && mkdir -p" in failures["true"], failures
+        assert found, (warm, pipelining, res.stdout)
+        failures[warm + pipelining] = re.sub(r"ansible-tmp-[0-9.]+-\d+-\d+", "ansible-tmp-N", found.group(1))
+    assert len(set(failures.values())) == 1, failures
+    assert "Failed command was: ( umask 77 && mkdir -p" in failures["truetrue"], failures
 
 
 COUNT_PAYLOAD = r'''
@@ -581,6 +585,8 @@ def test_a_deferred_chmod_keeps_cores_semantics(plane, sandbox, env, mux_dir, pl
                               extra_args=["-vvv", "-e", "p=%s" % pipelining])
         assert res.rc == 0 and "failed=0" in res.stdout and "ignored=1" in res.stdout, (pipelining, res)
         assert (", after chmod" in res.stdout) == (pipelining == "true"), (pipelining, warm_lines(res))
+        # the script's put (and without pipelining every module's) comes first: its tmp dir is made ahead of it
+        assert "WARM RUNNER will do mkdtemp ahead of the put, in its request" in res.stdout, (pipelining, warm_lines(res))
 
     res = playbook_runner(KEPT, inv, dict(env, ANSIBLE_KEEP_REMOTE_FILES="1"), workdir=str(tmp_path), extra_args=["-vvv"])
     assert res.rc == 0 and "failed=0" in res.stdout, res

@@ -10,11 +10,11 @@ whose stream is lost is reported as lost and never re-run; a worker that hangs u
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import queue
 import socket
 import threading
-import contextlib
-import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -213,7 +213,7 @@ def op_tmp(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> str:
 
 
 # -- requests nobody waits for ---------------------------------------------------------------------------
-UNAWAITED_STDERR_KEPT = 2000   # of a failed unawaited command's stderr, for the log and the next task's warning
+UNAWAITED_STDERR_KEPT = 2000   # of a tmp dir command's output run by the mux: only for a message
 UNAWAITED_TIMEOUT = 60         # seconds an unawaited tmp dir command may take in a shell (the agent stops it then)
 
 
@@ -254,6 +254,22 @@ def after_unawaited(link: SessionLink) -> None:
         link.unawaited_done.wait_for(lambda: link.unawaited == 0, timeout=UNAWAITED_TIMEOUT + DEADLINE_GRACE)
 
 
+def tmp_ahead(link: SessionLink, req: dict[str, Any]) -> dict[str, Any] | None:
+    """The task tmp dir commands the worker deferred to this request (`ahead`: [{"op": core_compat.tmp_op, "argv":
+    core's command}], a put's mkdtemp), done first, in order: by the warm runner, else in a shell. None when all
+    succeeded, else the first failure {"index", "rc", "stdout", "stderr"} (the request is then not done: the worker
+    fails the task in core's words)."""
+    for index, item in enumerate(req.get("ahead") or []):
+        try:
+            done = link.runners.any_alive().tmp(item["op"])
+            rc, stdout, stderr = int(done.get("rc") or 0), str(done.get("stdout") or ""), str(done.get("stderr") or "")
+        except errors.WarmRefused:  # nothing done (tmp_op): core's own command does it
+            rc, stdout, stderr = _run_quietly(link, [str(a) for a in item.get("argv") or []])
+        if rc != 0:
+            return {"index": index, "rc": rc, "stdout": stdout, "stderr": stderr}
+    return None
+
+
 def tmp_unawaited(link: SessionLink, req: dict[str, Any]) -> str:
     """A task tmp dir command its worker did not wait for (the rm at a task's end, agent.py _forget_rm): done by the
     warm runner, else in a shell (the worker's `argv`, core's own command). A failure goes to the log and to the
@@ -265,7 +281,7 @@ def tmp_unawaited(link: SessionLink, req: dict[str, Any]) -> str:
             done = link.runners.any_alive().tmp(req["tmp"])
             rc, stderr, how = int(done.get("rc") or 0), str(done.get("stderr") or ""), "tmp_nowait"
         except errors.WarmRefused:
-            rc, stderr = _run_quietly(link, [str(a) for a in req.get("argv") or []])
+            rc, _stdout, stderr = _run_quietly(link, [str(a) for a in req.get("argv") or []])
             how = "tmp_nowait_shell"
     except errors.SandboxError as e:
         rc, stderr, how = -1, str(e), "tmp_nowait_failed"
@@ -278,19 +294,20 @@ def tmp_unawaited(link: SessionLink, req: dict[str, Any]) -> str:
     return how
 
 
-def _run_quietly(link: SessionLink, argv: list[str]) -> tuple[int, str]:
-    """(rc, the tail of stderr) of a command run as the agent's user, its stdout dropped."""
+def _run_quietly(link: SessionLink, argv: list[str]) -> tuple[int, str, str]:
+    """(rc, stdout, stderr) of a task tmp dir command run as the agent's user, the tail of each (a few lines at most:
+    they only go into a message), shown escaped."""
     if not argv:
-        return -1, "no command to run"
+        return -1, "", "no command to run"
     call, feed = link.client.exec_stream(argv, env={}, workdir="", timeout=UNAWAITED_TIMEOUT, stdin=b"",
                                          deadline=UNAWAITED_TIMEOUT + DEADLINE_GRACE)
-    stderr, rc = b"", -1
+    kept, rc = {"stdout": b"", "stderr": b""}, -1
     for kind, data in link.client.iter_exec(call, feed):
-        if kind == "stderr":
-            stderr = (stderr + data[-UNAWAITED_STDERR_KEPT:])[-UNAWAITED_STDERR_KEPT:]
+        if kind in kept:
+            kept[kind] = (kept[kind] + data[-UNAWAITED_STDERR_KEPT:])[-UNAWAITED_STDERR_KEPT:]
         elif kind == "exit":
             rc = int(data.exit_code)
-    return rc, shown(stderr, text=True)
+    return rc, shown(kept["stdout"], text=True), shown(kept["stderr"], text=True)
 
 
 def take_tmp_warnings(link: SessionLink) -> list[str]:

@@ -32,6 +32,8 @@ the socket is reachable only by its user), then sends one request at a time:
 
     worker -> REQUEST {"op": "put" | "fetch" | "put_archive", ...}
     mux    -> ACK, RESULT or ERROR
+              (version 6: a put's "ahead", [{"op": tmp op, "argv": core's command}], done first; the first that
+              fails is answered RESULT {"ahead_failed": {"index", "rc", "stdout", "stderr"}}, nothing written)
 
     worker -> REQUEST {"op": "hello"}                 (no attach needed)
     mux    -> ACK, RESULT {"pid", "version", "sessions", "served": {how: count}, "served_by_session": {id: {...}}}

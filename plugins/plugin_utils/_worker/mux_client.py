@@ -462,7 +462,11 @@ class MuxClient:
             return False
         return True
 
-    def put(self, local: str, remote: str, run: dict[str, Any] | None = None) -> dict[str, Any]:
+    def put(self, local: str, remote: str, run: dict[str, Any] | None = None,
+            ahead: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """A put; `ahead`: task tmp dir commands ({"op", "argv"}) the mux does first (a failure: {"ahead_failed"})."""
+        if ahead:
+            return self.request("put", local=os.path.abspath(local), remote=remote, run=run, ahead=ahead)
         return self.request("put", local=os.path.abspath(local), remote=remote, run=run)
 
     def put_archive(self, local: str, remote: str) -> dict[str, Any]:

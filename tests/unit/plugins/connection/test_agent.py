@@ -116,10 +116,11 @@ class FakeMux:
             kw["interact"](self.result[1], self.result[2])
         return self.result
 
-    def put(self, local, remote, run=None):
-        self.calls.append(("put", local, remote))
+    def put(self, local, remote, run=None, ahead=None):
+        self.calls.append(("put", local, remote) + ((ahead,) if ahead else ()))
         if self.error:
             raise self.error
+        return getattr(self, "put_result", None)
 
     def fetch(self, remote, local, run=None):
         self.calls.append(("fetch", remote, local))
@@ -553,6 +554,9 @@ def test_a_deferred_chmod_runs_before_anything_else(conn, tmp_path, then):
      "fetch": lambda: conn.fetch_file("/workspace/f", str(tmp_path / "g")),
      "cold command": lambda: conn.exec_command("echo hi"),
      "close": conn.close}[then]()
+    if then == "put":  # the mux does it ahead of the put, in its request
+        assert len(mux.calls) == 1 and [item["op"]["op"] for item in mux.calls[0][3]] == ["chmod"], mux.calls
+        return
     assert mux.calls[0] == ("tmp", "chmod") and len(mux.calls) == (1 if then == "close" else 2), mux.calls
 
 
@@ -595,16 +599,37 @@ def test_a_mkdtemp_is_answered_at_once_and_made_with_the_next_module(conn):
     assert mux.calls[1] == ("tmp_unawaited", "rm", ["/bin/sh", "-c", rm])
 
 
-@pytest.mark.parametrize("then", ["put", "cold command", "close"])
+@pytest.mark.parametrize("then", ["cold command", "close"])
 def test_a_deferred_mkdtemp_is_made_before_anything_else(conn, tmp_path, then):
     mux = WarmMux()
     connected(conn, mux)
     conn.exec_command(mkdtemp_cmd(conn), sudoable=False)
-    (tmp_path / "f").write_text("x")
-    {"put": lambda: conn.put_file(str(tmp_path / "f"), "/workspace/f"),
-     "cold command": lambda: conn.exec_command("echo hi"),
-     "close": conn.close}[then]()
+    {"cold command": lambda: conn.exec_command("echo hi"), "close": conn.close}[then]()
     assert mux.calls[0] == ("tmp", "mkdtemp"), mux.calls
+
+
+def test_a_deferred_mkdtemp_goes_with_the_put(conn, tmp_path):
+    """The put that comes first (pipelining off, a script) has the mux make the dir before it writes."""
+    mux = WarmMux()
+    connected(conn, mux)
+    cmd = mkdtemp_cmd(conn)
+    conn.exec_command(cmd, sudoable=False)
+    (tmp_path / "f").write_text("x")
+    conn.put_file(str(tmp_path / "f"), "/workspace/f")
+    assert len(mux.calls) == 1 and mux.calls[0][:3] == ("put", str(tmp_path / "f"), "/workspace/f"), mux.calls
+    assert [item["op"]["op"] for item in mux.calls[0][3]] == ["mkdtemp"]
+    assert mux.calls[0][3][0]["argv"] == ["/bin/sh", "-c", cmd] and conn._deferred == []
+
+
+def test_a_deferred_mkdtemp_that_fails_with_the_put_fails_the_task_in_cores_words(conn, tmp_path):
+    mux = WarmMux()
+    mux.put_result = {"ahead_failed": {"index": 0, "rc": 1, "stdout": "", "stderr": "mkdir: Not a directory"}}
+    connected(conn, mux)
+    cmd = mkdtemp_cmd(conn)
+    conn.exec_command(cmd, sudoable=False)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(AnsibleConnectionFailure, match="Failed to create temporary directory"):
+        conn.put_file(str(tmp_path / "f"), "/workspace/f")
 
 
 def test_a_tmp_dir_never_used_is_neither_made_nor_removed(conn):
