@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import exec_ops
@@ -322,7 +322,8 @@ class MuxServer:
                 with self.lock:
                     self.last_activity = time.monotonic()
                 # a "nowait" request is answered with nothing at all (frames.py): its worker may be gone already
-                out = exec_ops.Unanswered(conn) if isinstance(req, dict) and req.get("nowait") else conn
+                # (a stand-in for the socket: it has every method the ops use)
+                out = cast(socket.socket, exec_ops.Unanswered(conn)) if isinstance(req, dict) and req.get("nowait") else conn
                 if out is conn:
                     mp.send_frame(conn, mp.ACK)
                 try:
