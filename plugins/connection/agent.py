@@ -363,7 +363,7 @@ EXAMPLES = r"""
 import os  # noqa: E402
 import posixpath  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from typing import TYPE_CHECKING, Any, TypeVar  # noqa: E402
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar  # noqa: E402
 
 from ansible import constants as C  # noqa: E402
 from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound  # noqa: E402
@@ -882,7 +882,7 @@ class Connection(ConnectionBase):
                     host=self._session())
         return taken
 
-    def _deferred_failed(self, cmd: str, op: dict[str, Any], rc: int, out: bytes, err: bytes) -> None:
+    def _deferred_failed(self, cmd: str, op: dict[str, Any], rc: int, out: bytes, err: bytes) -> NoReturn:
         """A deferred tmp dir command failed: the task fails here, in core's words for it."""
         self._deferred.clear()
         if op["op"] == "mkdtemp":  # core names its own command, before the connection wrapped it in a shell

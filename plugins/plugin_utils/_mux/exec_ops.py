@@ -262,7 +262,8 @@ def tmp_ahead(link: SessionLink, req: dict[str, Any]) -> dict[str, Any] | None:
     for index, item in enumerate(req.get("ahead") or []):
         try:
             done = link.runners.any_alive().tmp(item["op"])
-            rc, stdout, stderr = int(done.get("rc") or 0), str(done.get("stdout") or ""), str(done.get("stderr") or "")
+            rc, stdout, stderr = (int(done.get("rc") or 0), shown(str(done.get("stdout") or "")[-UNAWAITED_STDERR_KEPT:], text=True),
+                                  shown(str(done.get("stderr") or "")[-UNAWAITED_STDERR_KEPT:], text=True))
         except errors.WarmRefused:  # nothing done (tmp_op): core's own command does it
             rc, stdout, stderr = _run_quietly(link, [str(a) for a in item.get("argv") or []])
         if rc != 0:
@@ -279,7 +280,7 @@ def tmp_unawaited(link: SessionLink, req: dict[str, Any]) -> str:
         link.runs.ensure(req.get("run"))
         try:
             done = link.runners.any_alive().tmp(req["tmp"])
-            rc, stderr, how = int(done.get("rc") or 0), str(done.get("stderr") or ""), "tmp_nowait"
+            rc, stderr, how = int(done.get("rc") or 0), shown(str(done.get("stderr") or ""), text=True), "tmp_nowait"
         except errors.WarmRefused:
             rc, _stdout, stderr = _run_quietly(link, [str(a) for a in req.get("argv") or []])
             how = "tmp_nowait_shell"
