@@ -665,3 +665,19 @@ def test_no_mkdtemp_or_rm_is_deferred_with_become(conn):
     conn.exec_command(conn._shell.remove("/workspace/.scratch/ansible-tmp/ansible-tmp-1.5-77-88/", recurse=True),
                       sudoable=False)
     assert [c[0] for c in mux.calls] == ["exec", "exec"] and conn._deferred == []
+
+
+def test_an_earlier_tasks_failed_rm_is_a_warning_of_the_next_task(conn, monkeypatch):
+    """The mux keeps what an unawaited rm said when it failed; the session's next attach shows it, escaped."""
+    mux = FakeMux()
+    mux.attached = {"road": "agent", "version": mp.PROTOCOL_VERSION,
+                    "tmp_warnings": ["Error deleting remote temporary files (rc: 1, stderr: rm: busy\x1b[2J})"]}
+    mux.connect = lambda: mux
+    conn.set_option("api_token", "t")
+    monkeypatch.setattr("ansible_collections.microvm.sandbox.plugins.connection.agent.MuxClient", lambda *a, **k: mux)
+    shown_warnings = []
+    monkeypatch.setattr("ansible_collections.microvm.sandbox.plugins.connection.agent.display.warning",
+                        lambda msg, *a, **k: shown_warnings.append(msg))
+    conn._connect()
+    assert len(shown_warnings) == 1 and "an earlier task's tmp dir: Error deleting remote temporary files (rc: 1" \
+        in shown_warnings[0] and "\x1b" not in shown_warnings[0], shown_warnings
