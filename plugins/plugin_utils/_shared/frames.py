@@ -37,7 +37,7 @@ the socket is reachable only by its user), then sends one request at a time:
 
     worker -> REQUEST {"op": "hello"}                 (no attach needed)
     mux    -> ACK, RESULT {"pid", "version", "sessions", "served": {how: count}, "served_by_session": {id: {...}}}
-              where `how` is what each op was served as: "exec", "warm", "warm_refused", "tmp", "put", ...
+              where `how` is what each op was served as: "exec", "warm", "warm_refused", "tmp", "tmp_nowait", "put", ...
 
     worker -> REQUEST {"op": "reset", "key": <session key>}   (meta: reset_connection; no attach needed)
     mux    -> ACK, RESULT {"reset": true|false}
