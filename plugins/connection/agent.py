@@ -380,7 +380,7 @@ EXAMPLES = r"""
 import os  # noqa: E402
 import posixpath  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from typing import TYPE_CHECKING, Any, TypeVar  # noqa: E402
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar  # noqa: E402
 
 from ansible import constants as C  # noqa: E402
 from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound  # noqa: E402
@@ -440,6 +440,13 @@ def remote_tmp_for(scratch_dir: str) -> str:
     return posixpath.join(scratch_dir, "ansible-tmp")
 
 
+def _tmp_op_paths(op: dict[str, Any]) -> list[str]:
+    """The guest paths a deferred tmp dir op (core_compat.tmp_op) acts on."""
+    if op["op"] == "mkdtemp":
+        return [posixpath.join(op["base"], op["name"])]
+    return [p.rstrip("/") for p in op.get("paths") or []]
+
+
 def become_error_message(reason: str, stdout: bytes, stderr: bytes, prompted: list[bool], become: Any = None) -> str:
     """Core's local connection's wording of a become failure, with what the become command printed.
 
@@ -470,8 +477,9 @@ class Connection(ConnectionBase):
         self._run: dict[str, Any] | None = None
         self._user: dict[str, str] | None = None  # the guest user commands run as, once looked up: None = the agent's own user
         self._su_prompts = False  # su was seen to need a password here: it goes straight to interactive stdin
-        # task tmp dir commands (a chmod of the files just put) left for the warm runner to do ahead of the next module,
-        # in its request: (the command, its core_compat.tmp_op); any other operation runs them first (_flush_deferred)
+        # task tmp dir commands (the task's mkdtemp, a chmod of the files just put) left for the warm runner to do ahead
+        # of the next module, in its request: (the command, its core_compat.tmp_op); any other operation runs them first
+        # (_flush_deferred)
         self._deferred: list[tuple[str, dict[str, Any]]] = []
         self._flushing = False
         self._task_action = ""  # the task's action, from the shell's task keys (see _keeps_tmp)
@@ -606,6 +614,9 @@ class Connection(ConnectionBase):
         note = (self._mux_client.attached or {}).get("road_note")
         if note:  # transport auto's choice: the mux gives it to the first task of each run on this session
             display.v(to_text(note), host=session)
+        for warning in (self._mux_client.attached or {}).get("tmp_warnings") or []:  # an earlier task's unawaited rm
+            display.warning("microvm.sandbox.agent: session %s, an earlier task's tmp dir: %s"
+                            % (session, shown(to_text(warning), text=True)))
         self._user = self._lookup_user()
         return self
 
@@ -721,8 +732,10 @@ class Connection(ConnectionBase):
         timeout = int(self.get_option("command_timeout") or 0)
         stdin = to_bytes(in_data) if in_data else b""
         if self.get_option("warm_runner") and self._user is None:
-            if not stdin and not timeout and self.become is None and self._defer(argv, to_text(cmd)):
-                return 0, b"", b""
+            if not stdin and not timeout and self.become is None:
+                answered = self._defer(argv, to_text(cmd), run)
+                if answered is not None:
+                    return answered
             warm = self._exec_warm(argv, stdin, sudoable, timeout, run)
             if warm is not None:
                 return warm
@@ -820,38 +833,92 @@ class Connection(ConnectionBase):
             op["op"] for op in before) if before else ""), host=session)
         return rc, stdout, stderr
 
-    def _defer(self, argv: list[str], cmd: str) -> bool:
-        """Leave a task tmp dir chmod for the runner to do with the next module (core chmods the files it put
-        just before it runs the module that reads them): one exec less per task on the api road. True if deferred.
+    def _defer(self, argv: list[str], cmd: str, run: dict[str, Any]) -> tuple[int, bytes, bytes] | None:
+        """Answer a task tmp dir command now, as the shell would have, and have it done later without a round trip
+        of its own: (rc, stdout, stderr), or None to run it as usual.
 
-        Only what the runner does as a tmp op (so never with become: core's chmod/setfacl/chown dance runs as
-        today); every other operation of the connection runs it first, and so does close.
+        mkdtemp: answered with the path core asked for; the runner makes it with the next module, in its request,
+        or the first other operation runs it first (_flush_deferred), a failure in core's words. chmod (core chmods
+        the files it put just before the module that reads them): the same. rm (the task's end): sent to the mux,
+        which does it unawaited (_forget_rm). Only what the runner does as a tmp op, so never with become (core's
+        chmod/setfacl/chown dance runs as today); every other operation of the connection runs them first, and so
+        does close.
         """
-        if self._flushing or (self._attached().attached or {}).get("version", 0) < mp.TMP_OP_VERSION:
-            return False
+        version = (self._attached().attached or {}).get("version", 0)
+        if self._flushing or version < mp.TMP_OP_VERSION:
+            return None
         op = core_compat.tmp_op(self._shell, argv)
-        if op is None or op["op"] != "chmod":
-            return False
+        if op is None:
+            return None
+        if op["op"] == "rm":
+            return self._forget_rm(argv, op, run) if version >= mp.NOWAIT_VERSION else None
+        if op["op"] == "mkdtemp":
+            if version < mp.NOWAIT_VERSION:
+                return None
+            self._deferred.append((cmd, op))
+            display.vvv("WARM RUNNER will make the task tmp dir with the next request that needs it", host=self._session())
+            return 0, core_compat.mkdtemp_stdout(op), b""
         self._deferred.append((cmd, op))
         display.vvv("WARM RUNNER will do chmod ahead of the next module, in its request", host=self._session())
-        return True
+        return 0, b"", b""
+
+    def _forget_rm(self, argv: list[str], op: dict[str, Any], run: dict[str, Any]) -> tuple[int, bytes, bytes] | None:
+        """The task tmp dir's rm, not waited for: the mux does it after everything this connection sent before.
+
+        A dir whose mkdtemp is still deferred was never made: both are dropped, with the chmods inside it. A failed rm
+        is in the mux log and shown as a warning by the session's next task (not by this one, as core would).
+        """
+        gone = op["path"].rstrip("/")
+        inside = [(c, o) for c, o in self._deferred if _tmp_op_paths(o) and all(
+            p == gone or p.startswith(gone + "/") for p in _tmp_op_paths(o))]
+        self._deferred = [d for d in self._deferred if d not in inside]  # what they would change is removed now
+        if any(o["op"] == "mkdtemp" for _c, o in inside):
+            display.vvv("WARM RUNNER dropped the task tmp dir it was to make: nothing used it", host=self._session())
+            return 0, b"", b""
+        self._flush_deferred()  # anything else still to do comes first, as core ran it
+        if not self._attached().tmp_unawaited(op, argv, run=run):
+            return None
+        display.vvv("WARM RUNNER removes the task tmp dir after this task, unawaited", host=self._session())
+        return 0, b"", b""
 
     def _flush_deferred(self) -> None:
-        """Run the deferred chmods now, in order, as core would have run them: one that fails fails the task with
-        core's own words (ActionBase._fixup_perms2), before anything else is done."""
+        """Run the deferred tmp dir commands now, in order, as core would have run them: one that fails fails the task
+        with core's own words (ActionBase._make_tmp_path, _fixup_perms2), before anything else is done."""
         if self._flushing:
             return
         while self._deferred:
-            cmd, _op = self._deferred.pop(0)
+            cmd, op = self._deferred.pop(0)
             self._flushing = True
             try:
-                rc, _out, err = self.exec_command(cmd, sudoable=False)
+                rc, out, err = self.exec_command(cmd, sudoable=False)
             finally:
                 self._flushing = False
             if rc != 0:
-                self._deferred.clear()
-                raise AnsibleError("Failed to set permissions on remote files (rc: %s, err: %s)"
-                                   % (rc, to_text(err, errors="surrogate_or_strict")))
+                self._deferred_failed(cmd, op, rc, out, err)
+
+    def _deferred_ahead(self) -> list[tuple[str, dict[str, Any], list[str]]]:
+        """The deferred tmp dir commands, taken for a request that has the mux do them first: (command, op, argv).
+        With a mux that cannot, they are run now, as _flush_deferred does."""
+        if not self._deferred or (self._attached().attached or {}).get("version", 0) < mp.NOWAIT_VERSION:
+            self._flush_deferred()
+            return []
+        executable = self._play_context.executable or "/bin/sh"
+        taken = [(cmd, op, command_argv(executable, cmd)) for cmd, op in self._deferred]
+        self._deferred.clear()
+        display.vvv("WARM RUNNER will do %s ahead of the put, in its request" % ", ".join(op["op"] for _c, op, _a in taken),
+                    host=self._session())
+        return taken
+
+    def _deferred_failed(self, cmd: str, op: dict[str, Any], rc: int, out: bytes, err: bytes) -> NoReturn:
+        """A deferred tmp dir command failed: the task fails here, in core's words for it."""
+        self._deferred.clear()
+        if op["op"] == "mkdtemp":  # core names its own command, before the connection wrapped it in a shell
+            script = core_compat.core_script(command_argv(self._play_context.executable or "/bin/sh", cmd))
+            raise AnsibleConnectionFailure(core_compat.mkdtemp_failure(
+                script or cmd, rc, to_text(out, errors="surrogate_or_strict"), to_text(err, errors="surrogate_or_strict"),
+                display.verbosity))
+        raise AnsibleError("Failed to set permissions on remote files (rc: %s, err: %s)"
+                           % (rc, to_text(err, errors="surrogate_or_strict")))
 
     def _exec_tmp_op(self, argv: list[str], run: dict[str, Any]) -> tuple[int, bytes, bytes] | None:
         """A task tmp dir command (mkdtemp, chmod, rm) done by the warm runner: (rc, stdout, stderr), or None."""
@@ -913,10 +980,17 @@ class Connection(ConnectionBase):
     def put_file(self, in_path: str, out_path: str) -> None:
         super().put_file(in_path, out_path)  # type: ignore[safe-super]  # connects (ensure_connect), see exec_command
         display.vvv("PUT %s TO %s" % (in_path, out_path), host=self._session())
-        self._flush_deferred()
         if not os.path.isfile(to_bytes(in_path, errors="surrogate_or_strict")):
+            self._flush_deferred()
             raise AnsibleFileNotFound("microvm.sandbox.agent: file or module does not exist: %s" % to_text(in_path))
-        moved = self._call("put_file", self._attached().put, to_text(in_path), to_text(out_path), run=self._run_info())
+        ahead = self._deferred_ahead()
+        moved = self._call("put_file", self._attached().put, to_text(in_path), to_text(out_path), run=self._run_info(),
+                           ahead=[{"op": op, "argv": argv} for _cmd, op, argv in ahead])
+        if isinstance(moved, dict) and isinstance(moved.get("ahead_failed"), dict):
+            failed = moved["ahead_failed"]
+            cmd, op, _argv = ahead[int(failed.get("index") or 0)]
+            self._deferred_failed(cmd, op, int(failed.get("rc") or -1), to_bytes(failed.get("stdout") or ""),
+                                  to_bytes(failed.get("stderr") or ""))
         self._show_moved("PUT", moved)
         if self._user is not None:
             # The agent writes as its own user: hand the file to the task's user, as a put over SSH would.

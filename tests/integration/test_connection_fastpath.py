@@ -4,7 +4,9 @@ and the runner itself driven locally with hand-made AnsiballZ-like payloads. On 
 import base64
 import io
 import json
+import re
 import struct
+import time
 import zipfile
 
 from microvm_warm_testing import LocalRunner
@@ -398,18 +400,99 @@ def test_every_task_is_served_warm(plane, sandbox, env, mux_dir, playbook_runner
     The mux counts how it served each request ("hello"); a core whose commands the connection no longer
     recognises (2.21 dropped ` && sleep 0`) shows up here as cold execs, failing this test.
     """
-    from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import pool_status
-
     res = playbook_runner(SERVED_WARM, inventory({"box": sandbox["name"]}), env, extra_args=["-vvv"])
     assert res.rc == 0 and "failed=0" in res.stdout, res
-    served = {}
-    for status in pool_status(mux_dir).values():
-        for how, count in status["served_by_session"].get(sandbox["session_id"], {}).items():
-            served[how] = served.get(how, 0) + count
-    # 3 commands + 2 (stat, copy) + 2 (stat, file) + ping; mkdtemp and rm twice; one put. The copy's chmod of the
-    # file it put goes with its module's request (agent.py _defer): a "tmp" of its own would make 5 here
-    assert served == {"warm": 8, "tmp": 4, "put": 1}, (served, warm_lines(res))
-    assert "WARM RUNNER ran the module with" in res.stdout and ", after chmod" in res.stdout, warm_lines(res)
+    # 3 commands + 2 (stat, copy) + 2 (stat, file) + ping; one put; the two rms, unawaited. No tmp dir command has a
+    # round trip of its own (agent.py _defer): each mkdtemp goes with the stat module's request, the copy's chmod of
+    # the file it put with the copy module's; a "tmp" here is one of them served alone
+    served = served_by_session(mux_dir, sandbox["session_id"], until=lambda s: s.get("tmp_nowait", 0) >= 2)
+    assert served == {"warm": 8, "put": 1, "tmp_nowait": 2}, (served, warm_lines(res))
+    assert res.stdout.count("WARM RUNNER ran the module with /usr/bin/python3 (rc 0), after mkdtemp\n") == 2, warm_lines(res)
+    assert ", after chmod" in res.stdout, warm_lines(res)
+    assert res.stdout.count("WARM RUNNER removes the task tmp dir after this task, unawaited") == 2, warm_lines(res)
+
+
+def served_by_session(mux_dir, session_id, until=lambda served: True):
+    """How the mux served this session's requests ("hello"), once `until` holds of it: an unawaited request is
+    counted when the mux has done it, which may be a moment after the playbook ended (bounded wait, then as is)."""
+    from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.mux_client import pool_status
+
+    for _attempt in range(100):
+        served = {}
+        for status in pool_status(mux_dir).values():
+            for how, count in status["served_by_session"].get(session_id, {}).items():
+                served[how] = served.get(how, 0) + count
+        if until(served):
+            break
+        time.sleep(0.1)
+    return served
+
+
+TMP_DIR_SEMANTICS = r"""
+- hosts: sbx
+  gather_facts: false
+  vars:
+    tmp_root: /workspace/.scratch/ansible-tmp
+  tasks:
+    - name: check mode (stat only; the tmp dir made with it, then removed)
+      ansible.builtin.copy: {content: "check\n", dest: /workspace/tmp-sem-check.txt}
+      check_mode: true
+      register: checked
+    - name: a module that fails (the tmp dir made with its stat, then removed all the same)
+      ansible.builtin.copy: {content: "x\n", dest: /workspace/tmp-sem-missing/dir/x.txt}
+      register: broken
+      ignore_errors: true
+    - name: a loop (each item's rm goes unanswered; the requests after it stay in step)
+      ansible.builtin.copy: {content: "{{ item }}\n", dest: "/workspace/tmp-sem-{{ item }}.txt"}
+      loop: [a, b, c]
+      register: looped
+    - name: no tmp dir is left behind
+      ansible.builtin.find: {paths: "{{ tmp_root }}", patterns: "ansible-tmp-*", file_type: directory}
+      register: left
+    - ansible.builtin.stat: {path: /workspace/tmp-sem-check.txt}
+      register: never
+    - ansible.builtin.assert:
+        that:
+          - checked is changed and not never.stat.exists
+          - broken is failed and 'does not exist' in broken.msg
+          - left.matched == 0
+          - looped.results | map(attribute='changed') | list == [true, true, true]
+"""
+
+TMP_DIR_FAILS = r"""
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - ansible.builtin.command: touch /workspace/tmp-sem-file
+    - name: remote_tmp under a file (mkdir fails)
+      ansible.builtin.copy: {content: "x\n", dest: /workspace/tmp-sem-never.txt}
+      vars: {ansible_remote_tmp: /workspace/tmp-sem-file/tmp}
+"""
+
+
+def test_tmp_dir_without_round_trips_keeps_cores_semantics(plane, sandbox, env, mux_dir, playbook_runner):  # noqa: F811
+    """mkdtemp answered ahead and rm unawaited: check mode, a failing module, and a mkdir that fails, which fails
+    the task with core's own words (the same as with warm_runner off, where core runs its command itself)."""
+    inv = inventory({"box": sandbox["name"]})
+    res = playbook_runner(TMP_DIR_SEMANTICS, inv, env, extra_args=["-vvv"])
+    assert res.rc == 0 and "failed=0" in res.stdout and "ignored=1" in res.stdout, res
+    served = served_by_session(mux_dir, sandbox["session_id"], until=lambda s: s.get("tmp_nowait", 0) >= 5)
+    assert "tmp" not in served and served.get("tmp_nowait") == 5, served
+
+    failures = {}
+    # warm runner on: the mkdir fails with the stat module's request; without pipelining, with the put of the module;
+    # off: core runs its own command
+    for warm, pipelining in (("true", "true"), ("true", "false"), ("false", "true")):
+        res = playbook_runner(TMP_DIR_FAILS, inv, dict(env, MICROVM_WARM_RUNNER=warm, ANSIBLE_PIPELINING=pipelining),
+                              extra_args=["-vvv"])
+        assert res.rc != 0 and "unreachable=1" in res.stdout, (warm, pipelining, res)
+        assert ("WARM RUNNER will make the task tmp dir" in res.stdout) == (warm == "true"), (warm, warm_lines(res))
+        assert ("mkdtemp ahead of the put" in res.stdout) == (pipelining == "false"), (pipelining, warm_lines(res))
+        found = re.search(r"(Failed to create temporary directory\..*?exited with result \d+)", res.stdout)
+        assert found, (warm, pipelining, res.stdout)
+        failures[warm + pipelining] = re.sub(r"ansible-tmp-[0-9.]+-\d+-\d+", "ansible-tmp-N", found.group(1))
+    assert len(set(failures.values())) == 1, failures
+    assert "Failed command was: ( umask 77 && mkdir -p" in failures["truetrue"], failures
 
 
 def test_a_later_run_takes_its_payloads_from_the_cache(plane, sandbox, env, playbook_runner, tmp_path):  # noqa: F811
@@ -516,6 +599,8 @@ def test_a_deferred_chmod_keeps_cores_semantics(plane, sandbox, env, mux_dir, pl
                               extra_args=["-vvv", "-e", "p=%s" % pipelining])
         assert res.rc == 0 and "failed=0" in res.stdout and "ignored=1" in res.stdout, (pipelining, res)
         assert (", after chmod" in res.stdout) == (pipelining == "true"), (pipelining, warm_lines(res))
+        # the script's put (and without pipelining every module's) comes first: its tmp dir is made ahead of it
+        assert "WARM RUNNER will do mkdtemp ahead of the put, in its request" in res.stdout, (pipelining, warm_lines(res))
 
     res = playbook_runner(KEPT, inv, dict(env, ANSIBLE_KEEP_REMOTE_FILES="1"), workdir=str(tmp_path), extra_args=["-vvv"])
     assert res.rc == 0 and "failed=0" in res.stdout, res

@@ -374,8 +374,11 @@ class Runner:
         return self.verified_zip(zip_b64, zip_bytes)
 
     # -- running ---------------------------------------------------------------------
-    def run(self, rid: int, env: "Dict[str, str]", split: "Optional[Tuple[bytes, str]]") -> None:
-        """Run a payload given as split_payload's (source, zip base64), or refuse it (None: not a module)."""
+    def run(self, rid: int, env: "Dict[str, str]", split: "Optional[Tuple[bytes, str]]", before: "List[Any]") -> None:
+        """Run a payload given as split_payload's (source, zip base64), or refuse it (None: not a module).
+
+        The task tmp dir ops in `before` are done once the payload is known to run here, so a refused payload
+        leaves them all undone (a mkdtemp among them is not idempotent: the worker then runs them in a shell)."""
         zip_path = None
         try:
             reason, zip_path = self.refusal(env, split[1] if split else None)
@@ -383,6 +386,8 @@ class Runner:
             reason = "cannot inspect the payload: %s: %s" % (type(e).__name__, e)
         if reason:
             self.send(rid, REFUSE, {"reason": reason})
+            return
+        if not self.before(rid, before):
             return
         wrapper = self.wrappers.split(split[0])  # type: ignore[index]  # not refused: split is set
         out_r, out_w = os.pipe()
@@ -577,9 +582,9 @@ class Runner:
             rest = body[4 + jlen:]
             if kind == RUNREF and req.get("zip") not in self.verified:
                 self.send(rid, MISS)
-            elif self.before(rid, req.get("before") or []):
+            else:
                 self.run(rid, req.get("env") or {}, split_payload(rest, self.core) if kind == RUN
-                         else (rest, self.verified[req["zip"]][2]))
+                         else (rest, self.verified[req["zip"]][2]), req.get("before") or [])
         elif kind == KILL:
             self.kill(rid)
         elif kind == TMP:
@@ -647,9 +652,11 @@ class Runner:
         self.send(rid, DONE, {"rc": 0, "stdout": done, "stderr": ""})
 
     def before(self, rid: int, ops: "List[Any]") -> bool:
-        """The task tmp dir commands the worker deferred to its module's request (chmod of the files it put), done
-        first; False (REFUSE sent, the module not started) if one cannot be: the worker then runs them in a shell,
-        which reports their real error, and the module cold. Each is safe to run again (see tmp_op)."""
+        """The task tmp dir commands the worker deferred to its module's request (the task's mkdtemp, the chmod of
+        the files it put), done first; False (REFUSE sent, the module not started) if one cannot be: the worker then
+        runs them in a shell, which reports their real error, and the module cold. A chmod is safe to run again, and
+        a mkdtemp comes alone or first (a put needs its dir, so it is never deferred past one): one that refuses
+        made nothing (see tmp_op)."""
         for op in ops:
             try:
                 done = TMP_OPS[op.get("op")](self.core, op)

@@ -10,16 +10,22 @@ whose stream is lost is reported as lost and never re-run; a worker that hangs u
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import queue
 import socket
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.untrusted import shown
 
 if TYPE_CHECKING:  # imported for its name only: session_link imports nothing from here, but keep it one-way
     from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link import SessionLink
+
+log = logging.getLogger("microvm.mux")
 
 DEADLINE_GRACE = 30.0          # client deadline beyond the agent's own command timeout
 
@@ -177,9 +183,12 @@ def op_tmp(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> str:
 
     Answers EXIT with the command's output, or ERR_WARM (nothing to undo: the worker runs the command
     in a shell); a runner lost under it is a lost command. Like every stream op, the worker's (empty)
-    stdin is read up to its STDIN_EOF first.
+    stdin is read up to its STDIN_EOF first. A "nowait" one (the rm at a task's end) is answered with
+    nothing: see tmp_unawaited.
     """
     drain_stdin(conn)
+    if req.get("nowait"):
+        return tmp_unawaited(link, req)
     try:
         link.ensure_ready()
         link.runs.ensure(req.get("run"))
@@ -201,3 +210,112 @@ def op_tmp(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> str:
         mp.send_frame(conn, mp.STDERR, done["stderr"].encode("utf-8", "surrogateescape"))
     mp.send_frame(conn, mp.EXIT, {"rc": int(done.get("rc") or 0), "timed_out": False, "warm": True})
     return "tmp"
+
+
+# -- requests nobody waits for ---------------------------------------------------------------------------
+UNAWAITED_STDERR_KEPT = 2000   # of a tmp dir command's output run by the mux: only for a message
+UNAWAITED_TIMEOUT = 60         # seconds an unawaited tmp dir command may take in a shell (the agent stops it then)
+
+
+class Unanswered:
+    """A worker connection whose current request gets no answer (frames.py "nowait"): reads go to the
+    connection, every frame sent is dropped, so the connection stays in step whatever the op would have said."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+
+    def sendall(self, data: Any) -> None:
+        return None
+
+    def send(self, data: Any) -> int:
+        return len(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+
+@contextlib.contextmanager
+def unawaited(link: SessionLink) -> Iterator[None]:
+    """Serve an unanswered request: the session's requests that come after it wait until it is done
+    (after_unawaited), so a later task finds its predecessor's tmp dir removed, as with core's awaited rm."""
+    with link.unawaited_done:
+        link.unawaited += 1
+    try:
+        yield
+    finally:
+        with link.unawaited_done:
+            link.unawaited -= 1
+            link.unawaited_done.notify_all()
+
+
+def after_unawaited(link: SessionLink) -> None:
+    """Wait for the session's unanswered requests in progress (bounded: each is, by UNAWAITED_TIMEOUT)."""
+    with link.unawaited_done:
+        link.unawaited_done.wait_for(lambda: link.unawaited == 0, timeout=UNAWAITED_TIMEOUT + DEADLINE_GRACE)
+
+
+def tmp_ahead(link: SessionLink, req: dict[str, Any]) -> dict[str, Any] | None:
+    """The task tmp dir commands the worker deferred to this request (`ahead`: [{"op": core_compat.tmp_op, "argv":
+    core's command}], a put's mkdtemp), done first, in order: by the warm runner, else in a shell. None when all
+    succeeded, else the first failure {"index", "rc", "stdout", "stderr"} (the request is then not done: the worker
+    fails the task in core's words)."""
+    for index, item in enumerate(req.get("ahead") or []):
+        try:
+            done = link.runners.any_alive().tmp(item["op"])
+            rc, stdout, stderr = (int(done.get("rc") or 0), shown(str(done.get("stdout") or "")[-UNAWAITED_STDERR_KEPT:], text=True),
+                                  shown(str(done.get("stderr") or "")[-UNAWAITED_STDERR_KEPT:], text=True))
+        except errors.WarmRefused:  # nothing done (tmp_op): core's own command does it
+            rc, stdout, stderr = _run_quietly(link, [str(a) for a in item.get("argv") or []])
+        if rc != 0:
+            return {"index": index, "rc": rc, "stdout": stdout, "stderr": stderr}
+    return None
+
+
+def tmp_unawaited(link: SessionLink, req: dict[str, Any]) -> str:
+    """A task tmp dir command its worker did not wait for (the rm at a task's end, agent.py _forget_rm): done by the
+    warm runner, else in a shell (the worker's `argv`, core's own command). A failure goes to the log and to the
+    session's next attach (take_tmp_warnings), in core's words for a failed rm. Returns how it was served."""
+    try:
+        link.ensure_ready()
+        link.runs.ensure(req.get("run"))
+        try:
+            done = link.runners.any_alive().tmp(req["tmp"])
+            rc, stderr, how = int(done.get("rc") or 0), shown(str(done.get("stderr") or ""), text=True), "tmp_nowait"
+        except errors.WarmRefused:
+            rc, _stdout, stderr = _run_quietly(link, [str(a) for a in req.get("argv") or []])
+            how = "tmp_nowait_shell"
+    except errors.SandboxError as e:
+        rc, stderr, how = -1, str(e), "tmp_nowait_failed"
+    if rc != 0:
+        # core's words (ActionBase._remove_tmp_path), which it shows as a warning of the task itself
+        warning = ("Error deleting remote temporary files (rc: %s, stderr: %s})" % (rc, stderr[-UNAWAITED_STDERR_KEPT:]))
+        log.warning("session %s: %s", link.label, warning)
+        link.tmp_warnings.append(warning)
+        return "tmp_nowait_failed"
+    return how
+
+
+def _run_quietly(link: SessionLink, argv: list[str]) -> tuple[int, str, str]:
+    """(rc, stdout, stderr) of a task tmp dir command run as the agent's user, the tail of each (a few lines at most:
+    they only go into a message), shown escaped."""
+    if not argv:
+        return -1, "", "no command to run"
+    call, feed = link.client.exec_stream(argv, env={}, workdir="", timeout=UNAWAITED_TIMEOUT, stdin=b"",
+                                         deadline=UNAWAITED_TIMEOUT + DEADLINE_GRACE)
+    kept, rc = {"stdout": b"", "stderr": b""}, -1
+    for kind, data in link.client.iter_exec(call, feed):
+        if kind in kept:
+            kept[kind] = (kept[kind] + data[-UNAWAITED_STDERR_KEPT:])[-UNAWAITED_STDERR_KEPT:]
+        elif kind == "exit":
+            rc = int(data.exit_code)
+    return rc, shown(kept["stdout"], text=True), shown(kept["stderr"], text=True)
+
+
+def take_tmp_warnings(link: SessionLink) -> list[str]:
+    """The unawaited tmp dir failures of this session not yet shown, for the attach that shows them."""
+    taken = []
+    while True:
+        try:
+            taken.append(link.tmp_warnings.popleft())
+        except IndexError:
+            return taken

@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import exec_ops
@@ -321,9 +321,13 @@ class MuxServer:
                     return
                 with self.lock:
                     self.last_activity = time.monotonic()
-                mp.send_frame(conn, mp.ACK)
+                # a "nowait" request is answered with nothing at all (frames.py): its worker may be gone already
+                # (a stand-in for the socket: it has every method the ops use)
+                out = cast(socket.socket, exec_ops.Unanswered(conn)) if isinstance(req, dict) and req.get("nowait") else conn
+                if out is conn:
+                    mp.send_frame(conn, mp.ACK)
                 try:
-                    result = self.dispatch(conn, req, link)
+                    result = self.dispatch(out, req, link)
                 finally:
                     self.requests_done += 1
                     self.poke()  # the link's idle deadline moved; a new run or link may need watching
@@ -356,7 +360,8 @@ class MuxServer:
             # road: the api road takes sudo's password up front; road_note: what `auto` chose, once per run (-v)
             mp.send_frame(conn, mp.RESULT, {"pid": os.getpid(), "session_id": link.session_id, "label": link.label,
                                             "generation": link.generation, "version": mp.PROTOCOL_VERSION,
-                                            "road": link.road, "road_note": link.road_note(str(req.get("run") or ""))})
+                                            "road": link.road, "road_note": link.road_note(str(req.get("run") or "")),
+                                            "tmp_warnings": exec_ops.take_tmp_warnings(link)})
             return link
         if op == "hello":
             with self.lock:
@@ -393,7 +398,12 @@ class MuxServer:
                     return None
             try:
                 with link.in_use():
-                    self.run_op(op, link, conn, req)
+                    if req.get("nowait"):
+                        with exec_ops.unawaited(link):
+                            self.run_op(op, link, conn, req)
+                    else:
+                        exec_ops.after_unawaited(link)  # an earlier task's rm, say, is done first
+                        self.run_op(op, link, conn, req)
                 return link
             except LinkClosed:
                 continue  # nothing was sent for this request yet

@@ -11,6 +11,7 @@ session's trouble (deleted, paused, cut) stays in its own link.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import shutil
@@ -42,6 +43,7 @@ SESSION_CHECK_INTERVAL = 10.0  # REST check that the session still exists
 # (agent_client.CHANNEL_OPTIONS), so a refusal is the answer 2-4 s after the session is seen usable, not connect_timeout.
 REFUSAL_GRACE_SECONDS = 2.0
 NOTED_RUNS = 64                # runs a link remembers having told which road `auto` chose (road_note)
+TMP_WARNINGS_KEPT = 8          # unawaited tmp dir rm failures a link keeps for the next attach (older ones: log only)
 RoadClient = ac.AgentClient | api_road.ApiRoadClient    # one road's client: the same methods on both
 Runners = module_runners.ModuleRunners
 
@@ -106,6 +108,11 @@ class SessionLink:
         self.maintaining = False          # a watch pass of this link is running
         self.maintained_at = 0.0          # when the last one started
         self.on_close = on_close          # the mux's watch thread is told (it sleeps until something is due)
+        # task tmp dir rms that failed unawaited (exec_ops.op_tmp "nowait"): the next attach of this session shows them
+        self.tmp_warnings: collections.deque[str] = collections.deque(maxlen=TMP_WARNINGS_KEPT)
+        # requests being served unanswered ("nowait"): the session's next requests wait for them (exec_ops.Unawaited)
+        self.unawaited = 0
+        self.unawaited_done = threading.Condition()
 
     def __repr__(self) -> str:
         return "SessionLink(%r, generation=%d)" % (self.label, self.generation)

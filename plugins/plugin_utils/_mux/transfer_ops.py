@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import exec_ops
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.session_link import RC_DENIED, RC_NOT_FOUND, SessionLink
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 
@@ -64,10 +65,17 @@ def _stage_dir(link: SessionLink, req: dict[str, Any], remote: str) -> str:
 
 
 def op_put(link: SessionLink, req: dict[str, Any]) -> dict[str, Any]:
+    """A put, after the task tmp dir commands deferred to it (`ahead`: the task's mkdtemp, so its dir exists when the
+    file is written); one that fails is answered {"ahead_failed": ...} and nothing is written."""
     local, remote = req["local"], _guest_path(req["remote"])
     if not os.path.isfile(local):
         raise errors.NotFound("local file %s to upload does not exist" % local)
     link.ensure_ready()
+    if req.get("ahead"):
+        link.runs.ensure(req.get("run"))
+        failed = exec_ops.tmp_ahead(link, req)
+        if failed is not None:
+            return {"ahead_failed": failed}
     if profile.is_within(remote):
         try:
             with _controller_file(local):

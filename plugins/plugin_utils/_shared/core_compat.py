@@ -45,6 +45,9 @@ A10 Core builds a Python module's payload with `module_common.recursive_finder(n
    (no tag: made by core), and returns a `metadata_versions` dataclass: _worker/payload_cache.py keeps those
    entries across runs and writes them back, checked against their files.
                                              -> test_a10_payloads_are_kept_across_runs and the other test_a10_*
+A11 A failed mkdtemp fails the task with ActionBase._make_tmp_path's words (an AnsibleConnectionFailure, so the
+   host is UNREACHABLE), which the connection repeats when the mkdtemp it answered ahead is made later and fails
+   (mkdtemp_failure).                                        -> test_a11_mkdtemp_failure_in_cores_words
 
 Only the standard library and ansible-core (imported lazily) are used: this runs in every task's worker.
 """
@@ -260,6 +263,11 @@ def _mkdtemp_op(shell: Any, script: str) -> dict[str, Any] | None:
     return {"op": "mkdtemp", "base": base, "name": name, "mode": mode}
 
 
+def mkdtemp_stdout(op: dict[str, Any]) -> bytes:
+    """What core's mkdtemp command prints when it made the dir (`echo NAME=PATH`), for an op of _mkdtemp_op."""
+    return ("%s=%s\n" % (op["name"], posixpath.join(op["base"], op["name"]))).encode("utf-8")
+
+
 def _chmod_op(shell: Any, script: str) -> dict[str, Any] | None:
     words = shlex.split(script)
     if len(words) < 3 or not CHMOD_MODE.match(words[1]):
@@ -280,6 +288,26 @@ def _rm_op(shell: Any, script: str) -> dict[str, Any] | None:
     if shell.remove(path, recurse=True) != script:
         return None
     return {"op": "rm", "path": path}
+
+
+# -- A11: core's words for a failed mkdtemp --------------------------------------------------------------
+def mkdtemp_failure(command: str, rc: int, stdout: str, stderr: str, verbosity: int) -> str:
+    """The message ActionBase._make_tmp_path fails the task with when its mkdtemp command returned rc != 0
+    (its ssh-only branch left out: this is not the ssh connection)."""
+    if rc == 5:
+        output = "Authentication failure."
+    elif "No space left on device" in stderr:
+        output = stderr
+    else:
+        output = ("Failed to create temporary directory. "
+                  "In some cases, you may have been able to authenticate and did not have permissions on the target directory. "
+                  'Consider changing the remote tmp path in ansible.cfg to a path rooted in "/tmp", for more error information use -vvv. '
+                  "Failed command was: %s, exited with result %d" % (command, rc))
+    if stdout != "":
+        output += ", stdout output: %s" % stdout
+    if verbosity > 3 and stderr != "":
+        output += ", stderr output: %s" % stderr
+    return output
 
 
 # -- A8: this collection's compiled code, once per run -------------------------------------------------

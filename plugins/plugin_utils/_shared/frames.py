@@ -25,12 +25,19 @@ the socket is reachable only by its user), then sends one request at a time:
     worker -> REQUEST {"op": "tmp", "tmp": {...}, "run"}, STDIN_EOF   (a task tmp dir command, core_compat.tmp_op)
     mux    -> ACK, then STDOUT* / STDERR*, EXIT, or ERROR (kind warm_refused: run the command in a shell)
 
+    worker -> REQUEST {"op": "tmp", "tmp": {...}, "run", "nowait": true, "argv": [...]}, STDIN_EOF   (version 6)
+    mux    -> nothing at all, not even the ACK: the worker does not wait for it (a task tmp dir's rm at the task's
+              end). The mux serves it in order after the connection's earlier requests, in a shell (argv) when no
+              runner takes it, and logs a failure (the session's next attach shows it as "tmp_warnings").
+
     worker -> REQUEST {"op": "put" | "fetch" | "put_archive", ...}
     mux    -> ACK, RESULT or ERROR
+              (version 6: a put's "ahead", [{"op": tmp op, "argv": core's command}], done first; the first that
+              fails is answered RESULT {"ahead_failed": {"index", "rc", "stdout", "stderr"}}, nothing written)
 
     worker -> REQUEST {"op": "hello"}                 (no attach needed)
     mux    -> ACK, RESULT {"pid", "version", "sessions", "served": {how: count}, "served_by_session": {id: {...}}}
-              where `how` is what each op was served as: "exec", "warm", "warm_refused", "tmp", "put", ...
+              where `how` is what each op was served as: "exec", "warm", "warm_refused", "tmp", "tmp_nowait", "put", ...
 
     worker -> REQUEST {"op": "reset", "key": <session key>}   (meta: reset_connection; no attach needed)
     mux    -> ACK, RESULT {"reset": true|false}
@@ -53,9 +60,11 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import err
 
 # 3: the "tmp" op; a worker uses it only with a mux that says 3 or more. 4: muxes live in versioned dirs
 # (_shared/config.py process_dir): a worker only ever talks to a mux of its own protocol. 5: a "warm" request's
-# "before" (task tmp dir ops the runner does ahead of the module, in the same request).
-PROTOCOL_VERSION = 5
+# "before" (task tmp dir ops the runner does ahead of the module, in the same request). 6: a request with "nowait"
+# gets no answer at all (a task tmp dir's rm); the attach RESULT's "tmp_warnings".
+PROTOCOL_VERSION = 6
 TMP_OP_VERSION = 3
+NOWAIT_VERSION = 6
 
 HEADER = struct.Struct("!IB")
 MAX_FRAME = 64 * 1024 * 1024  # a worker never needs more; refuse garbage early

@@ -450,7 +450,23 @@ class MuxClient:
         request = {"op": "tmp", "tmp": op, "run": run}
         return self._retrying(lambda: self._exec_once(request, b"", None))
 
-    def put(self, local: str, remote: str, run: dict[str, Any] | None = None) -> dict[str, Any]:
+    def tmp_unawaited(self, op: dict[str, Any], argv: list[str], run: dict[str, Any] | None = None) -> bool:
+        """Send a task tmp dir command (core_compat.tmp_op) the mux does without answering (frames.py "nowait"):
+        by the warm runner, else `argv` in a shell, after this connection's earlier requests. False if it could
+        not be sent (then nothing was: the caller runs it the usual way)."""
+        request = {"op": "tmp", "tmp": op, "run": run, "nowait": True, "argv": list(argv)}
+        try:
+            sock = self.connect()._socket()
+            sock.sendall(mp.encode(mp.REQUEST, request) + mp.encode(mp.STDIN_EOF))
+        except (OSError, mp.NotAccepted, errors.SandboxError):
+            return False
+        return True
+
+    def put(self, local: str, remote: str, run: dict[str, Any] | None = None,
+            ahead: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """A put; `ahead`: task tmp dir commands ({"op", "argv"}) the mux does first (a failure: {"ahead_failed"})."""
+        if ahead:
+            return self.request("put", local=os.path.abspath(local), remote=remote, run=run, ahead=ahead)
         return self.request("put", local=os.path.abspath(local), remote=remote, run=run)
 
     def put_archive(self, local: str, remote: str) -> dict[str, Any]:

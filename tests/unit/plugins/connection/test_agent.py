@@ -116,10 +116,11 @@ class FakeMux:
             kw["interact"](self.result[1], self.result[2])
         return self.result
 
-    def put(self, local, remote, run=None):
-        self.calls.append(("put", local, remote))
+    def put(self, local, remote, run=None, ahead=None):
+        self.calls.append(("put", local, remote) + ((ahead,) if ahead else ()))
         if self.error:
             raise self.error
+        return getattr(self, "put_result", None)
 
     def fetch(self, remote, local, run=None):
         self.calls.append(("fetch", remote, local))
@@ -515,6 +516,10 @@ class WarmMux(FakeMux):
         self.calls.append(("tmp", op["op"]))
         return self.tmp_result
 
+    def tmp_unawaited(self, op, argv, run=None):
+        self.calls.append(("tmp_unawaited", op["op"], argv))
+        return True
+
 
 MODULE = ("/bin/sh -c '/usr/bin/python3 && sleep 0'", b"_ANSIBALLZ_WRAPPER = True\n")
 
@@ -549,6 +554,9 @@ def test_a_deferred_chmod_runs_before_anything_else(conn, tmp_path, then):
      "fetch": lambda: conn.fetch_file("/workspace/f", str(tmp_path / "g")),
      "cold command": lambda: conn.exec_command("echo hi"),
      "close": conn.close}[then]()
+    if then == "put":  # the mux does it ahead of the put, in its request
+        assert len(mux.calls) == 1 and [item["op"]["op"] for item in mux.calls[0][3]] == ["chmod"], mux.calls
+        return
     assert mux.calls[0] == ("tmp", "chmod") and len(mux.calls) == (1 if then == "close" else 2), mux.calls
 
 
@@ -570,3 +578,106 @@ def test_no_chmod_is_deferred_with_become(conn):
     conn.set_become_plugin(become_loader.get("ansible.builtin.sudo"))
     conn.exec_command(deferred_chmod(conn)[0], sudoable=False)
     assert mux.calls[0][0] == "exec" and conn._deferred == []
+
+
+def mkdtemp_cmd(conn, name="ansible-tmp-1.5-77-88"):
+    return conn._shell.mkdtemp(basefile=name, system=False, mode=0o700, tmpdir=conn._shell.get_option("remote_tmp"))
+
+
+def test_a_mkdtemp_is_answered_at_once_and_made_with_the_next_module(conn):
+    """core's mkdtemp is answered as the shell prints it, no round trip; the runner makes the dir in the module's
+    request; the rm at the task's end is sent and not waited for."""
+    mux = WarmMux()
+    connected(conn, mux)
+    tmp = conn._shell.join_path(conn._shell.get_option("remote_tmp"), "ansible-tmp-1.5-77-88")
+    assert conn.exec_command(mkdtemp_cmd(conn), sudoable=False) == (0, ("ansible-tmp-1.5-77-88=%s\n" % tmp).encode(), b"")
+    assert mux.calls == []
+    conn.exec_command(MODULE[0], in_data=MODULE[1])
+    assert mux.calls[0][0] == "warm" and [op["op"] for op in mux.calls[0][2]] == ["mkdtemp"]
+    rm = conn._shell.remove(tmp + "/", recurse=True)
+    assert conn.exec_command(rm, sudoable=False) == (0, b"", b"")
+    assert mux.calls[1] == ("tmp_unawaited", "rm", ["/bin/sh", "-c", rm])
+
+
+@pytest.mark.parametrize("then", ["cold command", "close"])
+def test_a_deferred_mkdtemp_is_made_before_anything_else(conn, tmp_path, then):
+    mux = WarmMux()
+    connected(conn, mux)
+    conn.exec_command(mkdtemp_cmd(conn), sudoable=False)
+    {"cold command": lambda: conn.exec_command("echo hi"), "close": conn.close}[then]()
+    assert mux.calls[0] == ("tmp", "mkdtemp"), mux.calls
+
+
+def test_a_deferred_mkdtemp_goes_with_the_put(conn, tmp_path):
+    """The put that comes first (pipelining off, a script) has the mux make the dir before it writes."""
+    mux = WarmMux()
+    connected(conn, mux)
+    cmd = mkdtemp_cmd(conn)
+    conn.exec_command(cmd, sudoable=False)
+    (tmp_path / "f").write_text("x")
+    conn.put_file(str(tmp_path / "f"), "/workspace/f")
+    assert len(mux.calls) == 1 and mux.calls[0][:3] == ("put", str(tmp_path / "f"), "/workspace/f"), mux.calls
+    assert [item["op"]["op"] for item in mux.calls[0][3]] == ["mkdtemp"]
+    assert mux.calls[0][3][0]["argv"] == ["/bin/sh", "-c", cmd] and conn._deferred == []
+
+
+def test_a_deferred_mkdtemp_that_fails_with_the_put_fails_the_task_in_cores_words(conn, tmp_path):
+    mux = WarmMux()
+    mux.put_result = {"ahead_failed": {"index": 0, "rc": 1, "stdout": "", "stderr": "mkdir: Not a directory"}}
+    connected(conn, mux)
+    cmd = mkdtemp_cmd(conn)
+    conn.exec_command(cmd, sudoable=False)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(AnsibleConnectionFailure, match="Failed to create temporary directory"):
+        conn.put_file(str(tmp_path / "f"), "/workspace/f")
+
+
+def test_a_tmp_dir_never_used_is_neither_made_nor_removed(conn):
+    mux = WarmMux()
+    connected(conn, mux)
+    conn.exec_command(mkdtemp_cmd(conn), sudoable=False)
+    tmp = conn._shell.join_path(conn._shell.get_option("remote_tmp"), "ansible-tmp-1.5-77-88")
+    assert conn.exec_command(conn._shell.remove(tmp + "/", recurse=True), sudoable=False) == (0, b"", b"")
+    conn.close()
+    assert mux.calls == [] and conn._deferred == []
+
+
+@pytest.mark.parametrize("rc,stderr,words", [
+    (1, b"mkdir: cannot create directory: Not a directory", "Failed to create temporary directory. In some cases"),
+    (1, b"mkdir: No space left on device", "mkdir: No space left on device"),
+])
+def test_a_deferred_mkdtemp_that_fails_fails_the_task_in_cores_words(conn, rc, stderr, words):
+    mux = WarmMux(refuse_warm=True, tmp_result=(rc, b"", stderr, {"rc": rc}))
+    connected(conn, mux)
+    cmd = mkdtemp_cmd(conn)
+    conn.exec_command(cmd, sudoable=False)
+    with pytest.raises(AnsibleConnectionFailure) as e:
+        conn.exec_command(MODULE[0], in_data=MODULE[1])
+    assert words in str(e.value) and (b"No space" in stderr or "Failed command was: %s, exited" % cmd in str(e.value))
+    assert [c[0] for c in mux.calls] == ["warm", "tmp"] and conn._deferred == []
+
+
+def test_no_mkdtemp_or_rm_is_deferred_with_become(conn):
+    mux = WarmMux()
+    connected(conn, mux)
+    conn.set_become_plugin(become_loader.get("ansible.builtin.sudo"))
+    conn.exec_command(mkdtemp_cmd(conn), sudoable=False)
+    conn.exec_command(conn._shell.remove("/workspace/.scratch/ansible-tmp/ansible-tmp-1.5-77-88/", recurse=True),
+                      sudoable=False)
+    assert [c[0] for c in mux.calls] == ["exec", "exec"] and conn._deferred == []
+
+
+def test_an_earlier_tasks_failed_rm_is_a_warning_of_the_next_task(conn, monkeypatch):
+    """The mux keeps what an unawaited rm said when it failed; the session's next attach shows it, escaped."""
+    mux = FakeMux()
+    mux.attached = {"road": "agent", "version": mp.PROTOCOL_VERSION,
+                    "tmp_warnings": ["Error deleting remote temporary files (rc: 1, stderr: rm: busy\x1b[2J})"]}
+    mux.connect = lambda: mux
+    conn.set_option("api_token", "t")
+    monkeypatch.setattr("ansible_collections.microvm.sandbox.plugins.connection.agent.MuxClient", lambda *a, **k: mux)
+    shown_warnings = []
+    monkeypatch.setattr("ansible_collections.microvm.sandbox.plugins.connection.agent.display.warning",
+                        lambda msg, *a, **k: shown_warnings.append(msg))
+    conn._connect()
+    assert len(shown_warnings) == 1 and "an earlier task's tmp dir: Error deleting remote temporary files (rc: 1" \
+        in shown_warnings[0] and "\x1b" not in shown_warnings[0], shown_warnings

@@ -543,3 +543,55 @@ def test_a10_a_store_others_can_write_is_not_used(tmp_path):
     os.chmod(str(store / entry), 0o777)
     run = build_run(tmp_path, str(store), "ansible.builtin.command")
     assert run["counts"] == {"hits": 0, "built": 1, "kept": 0, "refused": 1}
+
+
+@pytest.mark.parametrize("rc,stdout,stderr,verbosity", [
+    (1, "", "mkdir: cannot create directory '/x': Not a directory\n", 0),
+    (1, "partial\n", "mkdir: Permission denied\n", 4),
+    (5, "", "", 0),
+    (1, "", "mkdir: No space left on device\n", 0),
+])
+def test_a11_mkdtemp_failure_in_cores_words(monkeypatch, rc, stdout, stderr, verbosity):
+    """The message a failed mkdtemp fails the task with is core's own: ActionBase._make_tmp_path run on this core."""
+    from ansible.errors import AnsibleConnectionFailure
+    from ansible.plugins.action import ActionBase
+    from ansible.utils.display import Display
+
+    shell = shell_loader.get("ansible.builtin.sh")
+    shell.set_options(var_options={}, direct={"remote_tmp": "/workspace/.scratch/ansible-tmp"})
+
+    class Conn:
+        _shell = shell
+        transport = "microvm.sandbox.agent"
+        _remote_is_local = False
+
+        def is_pipelining_enabled(self, wrap_async=False):  # asked by 2.21's _make_tmp_path (on by default here)
+            return True
+
+    class Action(ActionBase):
+        def run(self, tmp=None, task_vars=None):
+            return {}
+
+    seen = []
+    action = Action.__new__(Action)
+    action._connection = Conn()
+    monkeypatch.setattr(action, "_is_become_unprivileged", lambda: False, raising=False)
+    monkeypatch.setattr(action, "get_shell_option", lambda name, default=None: shell.get_option(name), raising=False)
+    monkeypatch.setattr(action, "_low_level_execute_command", lambda cmd, **kw: seen.append(cmd) or
+                        {"rc": rc, "stdout": stdout, "stderr": stderr}, raising=False)
+    monkeypatch.setattr(Display(), "verbosity", verbosity)
+    with pytest.raises(AnsibleConnectionFailure) as e:
+        action._make_tmp_path()
+    assert core_compat.tmp_op(shell, ["/bin/sh", "-c", seen[0]])["op"] == "mkdtemp"  # the command the connection answers
+    # compared as the task shows it: the connection raises the same exception class with this text
+    assert e.value.message == AnsibleConnectionFailure(
+        core_compat.mkdtemp_failure(seen[0], rc, stdout, stderr, verbosity)).message
+
+
+def test_a11_mkdtemp_answer_is_what_the_shell_prints(tmp_path):
+    shell = shell_loader.get("ansible.builtin.sh")
+    name = "ansible-tmp-1.5-77-88"
+    script = shell.mkdtemp(basefile=name, system=False, mode=0o700, tmpdir=str(tmp_path / "base"))
+    op = core_compat.tmp_op(shell, ["/bin/sh", "-c", script])
+    done = subprocess.run(["/bin/sh", "-c", script], capture_output=True, check=True)
+    assert core_compat.mkdtemp_stdout(op) == done.stdout
