@@ -44,6 +44,7 @@ from typing import Any
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import exec_ops
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.run_dirs import RunWatch
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.switch_interval import SwitchInterval
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import transfer_ops
@@ -61,7 +62,6 @@ WATCH_BACKSTOP = 30.0         # the longest the watch thread (and the accept loo
 WATCH_GAP = 0.2               # passes come at most this often, however busy the mux
 EMPTY_LINGER = 3.0            # seconds without links or workers before the process exits
 MAINTENANCE_THREADS = 8       # links maintained at once (REST checks, run reaping): one slow session never stalls all
-GIL_SWITCH_INTERVAL = 0.0005   # seconds: see main()
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -134,6 +134,7 @@ class MuxServer:
         self.maintenance = concurrent.futures.ThreadPoolExecutor(MAINTENANCE_THREADS, thread_name_prefix="maintain")
         self.run_watch = RunWatch()
         self.sockets: mp.SocketDir | None = None  # the process dir, held open: the socket is bound through it
+        self.switch_interval = SwitchInterval.from_environment()  # short only while requests compete
 
     # -- the socket ----------------------------------------------------------------------
     def listen(self) -> None:
@@ -321,10 +322,12 @@ class MuxServer:
                     return
                 with self.lock:
                     self.last_activity = time.monotonic()
-                mp.send_frame(conn, mp.ACK)
+                self.switch_interval.enter()
                 try:
+                    mp.send_frame(conn, mp.ACK)
                     result = self.dispatch(conn, req, link)
                 finally:
+                    self.switch_interval.leave()
                     self.requests_done += 1
                     self.poke()  # the link's idle deadline moved; a new run or link may need watching
                 if result is False:
@@ -432,9 +435,6 @@ class MuxServer:
 
 
 def main() -> int:
-    # One process carries every session: a thread waiting for the GIL behind a session streaming at full speed
-    # waited up to the default 5 ms at each hand-over, and a small command needs several (2-3x slower next to a flood).
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     cfg = ProcessConfig(**json.loads(sys.stdin.readline()))
     sys.stdin.close()
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
