@@ -47,6 +47,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.run_dirs impo
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.switch_interval import SwitchInterval
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import hops
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import transfer_ops
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import tunnel as tunnel_mod
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import LinkConfig, ProcessConfig
@@ -62,6 +63,7 @@ WATCH_BACKSTOP = 30.0         # the longest the watch thread (and the accept loo
 WATCH_GAP = 0.2               # passes come at most this often, however busy the mux
 EMPTY_LINGER = 3.0            # seconds without links or workers before the process exits
 MAINTENANCE_THREADS = 8       # links maintained at once (REST checks, run reaping): one slow session never stalls all
+HOPS_FILE = hops.target()     # where each request's stamps go (bench/hops_bench.py), None when off: see _shared/hops.py
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -317,11 +319,17 @@ class MuxServer:
                 if frame is None:
                     return
                 kind, req = frame
+                came = hops.now() if HOPS_FILE else 0
                 if kind != mp.REQUEST:
                     mp.send_frame(conn, mp.ERROR, errors.ProtocolMismatch("expected a request, got frame %d" % kind).to_frame())
                     return
                 with self.lock:
                     self.last_activity = time.monotonic()
+                stamps: dict[str, Any] | None = None
+                if HOPS_FILE and isinstance(req, dict) and isinstance(req.get("hop"), str):
+                    stamps = req[exec_ops.STAMPS] = {"in": came}  # never a worker's: it is set here, over any sent
+                elif isinstance(req, dict):
+                    req.pop(exec_ops.STAMPS, None)
                 self.switch_interval.enter()
                 try:
                     mp.send_frame(conn, mp.ACK)
@@ -330,6 +338,8 @@ class MuxServer:
                     self.switch_interval.leave()
                     self.requests_done += 1
                     self.poke()  # the link's idle deadline moved; a new run or link may need watching
+                if stamps is not None:
+                    hops.record(HOPS_FILE, "mux", hop=req["hop"][:64], op=str(req.get("op"))[:16], out=hops.now(), **stamps)
                 if result is False:
                     return
                 if isinstance(result, SessionLink):
