@@ -12,7 +12,9 @@ gives each task's start (core queues it to a worker) and end (its result is back
   core, queue to plugin import   task start -> the worker starts importing the connection plugin (fork, TaskExecutor)
   plugin import                  the worker's import of plugins/connection/agent.py
   core, plugin to exec_command   Connection() made, the action plugin, the module's payload built (AnsiballZ)
-  worker to the request          exec_command -> the warm request starts (connect to the mux, attach)
+  worker, to the attach          exec_command -> the worker attaches (decides warm, connects to the mux's socket)
+  attach (a round trip)          the attach request (the session's settings) and its answer
+  worker, attach to request      the answer read -> the warm request starts
   worker -> mux                  the request and its payload over the unix socket, read by the mux
   inside the mux                 payload in -> written to the runner's stream (runner lookup, RUNREF)
   mux -> runner                  gRPC over the port-forward's WebSocket, the agent, the runner's stdin
@@ -43,7 +45,9 @@ HOPS = (  # (name, from, to): stamps as "side.name" (task: the callback; w: work
     ("core, queue to plugin import", "task.start", "w.import0"),
     ("plugin import", "w.import0", "w.import1"),
     ("core, plugin to exec_command", "w.import1", "w.call"),
-    ("worker to the request", "w.call", "w.req"),
+    ("worker, to the attach", "w.call", "a.req"),
+    ("attach (a round trip)", "a.req", "a.exit"),
+    ("worker, attach to request", "a.exit", "w.req"),
     ("worker -> mux", "w.req", "m.payload"),
     ("inside the mux", "m.payload", "m.submitted"),
     ("mux -> runner", "m.submitted", "r.recv"),
@@ -96,10 +100,13 @@ def tasks_of(timing, stamps):
 
 def command_hops(task):
     """{hop: ms} of a task whose one request is a warm run, or None (a copy task, a cold run, stamps missing)."""
-    if len(task["requests"]) != 1 or task["requests"][0][0] != "warm":
+    attach = [r for r in task["requests"] if r[0] == "attach"]
+    runs = [r for r in task["requests"] if r[0] != "attach"]
+    if len(runs) != 1 or runs[0][0] != "warm" or len(attach) > 1:
         return None
-    _op, worker, mux = task["requests"][0]
+    _op, worker, mux = runs[0]
     at = dict(task["stamps"])
+    at["a.req"], at["a.exit"] = (attach[0][1]["req"], attach[0][1]["exit"]) if attach else (worker["req"], worker["req"])
     at.setdefault("w.import0", at.get("w.init"))  # the plugin already imported (a cached module): no import hop
     at.setdefault("w.import1", at.get("w.init"))
     at.update({"w.req": worker.get("req"), "w.exit": worker.get("exit")})

@@ -135,12 +135,18 @@ class MuxClient:
 
     def _attach(self) -> dict[str, Any]:
         sock = self._socket()
+        request = {"op": "attach", "session": self.cfg.to_wire(), "run": self.run}
+        hop_file = hops.target()
+        if hop_file:
+            request["hop"], sent = hops.new_id(), hops.now()
         try:
-            mp.send_frame(sock, mp.REQUEST, {"op": "attach", "session": self.cfg.to_wire(), "run": self.run})
+            mp.send_frame(sock, mp.REQUEST, request)
         except (BrokenPipeError, ConnectionResetError) as e:
             raise mp.NotAccepted() from e
         for kind, payload in self._frames(sock):
             if kind == mp.RESULT:
+                if hop_file:
+                    hops.record(hop_file, "worker", hop=request["hop"], op="attach", req=sent, sent=sent, exit=hops.now())
                 self.attached = payload
                 return payload
             self.close()
