@@ -33,6 +33,8 @@ echo "== connection: 30-task playbook vs local and SSH, 256 MiB copies (the mux 
 echo "== warm runner on ansible-core 2.19 and the newest (.venv-newest) vs cold, local, SSH and Mitogen (on both cores), the mux's GIL switch interval rule vs 0.5 ms and 5 ms fixed, with core's per-task floor, each mode's CPU per task and issue 45's targets (bench/fastpath_bench.py)"
 "$PY" bench/fastpath_bench.py --repeat "$REPEAT" --mitogen-venv "$MITOGEN_VENV" --mitogen-newest-venv "$MITOGEN_NEWEST_VENV" \
     --newest-venv .venv-newest --switch-intervals
+echo "== where a warm task's time goes, hop by hop, on 2.19 and the newest core (bench/hops_bench.py)"
+"$PY" bench/hops_bench.py --repeat "$REPEAT" --newest-venv .venv-newest
 echo "== the api road: per command task vs the agent road on 2.19 and the newest core, a 30-task playbook and 256 MiB copies on each road and SSH (bench/api_road_bench.py)"
 "$PY" bench/api_road_bench.py --repeat "$REPEAT" --newest-venv .venv-newest
 echo "== directory trees: microvm.sandbox.sync vs rsync over SSH and copy (bench/sync_bench.py)"
@@ -43,6 +45,9 @@ echo "== fleet: 100 sessions vs SSH to 100 hosts, 10 tasks, forks 50 (bench/flee
 "$PY" bench/fleet_bench.py
 echo "== fairness: one mux, a session flooding output and helper output next to one running small commands (bench/fairness_bench.py)"
 "$PY" bench/fairness_bench.py --repeat "$REPEAT"
+echo "== fairness with the mux's GIL switch interval fixed at 0.5 ms (the rule before issue 45) and at Python's 5 ms"
+"$PY" bench/fairness_bench.py --repeat "$REPEAT" --switch-interval 0.0005
+"$PY" bench/fairness_bench.py --repeat "$REPEAT" --switch-interval 0.005
 echo "== CI job: microvm.sandbox.ci with 3 shards vs podman with 3 containers on one pytest suite, wall and overhead outside pytest (bench/ci_job_bench.py)"
 "$PY" bench/ci_job_bench.py --repeat "$REPEAT" --stages
 echo "results: bench/results/"

@@ -375,9 +375,11 @@ from ansible.module_utils.common.text.converters import to_bytes, to_text  # noq
 from ansible.plugins.connection import ConnectionBase  # noqa: E402
 from ansible.utils.display import Display  # noqa: E402
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import core_compat  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import code_cache  # noqa: E402
 
-core_compat.cache_collection_code()  # first: the modules below are then compiled once per run, not per task
+code_cache.cache_collection_code()  # first: the modules below are then compiled once per run, not per task
+
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import core_compat  # noqa: E402
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors  # noqa: E402
