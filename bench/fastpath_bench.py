@@ -202,8 +202,8 @@ def targets(result):
 def report(result, modes):
     cores = result["cores"]
     w = max([19] + [len(m) + 2 for m in modes])  # column width
-    print("ansible-core: %s; newest: %s; Mitogen's: %s and %s" % (cores.get(""), cores.get("newest", "-"), cores.get("mitogen", "-"),
-                                                               cores.get("mitogen_newest", "-")))
+    print("ansible-core: %s; newest: %s; Mitogen's: %s and %s" % (
+        cores.get(""), cores.get("newest", "-"), cores.get("mitogen", "-"), cores.get("mitogen_newest", "-")))
     print("seconds per task (median run / 30); debug30 is ansible-core's own floor (no connection, no module)")
     print("%-10s" % "playbook" + "".join("%*s" % (w, m) for m in modes))
     for name, per in result["per_task_s"].items():

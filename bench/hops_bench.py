@@ -214,17 +214,17 @@ def report(result):
         "%s = %s" % kv for kv in result["cores"].items()))
     print("| hop | " + " | ".join(commands) + " |\n|---|" + "---|" * len(commands))
     for name, _a, _b in HOPS:
-        print("| %s | " % name + " | ".join("%.2f (%.0f%%)" % (figures[k]["hops_ms"][name], 100 * figures[k]["hops_share"][name])
-                                             for k in commands) + " |")
+        cells = ["%.2f (%.0f%%)" % (figures[k]["hops_ms"][name], 100 * figures[k]["hops_share"][name]) for k in commands]
+        print("| %s | %s |" % (name, " | ".join(cells)))
     print("| the task (callback start to end) | " + " | ".join("%.2f" % figures[k]["command_task_median_ms"] for k in commands) + " |")
     print("| the playbook's wall / 30 | " + " | ".join("%.2f" % figures[k]["playbook_wall_per_task_ms"] for k in commands) + " |")
     for key, fig in figures.items():
+        requests = ["%s x%d round trip %.2f ms (in the mux %s)" % (
+            op, v["count_per_run"], v["round_trip"], "-" if v["in_mux"] is None else "%.2f ms" % v["in_mux"])
+            for op, v in sorted(fig["requests_ms"].items())]
         print("%s: wall/30 %.2f ms, task %.2f ms, between tasks %.2f ms%s; requests: %s" % (
             key, fig["playbook_wall_per_task_ms"], fig["task_median_ms"], fig["between_tasks_ms"],
-            ", copy task %.2f ms" % fig["copy_task_median_ms"] if "copy_task_median_ms" in fig else "",
-            ", ".join("%s x%d round trip %.2f ms (in the mux %s)" % (op, v["count_per_run"], v["round_trip"],
-                                                                    "-" if v["in_mux"] is None else "%.2f ms" % v["in_mux"])
-                      for op, v in sorted(fig["requests_ms"].items()))))
+            ", copy task %.2f ms" % fig["copy_task_median_ms"] if "copy_task_median_ms" in fig else "", ", ".join(requests)))
     print("load average at start / end: %.1f / %.1f" % (result["load_at_start"][0], result["load_at_end"][0]))
 
 

@@ -66,6 +66,6 @@ def runner_stamps(raw: Any) -> dict[str, int]:
     for name, value in raw.items():
         if len(kept) >= STAMPS_MAX:
             break
-        if isinstance(name, str) and len(name) <= 16 and type(value) is int:
+        if isinstance(name, str) and len(name) <= 16 and isinstance(value, int) and not isinstance(value, bool):
             kept[name] = value
     return kept

@@ -54,4 +54,3 @@ def test_the_mux_asks_the_runner_for_stamps_only_when_on():
     assert events.get_nowait() == ("exit", 3)
     assert r.stamps_of(rid) == {"recv": 1, "forked": 2, "exit": 3}
     assert r.stamps_of(rid) == {} and r.stamped == {}  # taken once
-
