@@ -214,7 +214,7 @@ build: setup
 	$(BIN)/ansible-galaxy collection build --force --output-path .local/dist .
 
 bench: setup .venv-newest/.stamp
-	bash bench/run.sh
+	PYTHON_NEWEST=$(PYTHON_NEWEST) bash bench/run.sh
 
 # Images this checkout put into the containers store (buildah's and podman's): the
 # demo's template and base images and the execution environment's, found by the

@@ -6,8 +6,13 @@ run's TMPDIR there (the mux's own helper). Reported: b's median command alone, w
 own (the machine's load only), and with a flooding in b's mux (the ratio is what sharing the mux costs); and the
 mux's peak RSS (VmHWM) before and during the flood, per session it carries.
 
-Writes bench/results/fairness.json.
+With --switch-interval SECONDS the muxes run with their GIL switch interval fixed (MICROVM_MUX_SWITCH_INTERVAL,
+see _mux/switch_interval.py: 0.0005 was the rule before issue 45, 0.005 is Python's default); without it, the mux's
+own rule (short only while requests compete).
+
+Writes bench/results/fairness.json (fairness-<SECONDS>.json with --switch-interval).
 Usage: PYTHONPATH=.local/collections:localplane:tests/support .venv/bin/python bench/fairness_bench.py [--repeat 3]
+       [--switch-interval 0.005]
 """
 import argparse
 import os
@@ -26,8 +31,13 @@ TASKS = 15
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--output", default=os.path.join(ROOT, "bench", "results", "fairness.json"))
+    parser.add_argument("--switch-interval", help="the muxes' fixed GIL switch interval, in seconds")
+    parser.add_argument("--output")
     args = parser.parse_args()
+    if args.switch_interval:  # the muxes are started from this process: they inherit it
+        os.environ["MICROVM_MUX_SWITCH_INTERVAL"] = args.switch_interval
+    args.output = args.output or os.path.join(ROOT, "bench", "results", "fairness%s.json" % (
+        "-" + args.switch_interval if args.switch_interval else ""))
 
     stage = Stage("fairbench")
     apart = os.path.join(stage.tmp, "apart")
@@ -50,7 +60,7 @@ def main():
             shared.append(flooding(plane, loud["name"], stage.mux_dir, lambda: statistics.median(small_tasks(client, TASKS))))
             peaks.append(status_kib(pid, "VmHWM"))
         result = {
-            "sessions_in_mux": 2,
+            "sessions_in_mux": 2, "switch_interval": args.switch_interval or "adaptive",
             "b_median_ms": {"alone": statistics.median(alone) * 1000, "a_flooding_elsewhere": statistics.median(elsewhere) * 1000,
                             "a_flooding_in_the_same_mux": statistics.median(shared) * 1000},
             "sharing_cost_ratio": statistics.median(shared) / statistics.median(elsewhere),

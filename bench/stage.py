@@ -140,6 +140,7 @@ class Stage:
         self.tmp = tempfile.mkdtemp(prefix="%s-" % name)
         self.plane = self.sshd = None
         self.mux_dir = os.path.join(self.tmp, "mux")
+        self.mux_dirs = [self.mux_dir]  # every mux dir a bench ran muxes in (see mux_env): counted and stopped
         try:
             os.makedirs(os.path.join(self.tmp, "plane"))
             self.plane = start_local_plane(os.path.join(self.tmp, "plane"))
@@ -169,9 +170,16 @@ class Stage:
         plane = self.plane.process.pid
         guests = tree(procs, plane)
         runners = [p for root in guests if "microvm-warm-runner" in procs[root][2] for p in tree(procs, root)]
-        return {"controller": children_cpu() + cpu_seconds(mux_pids(self.mux_dir)),
+        return {"controller": children_cpu() + cpu_seconds([p for d in self.mux_dirs for p in mux_pids(d)]),
                 "runner": cpu_seconds(set(runners)),
                 "platform": cpu_seconds(set(guests) - set(runners))}
+
+    def mux_env(self, name, **extra):
+        """The ansible-playbook environment with a mux dir of its own (`name`) and `extra` variables, which its
+        muxes inherit (e.g. MICROVM_MUX_SWITCH_INTERVAL): counted in cpu(), stopped by stop()."""
+        mux_dir = os.path.join(self.tmp, "mux-" + name)
+        self.mux_dirs.append(mux_dir)
+        return dict(self.env, MICROVM_MUX_DIR=mux_dir, **extra)
 
     def path(self, name):
         return os.path.join(self.tmp, name)
@@ -190,7 +198,8 @@ class Stage:
     def stop(self):
         if self.sshd is not None:
             self.sshd.stop()
-        stop_muxes(self.mux_dir)
+        for mux_dir in self.mux_dirs:
+            stop_muxes(mux_dir)
         if self.plane is not None:
             stop_local_plane(self.plane)
         shutil.rmtree(self.tmp, ignore_errors=True)

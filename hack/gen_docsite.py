@@ -26,7 +26,7 @@ SECTIONS = [
     ("Guides", [("connection", None), ("modules", None), ("roles", None), ("playbooks", None), ("molecule", None),
                 ("execution-environment", None)]),
     ("The local control plane", [("localplane", None), ("localplane-guests", None)]),
-    ("Reference", [("guarantees", None), ("platform-contract", None), ("glossary", None)]),
+    ("Reference", [("guarantees", None), ("platform-contract", None), ("per-task", None), ("glossary", None)]),
 ]
 # The README's sections that make the quick start, in this order.
 QUICK_START = ("Requirements", "Using this collection")

@@ -377,6 +377,10 @@ EXAMPLES = r"""
         flat: true
 """
 
+import time  # noqa: E402
+
+_IMPORT_STARTED_NS = time.time_ns()  # the worker's import of this plugin starts (MICROVM_HOPS, bench/hops_bench.py)
+
 import os  # noqa: E402
 import posixpath  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -388,13 +392,16 @@ from ansible.module_utils.common.text.converters import to_bytes, to_text  # noq
 from ansible.plugins.connection import ConnectionBase  # noqa: E402
 from ansible.utils.display import Display  # noqa: E402
 
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import core_compat  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import code_cache  # noqa: E402
 
-core_compat.cache_collection_code()  # first: the modules below are then compiled once per run, not per task
+code_cache.cache_collection_code()  # first: the modules below are then compiled once per run, not per task
+
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import core_compat  # noqa: E402
 
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp  # noqa: E402
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import hops  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import become_scan  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import command_stream  # noqa: E402
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import one_shot_become  # noqa: E402
@@ -471,6 +478,7 @@ class Connection(ConnectionBase):
     _connected: bool  # set by ConnectionBase
 
     def __init__(self, play_context: Any, *args: Any, **kwargs: Any) -> None:
+        hops.record(hops.target(), "worker", event="init", t=hops.now())
         super().__init__(play_context, *args, **kwargs)
         self._playbook_pid = kwargs.get("ansible_playbook_pid")
         self._mux_client: MuxClient | None = None
@@ -722,6 +730,7 @@ class Connection(ConnectionBase):
 
     # -- commands ----------------------------------------------------------------------------
     def exec_command(self, cmd: str, in_data: bytes | None = None, sudoable: bool = True) -> tuple[int, bytes, bytes]:
+        hops.record(hops.target(), "worker", event="call", t=hops.now())  # the module's payload is built by now
         # ensure_connect wraps core's abstract body, so this connects: mypy sees only the body
         super().exec_command(cmd, in_data=in_data, sudoable=sudoable)  # type: ignore[safe-super]
         session = self._session()
@@ -1081,3 +1090,6 @@ class Connection(ConnectionBase):
 
 if TYPE_CHECKING:  # mypy holds this class to what the action plugins call on it (_worker/sandbox_connection.py)
     _ACTIONS_VIEW: type[SandboxConnection] = Connection
+
+
+hops.record(hops.target(), "worker", event="import", t0=_IMPORT_STARTED_NS, t1=hops.now())

@@ -139,7 +139,7 @@ def test_a_flooding_session_does_not_slow_another_in_the_same_mux(plane, sandbox
 
     Not `b alone` as the reference: on a 2-core machine the flood's other processes (the guest's head, the plane's
     relay, the reading worker) slow b 1.5-4.4x even when a is in another mux. Sharing the mux measured 0.8-1.8x that
-    (1.3-3.1x before the mux's GIL switch interval was shortened, server.GIL_SWITCH_INTERVAL). 1.5x is within the noise
+    (1.3-3.1x before the mux's GIL switch interval was shortened while requests compete, _mux/switch_interval.py). 1.5x is within the noise
     of a loaded 2-core machine, so the bound keeps a 2x margin over the worst measured: it catches one session stalling
     another, not jitter."""
     client = connect(plane, other["name"], mux_dir)

@@ -28,9 +28,12 @@ class LocalRunner:
         self.proc.stdin.write(wr.HEADER.pack(len(body), rid, kind) + body)
         self.proc.stdin.flush()
 
-    def run(self, rid, run_env, data, before=None):
-        """Run a module payload (after the tmp ops `before`): (rc, stdout, stderr), or ("refused", reason, b"")."""
-        meta = json.dumps(dict({"env": run_env}, **({"before": before} if before else {}))).encode()
+    def run(self, rid, run_env, data, before=None, hops=False):
+        """Run a module payload (after the tmp ops `before`): (rc, stdout, stderr), or ("refused", reason, b"").
+
+        `hops`: ask for the runner's timestamps; the EXIT's JSON is kept in self.last_exit."""
+        meta = json.dumps(dict({"env": run_env}, **({"before": before} if before else {}),
+                               **({"hops": 1} if hops else {}))).encode()
         self.send(rid, wr.RUN, struct.pack("!I", len(meta)) + meta + data)
         out, err = b"", b""
         while True:
@@ -43,7 +46,8 @@ class LocalRunner:
             elif kind == wr.ERR:
                 err += body
             elif kind == wr.EXIT:
-                return json.loads(body)["rc"], out, err
+                self.last_exit = json.loads(body)
+                return self.last_exit["rc"], out, err
 
     def tmp(self, rid, op):
         """A task tmp dir op: the DONE answer ({"rc", "stdout", "stderr"}), or ("refused", reason)."""

@@ -37,7 +37,8 @@ Frames: 9-byte header (4-byte length, 4-byte request id, 1-byte kind) + payload.
                    TMP   (JSON core_compat.tmp_op(): a task tmp dir's mkdtemp, chmod or rm, done in
                           the runner itself, no process started)
     runner -> mux: READY (id 0, JSON {"python": "3.x.y"}), STARTED, OUT, ERR,
-                   EXIT (JSON {"rc": n}), REFUSE (JSON {"reason": "..."}),
+                   EXIT (JSON {"rc": n}, and {"hops": {name: ns}} when the RUN's JSON asked with "hops": the
+                   runner's timestamps for bench/hops_bench.py), REFUSE (JSON {"reason": "..."}),
                    MISS (a RUNREF's zip is not held: send the whole RUN),
                    DONE (a TMP op's JSON {"rc", "stdout", "stderr"}: what the shell command prints)
     child -> runner (its own pipe, never forwarded): the module_utils it imported and what it compiled
@@ -59,6 +60,7 @@ import socket
 import struct
 import sys
 import tempfile
+import time
 import warnings
 import zipfile
 import zipimport
@@ -75,6 +77,11 @@ OWN_DIR = re.compile(r"^microvm-warm-(\d+)-")
 # Variables read when an interpreter starts: a task that changes them runs cold.
 STARTUP_VARS = re.compile(r"^(PYTHON.*|LANG|LANGUAGE|LC_.*)$")
 ZIP_CACHE = 32  # verified zips kept on disk (about 130-300 KiB each)
+
+
+def now_ns() -> int:
+    """The clock of the mux's stamps (time.time_ns, the host's realtime clock); on Python 3.6, from time.time()."""
+    return time.time_ns() if hasattr(time, "time_ns") else int(time.time() * 1e9)
 
 
 class CoreConfig:
@@ -218,6 +225,7 @@ class Runner:
         self.pids: "Dict[int, int]" = {}  # request id -> pid
         self.reports: "Dict[int, bytes]" = {}  # request id -> bytes the child reported
         self.zip_of: "Dict[int, Optional[str]]" = {}  # request id -> the zip it ran from
+        self.stamps: "Dict[int, Dict[str, int]]" = {}  # request id -> its timestamps, for requests that ask (hops)
         self.preload_dir: "Any" = None  # set by preload(), before any run
         self.preload_zip: "Any" = None
         self.roots: "List[str]" = []  # zips the runner's own packages import from (kept while it lives)
@@ -230,6 +238,8 @@ class Runner:
         self.cwd = os.getcwd()
 
     def send(self, rid: int, kind: int, payload: Any = b"") -> None:
+        if kind in LAST and kind != EXIT and self.stamps:
+            self.stamps.pop(rid, None)  # refused or missed: no EXIT carries them (a MISS's new RUN stamps anew)
         if not isinstance(payload, bytes):
             payload = json.dumps(payload).encode("utf-8")
         out = self.proto_out
@@ -403,6 +413,8 @@ class Runner:
         self.open_pipes[rid] = 3
         self.reports[rid] = b""
         self.zip_of[rid] = zip_path
+        if rid in self.stamps:
+            self.stamps[rid]["forked"] = now_ns()
         for fd, kind in ((out_r, OUT), (err_r, ERR), (rep_r, IMPORTS)):
             self.pipes[fd] = (rid, kind)
             self.sel.register(fd, selectors.EVENT_READ, "pipe")
@@ -508,7 +520,10 @@ class Runner:
     def finish(self, rid: int) -> None:
         if self.open_pipes.get(rid) == 0 and rid in self.status:
             rc = self.status.pop(rid)
-            self.send(rid, EXIT, {"rc": rc})
+            stamps = self.stamps.pop(rid, None)
+            if stamps is not None:
+                stamps["exit"] = now_ns()
+            self.send(rid, EXIT, {"rc": rc, "hops": stamps} if stamps is not None else {"rc": rc})
             self.open_pipes.pop(rid, None)
             self.pids.pop(rid, None)
             report, zip_path = self.reports.pop(rid, b""), self.zip_of.pop(rid, None)
@@ -580,6 +595,8 @@ class Runner:
             jlen = struct.unpack("!I", body[:4])[0]
             req = json.loads(body[4:4 + jlen].decode("utf-8"))
             rest = body[4 + jlen:]
+            if req.get("hops"):
+                self.stamps[rid] = {"recv": now_ns()}
             if kind == RUNREF and req.get("zip") not in self.verified:
                 self.send(rid, MISS)
             else:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import hops
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.untrusted import shown
 
 if TYPE_CHECKING:  # imported for its name only: session_link imports nothing from here, but keep it one-way
@@ -28,6 +29,7 @@ if TYPE_CHECKING:  # imported for its name only: session_link imports nothing fr
 log = logging.getLogger("microvm.mux")
 
 DEADLINE_GRACE = 30.0          # client deadline beyond the agent's own command timeout
+STAMPS = "_stamps"             # the key of a request's hop stamps (server.py adds it: never from the worker)
 
 
 def op_exec(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> None:
@@ -80,6 +82,7 @@ def op_warm(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> str 
     the worker runs it cold; once started, a lost runner is a lost command (never re-run).
     Returns what the mux counts it as (see MuxServer.run_op): None (served warm) or why not.
     """
+    stamps = req.get(STAMPS)  # set by the server when the hops switch is on (_shared/hops.py)
     payload = bytearray()
     while True:
         frame = mp.recv_frame(conn)
@@ -90,11 +93,16 @@ def op_warm(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> str 
         if frame[0] != mp.STDIN:
             raise mp.ProtocolError("expected stdin, got frame %d" % frame[0])
         payload += frame[1]
+    if stamps is not None:
+        stamps["payload"] = hops.now()
     try:
         link.ensure_ready()
         link.runs.ensure(req.get("run"))
         runner = link.runners.get(req["interpreter"], req.get("core") or "")
-        rid, events = runner.submit(req.get("env") or {}, bytes(payload), before=req.get("before") or None)
+        rid, events = runner.submit(req.get("env") or {}, bytes(payload), before=req.get("before") or None,
+                                    stamps=stamps is not None)
+        if stamps is not None:
+            stamps["submitted"] = hops.now()
     except errors.WarmRefused as e:
         mp.send_frame(conn, mp.ERROR, e.to_frame())
         return "warm_refused"
@@ -117,6 +125,8 @@ def op_warm(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> str 
     try:
         while True:
             kind, data = events.get()
+            if stamps is not None and kind in ("started", "exit"):
+                stamps[kind] = hops.now()
             if kind == "started":
                 started = True
             elif kind in ("stdout", "stderr"):
@@ -124,6 +134,9 @@ def op_warm(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> str 
             elif kind == "exit":
                 done.set()
                 mp.send_frame(conn, mp.EXIT, {"rc": data, "timed_out": False, "warm": True})
+                if stamps is not None:
+                    stamps["answered"] = hops.now()
+                    stamps["runner"] = runner.stamps_of(rid)
                 return None
             elif kind == "refuse" or not started:
                 done.set()

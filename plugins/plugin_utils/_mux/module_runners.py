@@ -29,6 +29,7 @@ from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import core_compat
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import hops
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.untrusted import shown
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import module_runner as wr
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import source_of
@@ -134,6 +135,7 @@ class ModuleRunner:
         self.info: dict[str, Any] | None = None
         self.held: set[str] = set()  # zip keys the runner has taken: later payloads send only a reference
         self.whole: dict[int, tuple[str | None, bytes]] = {}  # request id -> (zip key, the whole RUN body) until answered
+        self.stamped: dict[int, dict[str, int]] = {}  # request id -> the runner's stamps, for requests that ask (hops)
         self.abandoned: set[int] = set()  # requests whose worker went away: nobody reads their events
 
     def start(self) -> None:
@@ -183,6 +185,7 @@ class ModuleRunner:
             waiting = list(self.pending.items())
             self.pending.clear()
             self.whole.clear()
+            self.stamped.clear()
         if waiting:
             log.warning("session %s: warm runner for %s ended: %s", self.client.label, self.interpreter, why)
         else:
@@ -222,7 +225,10 @@ class ModuleRunner:
         elif kind == wr.ERR:
             self._deliver(rid, q, ("stderr", body))
         elif kind == wr.EXIT:
-            rc = json.loads(body.decode("utf-8"))["rc"]  # parsed first: a malformed frame leaves the task waiting, told
+            done = json.loads(body.decode("utf-8"))
+            rc = done["rc"]  # parsed first: a malformed frame leaves the task waiting, told
+            if rid in self.stamped:  # asked for (bench/hops_bench.py): the runner's own stamps, within a budget
+                self.stamped[rid] = hops.runner_stamps(done.get("hops"))
             self.pending.pop(rid, None)
             self._deliver(rid, q, ("exit", rc), last=True)
         elif kind == wr.REFUSE:
@@ -255,29 +261,39 @@ class ModuleRunner:
             raise errors.WarmRefused("the warm runner is not running")
         self.feed.put(wr.HEADER.pack(len(body), rid, kind) + body)
 
-    def submit(self, env: dict[str, str], payload: bytes, before: list[dict[str, Any]] | None = None
-               ) -> tuple[int, queue.Queue[Event]]:
+    def submit(self, env: dict[str, str], payload: bytes, before: list[dict[str, Any]] | None = None,
+               stamps: bool = False) -> tuple[int, queue.Queue[Event]]:
         """Queue a module run: (request id, event queue).
 
         `before`: task tmp dir ops (core_compat.tmp_op) the worker deferred to this run, done by the runner
         first, in the same request (one refused: the run is refused, nothing started).
         A payload whose zip the runner already holds goes without it (about 170 KiB less per task);
         if the runner has dropped it meanwhile it answers MISS and gets the whole payload.
+        `stamps`: the runner sends its timestamps with the EXIT (see _shared/hops.py), taken with stamps_of().
         """
         split = wr.split_payload(payload, CORE)
         key = wr.zip_key(split[1]) if split else None
         extra: dict[str, Any] = {"before": before} if before else {}
+        if stamps:
+            extra["hops"] = 1
         meta = json.dumps({"env": env, **extra}).encode("utf-8")
         whole = struct.pack("!I", len(meta)) + meta + payload
         rid, q = self._new_request()
         with self.lock:
             self.whole[rid] = (key, whole)
+            if stamps:
+                self.stamped[rid] = {}
         if split and key is not None and key in self.held:
             ref = json.dumps({"env": env, "zip": key, **extra}).encode("utf-8")
             self._send(rid, wr.RUNREF, struct.pack("!I", len(ref)) + ref + split[0])
         else:
             self._send(rid, wr.RUN, whole)
         return rid, q
+
+    def stamps_of(self, rid: int) -> dict[str, int]:
+        """The runner's stamps for a request submitted with stamps=True (once; {} if it sent none)."""
+        with self.lock:
+            return self.stamped.pop(rid, {})
 
     def _new_request(self) -> tuple[int, queue.Queue[Event]]:
         q: queue.Queue[Event] = queue.Queue(maxsize=EVENTS_QUEUED_MAX)

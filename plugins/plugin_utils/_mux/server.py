@@ -44,8 +44,10 @@ from typing import Any, cast
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import agent_client as ac
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import exec_ops
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.run_dirs import RunWatch
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.switch_interval import SwitchInterval
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import hops
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import transfer_ops
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import tunnel as tunnel_mod
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import LinkConfig, ProcessConfig
@@ -61,7 +63,7 @@ WATCH_BACKSTOP = 30.0         # the longest the watch thread (and the accept loo
 WATCH_GAP = 0.2               # passes come at most this often, however busy the mux
 EMPTY_LINGER = 3.0            # seconds without links or workers before the process exits
 MAINTENANCE_THREADS = 8       # links maintained at once (REST checks, run reaping): one slow session never stalls all
-GIL_SWITCH_INTERVAL = 0.0005   # seconds: see main()
+HOPS_FILE = hops.target()     # where each request's stamps go (bench/hops_bench.py), None when off: see _shared/hops.py
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -134,6 +136,7 @@ class MuxServer:
         self.maintenance = concurrent.futures.ThreadPoolExecutor(MAINTENANCE_THREADS, thread_name_prefix="maintain")
         self.run_watch = RunWatch()
         self.sockets: mp.SocketDir | None = None  # the process dir, held open: the socket is bound through it
+        self.switch_interval = SwitchInterval.from_environment()  # short only while requests compete
 
     # -- the socket ----------------------------------------------------------------------
     def listen(self) -> None:
@@ -316,21 +319,31 @@ class MuxServer:
                 if frame is None:
                     return
                 kind, req = frame
+                came = hops.now() if HOPS_FILE else 0
                 if kind != mp.REQUEST:
                     mp.send_frame(conn, mp.ERROR, errors.ProtocolMismatch("expected a request, got frame %d" % kind).to_frame())
                     return
                 with self.lock:
                     self.last_activity = time.monotonic()
+                stamps: dict[str, Any] | None = None
+                if HOPS_FILE and isinstance(req, dict) and isinstance(req.get("hop"), str):
+                    stamps = req[exec_ops.STAMPS] = {"in": came}  # never a worker's: it is set here, over any sent
+                elif isinstance(req, dict):
+                    req.pop(exec_ops.STAMPS, None)
                 # a "nowait" request is answered with nothing at all (frames.py): its worker may be gone already
                 # (a stand-in for the socket: it has every method the ops use)
                 out = cast(socket.socket, exec_ops.Unanswered(conn)) if isinstance(req, dict) and req.get("nowait") else conn
-                if out is conn:
-                    mp.send_frame(conn, mp.ACK)
+                self.switch_interval.enter()
                 try:
+                    if out is conn:
+                        mp.send_frame(conn, mp.ACK)
                     result = self.dispatch(out, req, link)
                 finally:
+                    self.switch_interval.leave()
                     self.requests_done += 1
                     self.poke()  # the link's idle deadline moved; a new run or link may need watching
+                if stamps is not None:
+                    hops.record(HOPS_FILE, "mux", hop=req["hop"][:64], op=str(req.get("op"))[:16], out=hops.now(), **stamps)
                 if result is False:
                     return
                 if isinstance(result, SessionLink):
@@ -442,9 +455,6 @@ class MuxServer:
 
 
 def main() -> int:
-    # One process carries every session: a thread waiting for the GIL behind a session streaming at full speed
-    # waited up to the default 5 ms at each hand-over, and a small command needs several (2-3x slower next to a flood).
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     cfg = ProcessConfig(**json.loads(sys.stdin.readline()))
     sys.stdin.close()
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,

@@ -26,6 +26,7 @@ from typing import Any, NoReturn, TypeVar
 from ansible_collections.microvm.sandbox.plugins.module_utils import profile
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import hops
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import (
     DEFAULT_MAX_OUTPUT, DEFAULT_POOL_SIZE, PROCESS_DIR_NAME, PROTOCOL_DIGEST, LinkConfig, ProcessConfig, process_dir)
 
@@ -134,12 +135,18 @@ class MuxClient:
 
     def _attach(self) -> dict[str, Any]:
         sock = self._socket()
+        request = {"op": "attach", "session": self.cfg.to_wire(), "run": self.run}
+        hop_file = hops.target()
+        if hop_file:
+            request["hop"], sent = hops.new_id(), hops.now()
         try:
-            mp.send_frame(sock, mp.REQUEST, {"op": "attach", "session": self.cfg.to_wire(), "run": self.run})
+            mp.send_frame(sock, mp.REQUEST, request)
         except (BrokenPipeError, ConnectionResetError) as e:
             raise mp.NotAccepted() from e
         for kind, payload in self._frames(sock):
             if kind == mp.RESULT:
+                if hop_file:
+                    hops.record(hop_file, "worker", hop=request["hop"], op="attach", req=sent, sent=sent, exit=hops.now())
                 self.attached = payload
                 return payload
             self.close()
@@ -306,9 +313,13 @@ class MuxClient:
 
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
         fields["op"] = op
+        hop_file = hops.target()
+        if hop_file:
+            fields["hop"] = hops.new_id()
 
         def attempt() -> dict[str, Any]:
             sock = self.connect()._socket()
+            sent = hops.now() if hop_file else 0
             try:
                 mp.send_frame(sock, mp.REQUEST, fields)
             except (BrokenPipeError, ConnectionResetError) as e:
@@ -317,6 +328,8 @@ class MuxClient:
                 if kind == mp.ERROR:
                     raise errors.from_frame(payload)
                 if kind == mp.RESULT:
+                    if hop_file:
+                        hops.record(hop_file, "worker", hop=fields["hop"], op=op, req=sent, sent=sent, exit=hops.now())
                     return dict(payload)
                 raise errors.ProtocolMismatch("unexpected frame %d from the mux" % kind)
             raise mp.ProtocolError("the mux's reply ended")  # never: _frames() ends by raising
@@ -345,6 +358,10 @@ class MuxClient:
     def _exec_once(self, request: dict[str, Any], stdin: bytes, interact: Interact | None,
                    interact_timeout: float = 0.0) -> ExecReply:
         sock = self.connect()._socket()
+        hop_file = hops.target()
+        stamps = {"req": hops.now()} if hop_file else {}
+        if hop_file:
+            request = dict(request, hop=hops.new_id())
         try:
             mp.send_frame(sock, mp.REQUEST, request)
         except (BrokenPipeError, ConnectionResetError) as e:
@@ -370,6 +387,8 @@ class MuxClient:
 
         if interact is None:
             release()
+            if hop_file:
+                stamps["sent"] = hops.now()
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + interact_timeout if interact is not None and interact_timeout else None
         frames = self._frames(sock)
@@ -389,6 +408,8 @@ class MuxClient:
                     if self.max_output and len(out) + len(err) > self.max_output:
                         self._output_over_limit(len(out) + len(err))
                 elif kind == mp.EXIT:
+                    if hop_file:
+                        hops.record(hop_file, "worker", hop=request["hop"], op=request["op"], exit=hops.now(), **stamps)
                     return payload.get("rc"), bytes(out), bytes(err), payload
                 elif kind == mp.ERROR:
                     raise errors.from_frame(payload)

@@ -416,8 +416,9 @@ def test_a8_collection_code_compiled_once_per_run(tmp_path):
                          check=True).stdout.splitlines()
     first, second = json.loads(out[0]), json.loads(out[1])
     assert {"mux_client.py", "frames.py", "profile.py"} <= set(first["compiled"]), first
-    # left: the plugin itself (core loads it before it can install anything) and what installs the cache
-    assert set(second["compiled"]) <= {"agent.py", "__init__.py", "core_compat.py"}, second
+    # left: the plugin itself (core loads it before it can install anything) and the small module that installs
+    # the cache (issue 45: core_compat was that module, compiled in every worker)
+    assert set(second["compiled"]) <= {"agent.py", "__init__.py", "code_cache.py"}, second
     assert second["transport"] == first["transport"] == "microvm.sandbox.agent"
     assert second["file"] == first["file"] and second["file"].startswith(COLLECTIONS)
 
@@ -595,3 +596,22 @@ def test_a11_mkdtemp_answer_is_what_the_shell_prints(tmp_path):
     op = core_compat.tmp_op(shell, ["/bin/sh", "-c", script])
     done = subprocess.run(["/bin/sh", "-c", script], capture_output=True, check=True)
     assert core_compat.mkdtemp_stdout(op) == done.stdout
+
+
+def test_the_runner_stamps_a_run_only_when_asked(recorded, tmp_path):
+    """bench/hops_bench.py (issue 45): a RUN asking with "hops" gets the runner's timestamps in its EXIT, in order;
+    any other gets {"rc"} alone, as before."""
+    run = [e for e in module_runs(recorded) if b"ansible.modules.command" in e["stdin"]][0]
+    (_interp, env), _why = core_compat.module_command(run["argv"], run["stdin"])
+    runner = LocalRunner(tmp_path)
+    try:
+        assert runner.run(1, env, run["stdin"])[0] == 0
+        assert runner.last_exit == {"rc": 0}
+        assert runner.run(2, env, run["stdin"], hops=True)[0] == 0
+        stamps = runner.last_exit["hops"]
+        assert set(stamps) == {"recv", "forked", "exit"}
+        assert stamps["recv"] <= stamps["forked"] <= stamps["exit"]
+        assert all(isinstance(v, int) and not isinstance(v, bool) for v in stamps.values())
+        assert runner.run(3, env, run["stdin"])[0] == 0 and runner.last_exit == {"rc": 0}
+    finally:
+        runner.close()

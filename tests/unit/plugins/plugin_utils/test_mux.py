@@ -1,4 +1,5 @@
 """The worker <-> mux protocol end to end in-process: a real MuxServer (minus tunnel and REST) over the fake agent."""
+import json
 import os
 import socket
 import stat
@@ -13,8 +14,10 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import server
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import mux_client as mc
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import hops
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import session_link
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import switch_interval
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import ProcessConfig, LinkConfig, process_dir
 
 
@@ -514,3 +517,60 @@ def test_the_choice_is_told_once_to_each_run(tmp_path):
     assert note == "session box (sid-1): transport auto chose api (the agent port refused: HTTP 502)"
     assert link.road_note("run-1") is None and link.road_note("") is None
     assert link.road_note("run-2") == note
+
+
+def test_switch_interval_is_short_only_while_requests_compete(served):
+    """Issue 45: the mux's GIL switch interval is 0.5 ms while two requests are in flight (one session's flood must
+    not slow another's small commands) and Python's 5 ms while one request runs alone (a playbook's tasks)."""
+    agent, client, server = served
+    now = [100.0]
+    seen = []
+    server.switch_interval = switch_interval.SwitchInterval(setter=seen.append, clock=lambda: now[0])
+    assert client.exec(["true"])[0] == 0
+    assert seen == [switch_interval.LONG]  # one request at a time: never short
+    holding, go = threading.Event(), threading.Event()
+
+    def interact(out, err):  # a's command stays in flight (stdin held back) until b's is done
+        holding.set()
+        go.wait(10)
+        return True
+    other = mc.MuxClient(os.path.dirname(client.dir), CFG, pool_size=1)
+    held = threading.Thread(target=client.exec, args=(["sudo"],), kwargs={"stdin": b"x", "interact": interact})
+    held.start()
+    try:
+        assert holding.wait(10)
+        assert other.exec(["true"])[0] == 0
+        assert seen[-1] == switch_interval.SHORT
+    finally:
+        go.set()
+        held.join(10)
+        other.close()
+    now[0] += switch_interval.HOLD / 2
+    assert client.exec(["true"])[0] == 0
+    assert seen[-1] == switch_interval.SHORT  # a neighbour's next command within HOLD: still short
+    now[0] += switch_interval.HOLD * 2
+    assert client.exec(["true"])[0] == 0
+    assert seen[-1] == switch_interval.LONG
+
+
+def test_hop_stamps_join_the_worker_and_the_mux_by_the_request_s_id(served, monkeypatch, tmp_path):
+    """With MICROVM_HOPS (bench/hops_bench.py), the worker's and the mux's lines of each request share its id;
+    without it, nothing is written."""
+    client, server = served[1:]
+    path = tmp_path / "hops"
+    assert client.exec(["true"])[0] == 0 and not path.exists()
+    monkeypatch.setenv(hops.SWITCH, str(path))
+    monkeypatch.setattr(mux_mod, "HOPS_FILE", str(path))
+    client.close()  # the next request attaches anew: stamped too
+    assert client.exec(["true"])[0] == 0
+    client.close()  # an exec's request ends in the mux when the worker's next one comes, or it hangs up
+    deadline = time.monotonic() + 10
+    while path.read_text().count('"side": "mux"') < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the mux writes its line once the request has ended
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    worker = {line["op"]: line for line in lines if line["side"] == "worker"}
+    mux = {line["hop"]: line for line in lines if line["side"] == "mux"}
+    assert set(worker) == {"attach", "exec"}
+    for op, line in worker.items():
+        seen = mux[line["hop"]]
+        assert seen["op"] == op and line["req"] <= seen["in"] <= seen["out"] and seen["in"] <= line["exit"]
