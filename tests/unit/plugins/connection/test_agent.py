@@ -8,6 +8,7 @@ from ansible.playbook.play_context import PlayContext
 from ansible.plugins.loader import become_loader, connection_loader, init_plugin_loader
 
 from ansible_collections.microvm.sandbox.plugins.connection import agent as agent_plugin
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._worker import agent_connection
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import errors
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 
@@ -72,7 +73,7 @@ def test_scratch_outside_workspace_fails_at_connect_before_any_mux(monkeypatch):
     c = new_connection("1")
     c.set_options(var_options={"ansible_microvm_scratch_dir": "/tmp/scratch", "ansible_microvm_api_token": "t"})
     c._shell.set_options(var_options={})
-    monkeypatch.setattr("ansible_collections.microvm.sandbox.plugins.connection.agent.MuxClient",
+    monkeypatch.setattr("ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.agent_connection.MuxClient",
                         lambda *a, **k: pytest.fail("no mux may be started"))
     with pytest.raises(AnsibleError, match=r"scratch dir '/tmp/scratch' must be an absolute directory inside /workspace"):
         c._connect()
@@ -154,7 +155,7 @@ def test_exec_sends_argv_tmpdir_and_stdin(conn):
     ("/bin/sh -c 'unbalanced", ["/bin/sh", "-c", "/bin/sh -c 'unbalanced"]),
 ])
 def test_command_argv_skips_a_redundant_shell(cmd, argv):
-    assert agent_plugin.command_argv("/bin/sh", cmd) == argv
+    assert agent_connection.command_argv("/bin/sh", cmd) == argv
 
 
 def test_command_timeout_names_the_option(conn):
@@ -425,7 +426,7 @@ def test_task_messages_are_not_extended_by_their_cause(conn):
 
 def test_become_timeout_below_one_means_the_default(conn):
     conn.set_options(var_options={"ansible_become_timeout": 0})
-    assert conn._become_timeout() == agent_plugin.BECOME_TIMEOUT_DEFAULT == 10
+    assert conn._become_timeout() == agent_connection.BECOME_TIMEOUT_DEFAULT == 10
 
 
 def test_become_without_password_needs_no_interaction(conn):
@@ -674,9 +675,9 @@ def test_an_earlier_tasks_failed_rm_is_a_warning_of_the_next_task(conn, monkeypa
                     "tmp_warnings": ["Error deleting remote temporary files (rc: 1, stderr: rm: busy\x1b[2J})"]}
     mux.connect = lambda: mux
     conn.set_option("api_token", "t")
-    monkeypatch.setattr("ansible_collections.microvm.sandbox.plugins.connection.agent.MuxClient", lambda *a, **k: mux)
+    monkeypatch.setattr("ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.agent_connection.MuxClient", lambda *a, **k: mux)
     shown_warnings = []
-    monkeypatch.setattr("ansible_collections.microvm.sandbox.plugins.connection.agent.display.warning",
+    monkeypatch.setattr("ansible_collections.microvm.sandbox.plugins.plugin_utils._worker.agent_connection.display.warning",
                         lambda msg, *a, **k: shown_warnings.append(msg))
     conn._connect()
     assert len(shown_warnings) == 1 and "an earlier task's tmp dir: Error deleting remote temporary files (rc: 1" \
