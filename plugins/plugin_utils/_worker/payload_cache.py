@@ -183,7 +183,7 @@ def _must_stay_absent(source: str, mu_roots: list[str], coll_roots: list[str]) -
             return [os.path.join(earlier, form) for earlier in mu_roots[:i] for form in _other_forms(rel)]
     marker = os.sep + "ansible_collections" + os.sep
     if marker in source:
-        base, _, rest = source.partition(marker)
+        base, _marker, rest = source.partition(marker)
         parts = rest.split(os.sep)
         if len(parts) < 3:
             return None

@@ -531,7 +531,7 @@ def test_a10_a_redirected_module_util_is_not_kept(tmp_path):
         "from ansible_collections.acme.demo.plugins.module_utils.old_helper import VALUE\n"
         "AnsibleModule(argument_spec={}).exit_json(value=VALUE)\n")
     env = {"ANSIBLE_COLLECTIONS_PATH": "%s:%s" % (colls, COLLECTIONS)}
-    for _ in range(2):
+    for _attempt in range(2):
         run = build_run(tmp_path, store, "acme.demo.echo", **env)
         assert run["counts"] == {"hits": 0, "built": 1, "kept": 0, "refused": 1}
 
