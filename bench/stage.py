@@ -1,6 +1,7 @@
 """The stage the playbook benches share: a local plane with one ready session, a private sshd, per-mode
 destination dirs, the ansible-playbook environment, and inventories for each peer; torn down by stop()."""
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -194,6 +195,16 @@ class Stage:
         words = [line, PYTHON] + ["%s=%s" % kv for kv in sorted(extra.items())]
         name = "-".join([mode] + ["%s-%s" % kv for kv in sorted(extra.items())]) + ".ini"
         return write(self.path(name), "target %s\n" % " ".join(words))
+
+    def sessions_inventory(self, **extra):
+        """The session as the sessions inventory plugin makes it (in group `target`): the documented way to target
+        sessions, which also loads the agent connection before ansible-playbook forks its workers."""
+        compose = {"dest_dir": "'/workspace'", "ansible_python_interpreter": "'/usr/bin/python3'"}
+        compose.update({key: "'%s'" % value for key, value in extra.items()})
+        name = "-".join(["sessions"] + ["%s-%s" % kv for kv in sorted(extra.items())]) + ".microvm_sessions.yml"
+        text = "plugin: microvm.sandbox.sessions\nname_regex: '^%s$'\ngroups:\n  target: 'true'\ncompose:\n%s" % (
+            re.escape(self.session["name"]), "".join("  %s: \"%s\"\n" % kv for kv in sorted(compose.items())))
+        return write(self.path(name), text)
 
     def stop(self):
         if self.sshd is not None:
