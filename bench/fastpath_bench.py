@@ -6,7 +6,8 @@
 Three playbooks: 30 `command` tasks, the 30-task mix (20 `command`, 10 `copy`), and the per-task floor of
 ansible-core itself (30 `debug` tasks: no connection, no module), through
   - the agent connection with the warm runner on, on ansible-core 2.19 (.venv) and, with --newest-venv,
-    on the newest core (.venv-newest, 2.21),
+    on the newest core (.venv-newest, 2.21), its host from the sessions inventory (agent_warm: the plugin loaded
+    before the workers fork) and from a static ini inventory (agent_warm_static: each worker loads it),
   - the agent connection with the warm runner off (plain pipelined exec, a fresh python3 per module),
   - `connection: local` (on both cores),
   - `connection: ssh` to a private sshd on 127.0.0.1 with ControlPersist and pipelining,
@@ -44,11 +45,14 @@ PLAYBOOKS = ("command30", "mixed30", "debug30")
 DEBUG30 = "- hosts: target\n  gather_facts: false\n  tasks:\n" + "".join(
     "    - ansible.builtin.debug: {msg: %d}\n" % n for n in range(30))
 # The agent modes whose ratio to every other mode is printed.
-SUBJECTS = ("agent_warm", "agent_warm_newest")
+SUBJECTS = ("agent_warm", "agent_warm_newest", "agent_warm_static", "agent_warm_static_newest")
 # Issue 45's targets: (playbook, subject, its Mitogen peer on the same core, at most this ratio on wall and on CPU).
 TARGETS = (("command30", "agent_warm", "mitogen_local", 0.85), ("mixed30", "agent_warm", "mitogen_local", 0.90),
            ("command30", "agent_warm_newest", "mitogen_local_newest", 0.85),
-           ("mixed30", "agent_warm_newest", "mitogen_local_newest", 0.90))
+           ("mixed30", "agent_warm_newest", "mitogen_local_newest", 0.90),
+           ("command30", "agent_warm_static", "mitogen_local", 0.85), ("mixed30", "agent_warm_static", "mitogen_local", 0.90),
+           ("command30", "agent_warm_static_newest", "mitogen_local_newest", 0.85),
+           ("mixed30", "agent_warm_static_newest", "mitogen_local_newest", 0.90))
 # --switch-intervals: mode -> the mux's fixed GIL switch interval (MICROVM_MUX_SWITCH_INTERVAL)
 SWITCH_MODES = {"agent_warm_gil05ms": "0.0005", "agent_warm_gil5ms": "0.005"}
 
@@ -104,7 +108,11 @@ def main():
         texts = {"command30": playbook_text(mixed=False), "mixed30": playbook_text(mixed=True), "debug30": DEBUG30}
         playbooks = {name: write(os.path.join(tmp, name + ".yml"), texts[name]) for name in args.playbooks.split(",")}
         inventories = {
-            "agent_warm": stage.inventory("agent", ansible_microvm_warm_runner="true"),
+            # the session as the sessions inventory makes it (the documented way: it loads the connection in
+            # ansible-playbook itself, before the workers fork); _static: a hand-written ini inventory naming the
+            # connection, where each task's worker loads it (7 ms a task more, docs/connection.md)
+            "agent_warm": stage.sessions_inventory(ansible_microvm_warm_runner="true"),
+            "agent_warm_static": stage.inventory("agent", ansible_microvm_warm_runner="true"),
             "agent_cold": stage.inventory("agent", ansible_microvm_warm_runner="false"),
             "local": stage.inventory("local"),
             "ssh": stage.inventory("ssh"),
@@ -113,7 +121,7 @@ def main():
         cores = {"": core_version(BIN)}
         if have_newest:
             cores["newest"] = core_version(newest_bin)
-            for mode in ("agent_warm", "local"):
+            for mode in ("agent_warm", "agent_warm_static", "local"):
                 inventories[mode + "_newest"] = inventories[mode]
                 runners[mode + "_newest"] = (env, newest_bin)
         for suffix, venv in mitogen_venvs.items():
