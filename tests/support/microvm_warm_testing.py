@@ -1,6 +1,7 @@
 """The warm module runner (plugins/plugin_utils/_guest/module_runner.py) driven locally, as the mux drives it in a guest."""
 import json
 import os
+import queue
 import struct
 import subprocess
 import sys
@@ -62,3 +63,11 @@ class LocalRunner:
     def close(self):
         self.proc.stdin.close()
         assert self.proc.wait(timeout=10) == 0
+
+
+def fed_runner():
+    """The mux's side of a warm runner with no stream: what it would send goes to `.feed` (unit tests)."""
+    r = module_runners.ModuleRunner(client=None, interpreter="/usr/bin/python3")
+    r.feed = queue.Queue()
+    r.alive = True
+    return r

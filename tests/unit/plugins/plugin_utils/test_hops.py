@@ -1,11 +1,10 @@
 """Per-hop stamps (_shared/hops.py, issue 45): off by default, the runner's stamps kept within a budget, the mux's and
 the worker's lines joined by the request's id."""
 import json
-import queue
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import hops
-from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import module_runner as wr
+from microvm_warm_testing import fed_runner
 
 
 def test_off_unless_the_switch_names_a_file(monkeypatch, tmp_path):
@@ -28,13 +27,6 @@ def test_the_runner_s_stamps_are_kept_within_a_budget():
     assert len(hops.runner_stamps({"s%d" % i: i for i in range(100)})) == hops.STAMPS_MAX
 
 
-def runner():
-    r = module_runners.ModuleRunner(client=None, interpreter="/usr/bin/python3")
-    r.feed = queue.Queue()
-    r.alive = True
-    return r
-
-
 def meta_of(frame):
     body = frame[wr.HEADER.size:]
     jlen = int.from_bytes(body[:4], "big")
@@ -42,7 +34,7 @@ def meta_of(frame):
 
 
 def test_the_mux_asks_the_runner_for_stamps_only_when_on():
-    r = runner()
+    r = fed_runner()
     rid, events = r.submit({}, b"print(1)")
     assert "hops" not in meta_of(r.feed.get_nowait())
     r._dispatch(rid, wr.EXIT, json.dumps({"rc": 0, "hops": {"recv": 1}}).encode())

@@ -1,24 +1,17 @@
 """The mux's side of the warm runner: a zip the runner holds is sent by reference, a MISS gets it whole."""
 import base64
 import json
-import queue
 import struct
 import time
 
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._guest import module_runner as wr
+from microvm_warm_testing import fed_runner
 
 
 def module_payload(zip_bytes=b"PK-not-really-a-zip", params="{}"):
     return ("_ANSIBALLZ_WRAPPER = True\n_ansiballz_main(\nzip_data='%s',\nparams=%r,\n)\n"
             % (base64.b64encode(zip_bytes).decode(), params)).encode()
-
-
-def runner():
-    r = module_runners.ModuleRunner(client=None, interpreter="/usr/bin/python3")
-    r.feed = queue.Queue()
-    r.alive = True
-    return r
 
 
 def sent(r):
@@ -31,7 +24,7 @@ def sent(r):
 
 
 def test_whole_until_started_then_by_reference():
-    r = runner()
+    r = fed_runner()
     data = module_payload()
     rid, events = r.submit({"A": "1"}, data)
     assert sent(r) == (rid, wr.RUN, {"env": {"A": "1"}}, data)
@@ -52,7 +45,7 @@ def test_whole_until_started_then_by_reference():
 
 
 def test_refused_or_non_module_payloads_are_never_referenced():
-    r = runner()
+    r = fed_runner()
     data = module_payload(b"other zip")
     rid, dummy = r.submit({}, data)
     sent(r)
