@@ -48,6 +48,11 @@ A10 Core builds a Python module's payload with `module_common.recursive_finder(n
 A11 A failed mkdtemp fails the task with ActionBase._make_tmp_path's words (an AnsibleConnectionFailure, so the
    host is UNREACHABLE), which the connection repeats when the mkdtemp it answered ahead is made later and fails
    (mkdtemp_failure).                                        -> test_a11_mkdtemp_failure_in_cores_words
+A12 Core works out, once per process and so in every task's worker, the module JSON profiles' encoders and decoders
+   (module_utils.common.json, imported on first use) and, on 2.21, the task result's field mapping
+   (UnifiedTaskResult.get_result_key_to_resolved_field_mapping, a functools cache over get_type_hints): worked out
+   in ansible-playbook's own process before the forks, every worker inherits them (warm_worker_caches).
+                                                  -> test_a12_core_caches_warmed_before_the_fork_are_inherited
 
 Only the standard library and ansible-core (imported lazily) are used: this runs in every task's worker.
 """
@@ -303,3 +308,34 @@ def mkdtemp_failure(command: str, rc: int, stdout: str, stderr: str, verbosity: 
     if verbosity > 3 and stderr != "":
         output += ", stderr output: %s" % stderr
     return output
+
+
+# -- A12: what core works out once per process, worked out before the workers fork ---------------------------
+MODULE_PROFILES = ("legacy", "modern")  # the module JSON serialization profiles (module_utils/_internal/_json)
+
+
+def warm_worker_caches() -> list[str]:
+    """Have core work out, in ansible-playbook's own process, what each task's worker would otherwise work out afresh
+    (core keeps it per process, and the workers are forked from this one): the module JSON profiles' encoders and
+    decoders (imported by every module task's worker, 2.19+) and the task result's field mapping (a cached
+    get_type_hints over a dataclass, 2.21). Called where the connection is loaded before the forks (_worker/preload.py).
+    Returns what was warmed (for the test); anything missing is left to the workers, as before."""
+    warmed = []
+    try:
+        from ansible.module_utils.common.json import Direction, get_module_decoder, get_module_encoder
+
+        for profile in MODULE_PROFILES:
+            get_module_encoder(profile, Direction.CONTROLLER_TO_MODULE)
+            get_module_decoder(profile, Direction.MODULE_TO_CONTROLLER)
+        warmed.append("module JSON profiles")
+    except Exception:  # pylint: disable=broad-exception-caught  # a core without them: nothing to warm
+        pass
+    try:
+        from ansible._internal._task import UnifiedTaskResult  # type: ignore[attr-defined,unused-ignore]  # 2.21
+
+        for source_is_module in (True, False):
+            UnifiedTaskResult.get_result_key_to_resolved_field_mapping(source_is_module=source_is_module)
+        warmed.append("task result fields")
+    except Exception:  # pylint: disable=broad-exception-caught  # before 2.21 there is no such mapping
+        pass
+    return warmed

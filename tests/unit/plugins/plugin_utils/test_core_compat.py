@@ -615,3 +615,40 @@ def test_the_runner_stamps_a_run_only_when_asked(recorded, tmp_path):
         assert runner.run(3, env, run["stdin"])[0] == 0 and runner.last_exit == {"rc": 0}
     finally:
         runner.close()
+
+
+WARM_THEN_FORK = r'''
+import json, os, sys
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import core_compat
+from ansible.module_utils.common.json import Direction, get_module_decoder, get_module_encoder
+warmed = core_compat.warm_worker_caches()
+try:
+    from ansible._internal._task import UnifiedTaskResult
+    mapping = UnifiedTaskResult.get_result_key_to_resolved_field_mapping
+except ImportError:
+    mapping = None
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:  # a task's worker: what it does for a module task's result finds everything worked out already
+    before, misses = set(sys.modules), mapping.cache_info().misses if mapping else 0
+    for profile in core_compat.MODULE_PROFILES:
+        get_module_encoder(profile, Direction.CONTROLLER_TO_MODULE)
+        get_module_decoder(profile, Direction.MODULE_TO_CONTROLLER)
+    if mapping:
+        mapping(source_is_module=True)
+    os.write(w, json.dumps({"imported": sorted(set(sys.modules) - before),
+                            "new_misses": (mapping.cache_info().misses - misses) if mapping else 0}).encode())
+    os._exit(0)
+os.close(w)
+os.waitpid(pid, 0)
+print(json.dumps({"warmed": warmed, "has_mapping": mapping is not None, "child": json.loads(os.read(r, 65536))}))
+'''
+
+
+def test_a12_core_caches_warmed_before_the_fork_are_inherited():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([COLLECTIONS, os.environ.get("PYTHONPATH", "")]))
+    out = json.loads(subprocess.run([sys.executable, "-c", WARM_THEN_FORK], env=env, capture_output=True, text=True,
+                                    timeout=120, check=True).stdout.splitlines()[-1])
+    assert "module JSON profiles" in out["warmed"]
+    assert ("task result fields" in out["warmed"]) == out["has_mapping"]
+    assert out["child"] == {"imported": [], "new_misses": 0}, out
