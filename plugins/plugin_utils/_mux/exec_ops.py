@@ -152,6 +152,9 @@ def op_warm(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> str 
     except OSError:
         runner.abandon(rid)
         raise
+    finally:
+        if stamps is not None:
+            runner.stamps_of(rid)  # a refused or lost request's: nobody takes them (already taken after an exit)
 
 
 def drain_stdin(conn: socket.socket) -> None:
