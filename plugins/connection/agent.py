@@ -16,7 +16,8 @@ description:
     over the guest agent's gRPC service reached through the platform's port-forward WebSocket.
   - The first task starts the controller user's shared multiplexer process (one per O(mux_dir), or a small pool of
     them, see O(mux_processes)); it holds one WebSocket port-forward and one gRPC channel per session, opened on the
-    session's first task and closed after O(persist) idle seconds. Every later task, fork and run reuses them, like
+    session's first task and kept while the run that uses them lives, then closed after O(persist) idle seconds.
+    Every later task, fork and run reuses them, like
     SSH's ControlPersist, and hundreds of sessions share the process. The task worker itself only speaks a small
     framed protocol over a unix socket.
   - Pipelining is on by default, so a module runs with one round trip and no file transfer.
@@ -242,8 +243,11 @@ options:
         key: payload_cache
   persist:
     description:
-      - Seconds the session's channel in the multiplexer stays open without any task before it is closed.
-        The multiplexer process exits soon after its last channel is closed.
+      - Seconds the session's channel in the multiplexer stays open without any task, once every
+        C(ansible-playbook) run that used it has ended, before it is closed. While a run lives its channel and
+        warm module runner stay open however far apart its tasks are (a play's round over many hosts can take
+        longer than this).
+      - The multiplexer process exits soon after its last channel is closed.
     type: int
     default: 60
     env:

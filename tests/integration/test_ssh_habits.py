@@ -463,7 +463,7 @@ TEMPFILE_USE = r"""
       register: u1
     - ansible.builtin.stat: {path: "{{ made.dir }}"}
       register: u2
-    - name: the first run's TMPDIR is gone (the mux removes it about a second after that run)
+    - name: the first run's TMPDIR is gone (the mux removes it at the session's next use, this run)
       ansible.builtin.stat: {path: "{{ made.run_tmp }}"}
       register: u3
       until: not u3.stat.exists

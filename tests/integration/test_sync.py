@@ -5,7 +5,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -347,11 +346,7 @@ def test_paused_session_between_runs(plane, box, tmp_path):
     write(src, "f.txt", "one\n", mtime=1_600_000_000)
     dest = "/workspace/paused"
     result(sync(plane, box, tmp_path, {"src": src, "dest": dest}))
-    # The mux removes an ended run's TMPDIR at once; input wakes a paused session (platform contract), so a pause
-    # landing between its status check and its rm would be undone: pause once that housekeeping is over.
-    deadline = time.monotonic() + 30
-    while guest_sh(plane, sid, "ls -d /workspace/.scratch/run.* 2>/dev/null || true").strip() and time.monotonic() < deadline:
-        time.sleep(0.3)
+    # paused the moment the run ended: the mux's housekeeping leaves it paused (run_dirs.RunDirs)
     client = plane.client()
     client.pause_session(sid)
     client.wait_session(sid, until={"PAUSED", "SESSION_STATUS_PAUSED"}, timeout=60)

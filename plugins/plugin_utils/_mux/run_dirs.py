@@ -1,12 +1,13 @@
 # Copyright (c) 2026, microvm.sandbox contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Runs and their TMPDIRs, per session: created before a run's first use, removed when the run is over.
+"""Runs and their TMPDIRs, per session: created before a run's first use, removed once the run is over.
 
-A run is one ansible-playbook process, named by the worker as <host tag>-<pid>-<start time>.
-Its TMPDIR lives under the session's scratch dir; the mux removes it once that process is gone,
-and sweeps the dirs of crashed runs of this controller (and very old ones of any controller), and the api
-road's dirs (its jobs, its warm runners: api_dir_name) of this controller's muxes that are gone.
+A run is one ansible-playbook process, named by the worker as <host tag>-<pid>-<start time>. While it lives
+it keeps its session's link open. Its TMPDIR lives under the session's scratch dir; the mux removes it once
+that process is gone, at the session's next use or its link's close (see RunDirs), and sweeps the dirs of
+crashed runs of this controller (and very old ones of any controller), and the api road's dirs (its jobs, its
+warm runners: api_dir_name) of this controller's muxes that are gone.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ API_DIR = "api."               # + "<host tag>-<mux pid>-<mux start>": one mux's
 # none left), then the dir goes; a warm runner whose socket is gone stops by itself (module_runner.serve).
 SWEEP_API_DIRS = ('for d in "$@"; do for p in "$d"/jobs/*/pid; do j=${p%/pid}; [ -f "$p" ] && [ ! -e "$j/rc" ] && '
                   'kill -KILL -"$(cat "$p")" 2>/dev/null; done; rm -rf -- "$d"; done; true')
+# A new run's TMPDIR ($1), and the ended runs' dirs (the rest) removed in the same exec; their removal never fails it.
+MAKE_RUN_DIR = 'mkdir -p -- "$1" && chmod 1777 -- "$1" || exit 1; shift; [ $# -eq 0 ] || rm -rf -- "$@" 2>/dev/null; exit 0'
 
 
 def api_dir_name(host_tag: str) -> str:
@@ -46,21 +49,35 @@ def api_dir_name(host_tag: str) -> str:
 
 
 class RunDirs:
-    """The runs one session has seen: run id -> {"pid", "start", "dir"}."""
+    """The runs one session has seen: run id -> {"pid", "start", "dir", "ended"}.
+
+    A run keeps its session's link open while its ansible-playbook lives (live()); `persist` counts from its end
+    (last_end). Its TMPDIR is removed when the session is next used (the next run's first request, or any request
+    of another run) or its link closes, never at the moment the run ends: a user may have paused the session as
+    the playbook's last step, and any input wakes a paused session (platform contract).
+    """
 
     def __init__(self, link: SessionLink) -> None:
         self.link = link
         self.runs: dict[str, dict] = {}
         self.lock = threading.Lock()
         self.run_locks: dict[str, threading.Lock] = {}
+        self.last_end = 0.0          # monotonic time the last run of this link was seen to end
+        self.removing = False        # a removal of ended runs' dirs is under way (one at a time)
 
     def ensure(self, run: dict | None) -> str | None:
-        """Create the run's TMPDIR (sticky and world-writable like /tmp, for become users) once per run."""
+        """Create the run's TMPDIR (sticky and world-writable like /tmp, for become users) once per run.
+
+        The first request of a new run also removes the dirs of runs that ended (the session is in use now);
+        a request of a known run starts that removal beside it.
+        """
         if not run or not run.get("id"):
             return None
         run_id = run["id"]
         known = self.runs.get(run_id)
         if known is not None:
+            if self.has_ended_dirs():
+                self.remove_ended_soon()
             return known["dir"]
         with self.lock:
             rlock = self.run_locks.setdefault(run_id, threading.Lock())
@@ -68,34 +85,80 @@ class RunDirs:
             if run_id not in self.runs:
                 with errors.path_rules():
                     run_dir = profile.check_scratch_dir(run["dir"], what="run TMPDIR")
-                self.link.guest('mkdir -p -- "$1" && chmod 1777 -- "$1"', run_dir)
-                self.runs[run_id] = {"pid": run.get("pid"), "start": run.get("start"), "dir": run_dir}
+                ended = self._take_ended()
+                try:
+                    # the ended runs' dirs go in the same exec: no round trip of their own; their removal never fails
+                    # the new run's
+                    self.link.guest(MAKE_RUN_DIR, run_dir, *[r["dir"] for _id, r in ended])
+                except BaseException:
+                    with self.lock:
+                        self.removing = False  # the ended dirs stay claimed by none: a later use removes them
+                    raise
+                self._done(ended, "removed")
+                self.runs[run_id] = {"pid": run.get("pid"), "start": run.get("start"), "dir": run_dir, "ended": None}
                 log.info("session %s: run %s: TMPDIR %s created", self.link.label, run_id, run_dir)
         return self.runs[run_id]["dir"]
 
-    def reap(self) -> None:
-        """Remove the TMPDIR of every run whose ansible-playbook process is gone.
+    def note_ended(self, now: float) -> bool:
+        """Mark the runs whose ansible-playbook process is gone (no guest call); whether any was newly marked."""
+        newly = False
+        for run in list(self.runs.values()):
+            if run["ended"] is None and not (run.get("pid") and mp.process_alive(run["pid"], run.get("start"))):
+                run["ended"] = now
+                self.last_end = max(self.last_end, now)
+                newly = True
+        return newly
 
-        Never wakes a paused session for this: its run dirs are left to a later sweep.
-        """
-        ended = [(run_id, run) for run_id, run in list(self.runs.items())
-                 if not (run.get("pid") and mp.process_alive(run["pid"], run.get("start")))]
+    def live(self) -> bool:
+        """Whether a run that used this link still runs (as last noted: note_ended())."""
+        return any(run["ended"] is None for run in list(self.runs.values()))
+
+    def has_ended_dirs(self) -> bool:
+        return not self.removing and any(run["ended"] is not None for run in list(self.runs.values()))
+
+    def remove_ended_soon(self) -> None:
+        """Remove the ended runs' dirs in a thread of its own: a request is under way, so the session is awake."""
+        threading.Thread(target=self.remove_ended, name="run-dirs", daemon=True).start()
+
+    def remove_ended(self) -> None:
+        """Remove the TMPDIR of every run that ended (and the empty task dirs of gone workers)."""
+        ended = self._take_ended()
         if not ended:
             return
-        if not self.link.usable_now():
-            for run_id, run in ended:
+        try:
+            self.link.guest('rm -rf -- "$@"', *[run["dir"] for _id, run in ended])
+        except Exception as e:  # the session may be gone; nothing left to clean then
+            log.warning("session %s: could not remove the TMPDIR of ended run(s) %s: %s", self.link.label,
+                        ", ".join(run["dir"] for _id, run in ended), e)
+            self._done(ended, "")
+            return
+        self._done(ended, "removed")
+        self.sweep_abandoned_task_dirs()
+
+    def leave_ended(self) -> None:
+        """The link closes on a session not usable now: its ended runs' dirs are left to a later link's sweep."""
+        self._done(self._take_ended(), "left")
+
+    def _take_ended(self) -> list[tuple[str, dict]]:
+        """The ended runs, claimed for one removal (another caller gets none until _done())."""
+        with self.lock:
+            if self.removing:
+                return []
+            ended = [(run_id, run) for run_id, run in list(self.runs.items()) if run["ended"] is not None]
+            self.removing = bool(ended)
+            return ended
+
+    def _done(self, ended: list[tuple[str, dict]], what: str) -> None:
+        """End a claim: the runs are forgotten, logged as `what` ("removed", "left", or "" when the removal failed)."""
+        for run_id, run in ended:
+            if what == "removed":
+                log.info("session %s: run %s ended: removed %s", self.link.label, run_id, run["dir"])
+            elif what == "left":
                 log.info("session %s: run %s ended while the session is not usable: %s is left to a later sweep",
                          self.link.label, run_id, run["dir"])
-                self._forget(run_id)
-            return
-        for run_id, run in ended:
-            try:
-                self.link.guest('rm -rf -- "$1"', run["dir"])
-                log.info("session %s: run %s ended: removed %s", self.link.label, run_id, run["dir"])
-            except Exception as e:  # the session may be gone; nothing left to clean then
-                log.warning("session %s: run %s ended: could not remove %s: %s", self.link.label, run_id, run["dir"], e)
             self._forget(run_id)
-        self.sweep_abandoned_task_dirs()
+        with self.lock:
+            self.removing = False
 
     def _forget(self, run_id: str) -> None:
         self.runs.pop(run_id, None)
@@ -204,7 +267,8 @@ class RunWatch:
 
     def sync(self, links: list[SessionLink]) -> set[SessionLink]:
         """Watch the runs of `links` (and no others); the links with a run already over."""
-        current = {(link, run_id): run for link in links for run_id, run in list(link.runs.runs.items())}
+        current = {(link, run_id): run for link in links for run_id, run in list(link.runs.runs.items())
+                   if run["ended"] is None}  # an ended run waits for its dir's removal: nothing to watch
         for known in [k for k in self.fds if k not in current]:
             self._drop(known)
         self.polled &= set(current)

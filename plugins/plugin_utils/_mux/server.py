@@ -9,7 +9,8 @@ _worker/mux_client.py), it reads a ProcessConfig as one JSON line on stdin (no s
 line on stdout ({"ok": true} or an error), then serves workers on `<dir>/mux.sock` (0600, in a
 0700 dir, peers of another uid refused). A worker's connection is bound to one session by
 "attach"; the session's link (_mux/session_link.py: port-forward, gRPC channel, health and wake-up) is
-opened on first use and closed after `persist` idle seconds, when its session is deleted, or on a
+opened on first use, kept while a run that used it lives, and closed `persist` idle seconds after that,
+when its session is deleted, or on a
 "reset" (meta: reset_connection). The process exits once no link and no worker connection is left
 for a few seconds, on SIGTERM, or on "shutdown".
 

@@ -4,8 +4,9 @@
 """One session inside the shared mux: its port-forward, its gRPC channel, its health and wake-up.
 
 A SessionLink is opened by the first worker that attaches to it, serves every task of every run
-on that session, and is closed when it has been idle for its `persist` seconds, when its session
-is deleted, or by `meta: reset_connection`. Nothing here touches another session's link: one
+on that session, and is closed `persist` idle seconds after the last run that used it ended (never while
+one of its runs lives, however far apart its tasks), when its session is deleted, or by
+`meta: reset_connection`. Nothing here touches another session's link: one
 session's trouble (deleted, paused, cut) stays in its own link.
 """
 
@@ -35,7 +36,11 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.tunnel import
 grpc = ac.grpc
 log = logging.getLogger("microvm.mux")
 
-SESSION_CHECK_INTERVAL = 10.0  # REST check that the session still exists
+SESSION_CHECK_INTERVAL = 10.0  # REST check that the session still exists, while the link is used
+# A link with no request since its last check (a run that keeps it open between far-apart tasks) is checked this
+# seldom: a fleet's links would otherwise ask the platform about every session every 10 s for nothing; its next
+# request finds a deleted session anyway.
+SESSION_CHECK_IDLE_INTERVAL = 300.0
 # A refused agent port is believed only for a dial refused at least this long after the link saw the session usable
 # (usable_since). No page says READY waits for the guest's agent to listen (the create returns before the sandbox boots;
 # READY says the sandbox runs), and an agent that exited is restarted by the guest's init after a back-off (the local
@@ -105,6 +110,7 @@ class SessionLink:
         self.users = 0                    # requests in progress
         self.last_activity = time.monotonic()
         self.next_check = time.monotonic() + SESSION_CHECK_INTERVAL
+        self.checked_at = time.monotonic()  # the last session check (or the link's birth)
         self.maintaining = False          # a watch pass of this link is running
         self.maintained_at = 0.0          # when the last one started
         self.on_close = on_close          # the mux's watch thread is told (it sleeps until something is due)
@@ -240,7 +246,7 @@ class SessionLink:
                 self.closed_because = because
             self.closed.set()
         if clean and self.opened:
-            self.runs.reap()
+            self._remove_ended_runs()
         self._teardown()
         log.info("session %s: link %d closed (%s)", self.label, self.generation, why)
         if self.on_close is not None:
@@ -256,10 +262,31 @@ class SessionLink:
             self.tunnel.stop()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
 
+    def _remove_ended_runs(self) -> None:
+        """At close: the ended runs' TMPDIRs go if the session is usable now, else a later link's sweep takes them."""
+        self.runs.note_ended(time.monotonic())
+        if not self.runs.has_ended_dirs():
+            return
+        if self.usable_now():
+            self.runs.remove_ended()
+        else:
+            self.runs.leave_ended()
+
+    def _idle_since(self) -> float | None:
+        """Since when the link is idle (its last request, or its last run's end), None while in use or a run lives.
+
+        Under self.lock.
+        """
+        if self.users or self.runs.live():
+            return None
+        return max(self.last_activity, self.runs.last_end)
+
     def try_close_idle(self, now: float) -> bool:
-        """Stop taking requests if idle for `persist` seconds; atomic with in_use(), so none slips in."""
+        """Stop taking requests if idle for `persist` seconds after its runs ended; atomic with in_use(), so none
+        slips in."""
         with self.lock:
-            if self.users or now - self.last_activity < self.cfg.persist or self.closed.is_set():
+            since = self._idle_since()
+            if since is None or now - since < self.cfg.persist or self.closed.is_set():
                 return False
             self.closed.set()
             return True
@@ -280,10 +307,18 @@ class SessionLink:
                 self.last_activity = time.monotonic()
 
     def next_due(self) -> float:
-        """When maintain() has work next: the idle close (while no request runs) or the session check."""
+        """When maintain() has work next: the idle close (no request running, no run alive) or the session check."""
         with self.lock:
-            idle_at = self.last_activity + self.cfg.persist if not self.users else float("inf")
-        return min(idle_at, self.next_check)
+            since = self._idle_since()
+            idle_at = since + self.cfg.persist if since is not None else float("inf")
+            return min(idle_at, self._check_at())
+
+    def _check_at(self) -> float:
+        """When the session is checked next: SESSION_CHECK_INTERVAL after the last check while the link is used,
+        SESSION_CHECK_IDLE_INTERVAL when no request came since. Under self.lock."""
+        if self.last_activity > self.checked_at:
+            return self.next_check
+        return self.checked_at + SESSION_CHECK_IDLE_INTERVAL
 
     def idle_for(self, now: float) -> float:
         with self.lock:
@@ -365,12 +400,14 @@ class SessionLink:
         return ac.open_channel("unix:" + self.tunnel.socket_path)
 
     def usable_now(self) -> bool:
-        """Whether guest helpers may run without waking the session (for housekeeping only)."""
-        if connectivity(self.channel) == grpc.ChannelConnectivity.READY:
-            return True
+        """Whether guest helpers may run without waking the session (for housekeeping only).
+
+        Asked of the platform, not of the channel: a channel still READY may not have seen a pause yet, and its
+        next bytes would wake the session (input resumes a paused one).
+        """
         try:
             return profile.short_status(self.check_session().get("status")) in profile.USABLE
-        except errors.Unreachable:
+        except errors.SandboxError:
             return False
 
     def ensure_ready(self, limit: float | None = None, refusal_ends: bool = False) -> None:
@@ -481,17 +518,18 @@ class SessionLink:
 
     # -- housekeeping (the mux's watch thread calls this when next_due() comes, or a run ended) -----------
     def maintain(self, now: float) -> tuple[str, bool, errors.SandboxError | None] | None:
-        """Reap ended runs, check the session now and then.
+        """Note ended runs, close the link when idle, check the session now and then.
 
         Returns None, or why to close the link: (reason, clean, the error later requests get).
+        An ended run's TMPDIR is not removed here (that would wake a session paused since): see run_dirs.RunDirs.
         """
+        self.runs.note_ended(now)
         if self.try_close_idle(now):
-            return "idle for %ss" % int(self.cfg.persist), True, None
-        # Not only when idle: a run's TMPDIR goes once its ansible-playbook has ended, even while another run
-        # keeps the session busy (it waited for a gap in the traffic before, which a busy session never has).
-        self.runs.reap()
-        if now >= self.next_check:
-            self.next_check = now + SESSION_CHECK_INTERVAL
+            return "idle for %ss after its last run" % int(self.cfg.persist), True, None
+        with self.lock:
+            check_at = self._check_at()
+        if now >= check_at:
+            self.next_check, self.checked_at = now + SESSION_CHECK_INTERVAL, now
             try:
                 self.check_session()
             except errors.SessionGone as e:

@@ -16,6 +16,7 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import err
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import frames as mp
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared import hops
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import module_runners
+from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import run_dirs
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import session_link
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux import switch_interval
 from ansible_collections.microvm.sandbox.plugins.plugin_utils._shared.config import ProcessConfig, LinkConfig, process_dir
@@ -82,7 +83,7 @@ def test_exec_round_trip_with_big_stdin_and_run_dir(served):
     assert out == b"argv=/bin/sh -c cat\n" + payload
     assert err == ("TMPDIR=%s" % RUN["dir"]).encode()
     # the run's TMPDIR was made first, once
-    assert agent.calls[0] == ("exec", ["/bin/sh", "-c", 'mkdir -p -- "$1" && chmod 1777 -- "$1"', "sh", RUN["dir"]])
+    assert agent.calls[0] == ("exec", ["/bin/sh", "-c", run_dirs.MAKE_RUN_DIR, "sh", RUN["dir"]])
     client.exec(["true"], run=RUN)
     assert sum(1 for c in agent.calls if "mkdir -p" in " ".join(c[1])) == 1
 
@@ -574,3 +575,112 @@ def test_hop_stamps_join_the_worker_and_the_mux_by_the_request_s_id(served, monk
     for op, line in worker.items():
         seen = mux[line["hop"]]
         assert seen["op"] == op and line["req"] <= seen["in"] <= seen["out"] and seen["in"] <= line["exit"]
+
+
+@pytest.fixture
+def a_run():
+    """A run (as a worker names one) whose ansible-playbook is a process the test ends: end() -> the run is over."""
+    import subprocess
+    proc = subprocess.Popen(["sleep", "600"])
+    start = mp.process_start_time(proc.pid)
+    run = {"id": "tag-%d-%s" % (proc.pid, start), "pid": proc.pid, "start": start,
+           "dir": "/workspace/.scratch/run.tag-%d-%s" % (proc.pid, start)}
+
+    def end():
+        proc.kill()
+        proc.wait()
+    yield run, end
+    end()
+
+
+def settled(link, client):
+    """The link once its worker is gone, as a task's worker goes (the mux holds an exec until the worker's next
+    request or hang-up: see exec_ops._pump_stdin)."""
+    client.close()
+    deadline = time.monotonic() + 10
+    while link.users and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return link
+
+
+def rm_calls(agent):
+    return [c[1] for c in agent.calls if c[0] == "exec" and c[1][2:3] == ['rm -rf -- "$@"']]
+
+
+def test_a_link_lives_as_long_as_its_run_and_persist_counts_from_the_run_s_end(served, a_run):
+    """Far-apart tasks of one run keep one link: idle for hours while its ansible-playbook lives is not idle."""
+    agent, client, server = served
+    run, end = a_run
+    client.exec(["true"], run=run)
+    link = settled(server.links[CFG.key], client)
+    later = time.monotonic() + 10 * CFG.persist
+    assert link.next_due() >= link.next_check  # only the session check is due: no idle close while the run lives
+    assert link.maintain(later) is None and not link.closed.is_set()
+    end()
+    ended_at = time.monotonic()
+    assert link.maintain(ended_at) is None  # the run's end is noted; persist starts now
+    assert ended_at + CFG.persist - 1 <= link.next_due() <= time.monotonic() + CFG.persist
+    assert link.maintain(ended_at + CFG.persist - 1) is None
+    assert link.maintain(time.monotonic() + CFG.persist + 1)[0].startswith("idle for 60s")
+    assert rm_calls(agent) == []  # maintaining never removed the ended run's TMPDIR: that waits for a use or the close
+
+
+def test_an_ended_run_s_tmpdir_goes_with_the_next_run_s_first_request(served, a_run):
+    agent, client, server = served
+    run, end = a_run
+    client.exec(["true"], run=run)
+    end()
+    link = settled(server.links[CFG.key], client)
+    link.maintain(time.monotonic())
+    assert rm_calls(agent) == [] and link.runs.runs[run["id"]]["ended"] is not None
+    client.exec(["true"], run=RUN)  # the next run: its TMPDIR made, the ended one's removed, in one exec
+    made = [c[1] for c in agent.calls if c[0] == "exec" and c[1][2:3] == [run_dirs.MAKE_RUN_DIR]]
+    assert made[-1][3:] == ["sh", RUN["dir"], run["dir"]]
+    assert run["id"] not in link.runs.runs
+
+
+def test_a_request_of_a_live_run_removes_an_ended_run_s_tmpdir_beside_it(served, a_run):
+    agent, client, server = served
+    run, end = a_run
+    client.exec(["true"], run=RUN)
+    client.exec(["true"], run=run)
+    end()
+    link = server.links[CFG.key]
+    link.maintain(time.monotonic())
+    client.exec(["true"], run=RUN)
+    deadline = time.monotonic() + 10
+    while not rm_calls(agent) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rm_calls(agent) == [["/bin/sh", "-c", 'rm -rf -- "$@"', "sh", run["dir"]]]
+
+
+@pytest.mark.parametrize("status, removed", [("SESSION_STATUS_READY", True), ("SESSION_STATUS_PAUSED", False)])
+def test_the_close_removes_ended_runs_tmpdirs_only_on_a_usable_session(served, a_run, status, removed):
+    """A session paused once the playbook ended is never woken by the mux's housekeeping (input resumes it)."""
+    agent, client, server = served
+    run, end = a_run
+    client.exec(["true"], run=run)
+    end()
+    link = server.links[CFG.key]
+    link.check_session = lambda: {"status": status}
+    server.close_link(link, "test")
+    assert rm_calls(agent) == ([["/bin/sh", "-c", 'rm -rf -- "$@"', "sh", run["dir"]]] if removed else [])
+    assert link.runs.runs == {}
+
+
+def test_an_idle_link_of_a_live_run_asks_the_platform_about_its_session_seldom(served, a_run):
+    """500 links kept open by their runs between far-apart tasks must not ask the platform every 10 s each."""
+    client, server = served[1:]
+    run = a_run[0]
+    client.exec(["true"], run=run)
+    link = server.links[CFG.key]
+    asked = []
+    link.check_session = lambda: asked.append(1) or {"status": "SESSION_STATUS_READY"}
+    now = time.monotonic()
+    link.maintain(now + session_link.SESSION_CHECK_INTERVAL + 1)  # used since the link was born: checked
+    assert len(asked) == 1
+    link.maintain(now + 3 * session_link.SESSION_CHECK_INTERVAL)  # no request since: not asked again
+    assert len(asked) == 1
+    assert link.next_due() >= now + session_link.SESSION_CHECK_IDLE_INTERVAL
+    link.maintain(now + session_link.SESSION_CHECK_IDLE_INTERVAL + 2 * session_link.SESSION_CHECK_INTERVAL)
+    assert len(asked) == 2
