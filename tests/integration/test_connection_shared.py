@@ -193,7 +193,6 @@ def test_tasks_further_apart_than_persist_keep_one_link_and_one_runner_for_the_r
         name = re.escape(label(session))
         assert len(re.findall(r"session %s: link \d+ open" % name, log)) == 1, log
         assert len(re.findall(r"session %s: warm runner for \S+ started" % name, log)) == 1, log
-        assert not re.search(r"session %s: link 1 closed" % name, log.split("ended: ")[0]), log
         closed = wait_for_log(log_path, r"session %s: link 1 closed \(idle for 2s after its last run\)" % name)
         assert closed, mux_log(mux_dir)
 
