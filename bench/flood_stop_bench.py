@@ -25,8 +25,7 @@ import threading
 import time
 import uuid
 
-import benchlib  # first: it puts the collection and localplane on sys.path
-from benchlib import BIN, COLLECTIONS, ROOT
+from benchlib import BIN, COLLECTIONS, ROOT  # first: it puts the collection and localplane on sys.path
 
 from microvm_plane_testing import start_local_plane, stop_local_plane, stop_muxes, team_defaults
 
