@@ -17,6 +17,7 @@ Usage: PYTHONPATH=.local/collections:localplane:tests/support .venv/bin/python b
 """
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -172,7 +173,7 @@ def main():
             per_host.append({
                 "host": name,
                 "flood_status": tasks.get("flood", {}).get("status"),
-                "command_ran": round(printed - started, 2) if printed == printed else None,
+                "command_ran": None if math.isnan(printed) else round(printed - started, 2),
                 "failed_after": round(tasks.get("flood", {}).get("end", NAN) - t0, 2),
                 # the last sighting (20 ms polls of a loaded host): a command killed at once may never be seen
                 "last_seen_after": round(watcher.last.get(markers[name], NAN) - t0, 2),
@@ -182,7 +183,7 @@ def main():
         report = {"road": args.road, "module": args.module, "sessions": args.sessions, "flood": args.flood,
                   "source": args.source, "limit": args.limit, "rc": proc.returncode, "wall": round(time.time() - began, 2)}
         for key in ("failed_after", "last_seen_after", "next_raw_done_after", "next_command_done_after"):
-            values = [h[key] for h in per_host if h[key] == h[key]]
+            values = [h[key] for h in per_host if not math.isnan(h[key])]
             report["max_" + key] = max(values) if values else None
             report["median_" + key] = statistics.median(values) if values else None
         report["hosts"] = per_host
