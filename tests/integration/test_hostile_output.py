@@ -8,9 +8,9 @@ import subprocess
 import threading
 
 import pytest
-from conftest import BIN, ansible_env
+from conftest import BIN, ansible_env, run_playbook
 
-from microvm_plane_testing import stop_muxes
+from microvm_plane_testing import run_transport, stop_muxes
 
 
 def _inventory(session, **extra):
@@ -128,3 +128,44 @@ def test_two_hundred_megabytes_of_guest_output_stay_out_of_the_controllers_memor
     assert rc == 0, out
     assert "printed more than 67108864 bytes" in out, out
     assert peak_kib < 400 * 1024, "a controller process reached %d MiB" % (peak_kib // 1024)
+
+
+ENDLESS = """
+- hosts: sbx
+  gather_facts: false
+  tasks:
+    - name: a guest printing without end
+      ansible.builtin.raw: "yes FLOOD{{ mark }}"
+      register: flooded
+      ignore_errors: true
+    - ansible.builtin.assert:
+        that:
+          - flooded is failed
+          - "'printed more than 67108864 bytes' in flooded.msg and 'max_output_bytes' in flooded.msg"
+    - name: the flood no longer runs in the guest (its process group stopped by the mux; a few seconds at most)
+      ansible.builtin.raw: >-
+        i=0; while [ $i -lt 100 ]; do
+        for p in /proc/[0-9]*; do tr '\\0' ' ' <$p/cmdline 2>/dev/null; echo; done | grep -q "[F]LOOD{{ mark }}" || exit 0;
+        sleep 0.1; i=$((i + 1)); done; echo still running; exit 1
+    - name: the session's next tasks run as usual
+      ansible.builtin.command: echo fine
+      register: fine
+    - ansible.builtin.assert: {that: ["fine.stdout == 'fine'"]}
+"""
+
+
+def test_an_endless_flood_is_stopped_at_the_limit_and_the_next_task_runs(plane, sandbox, tmp_path):
+    """`yes` without end and the default limit (64 MiB): it can only end because it passed the limit. The task fails
+    naming the option, the command is gone from the guest, the session's next task runs. On the api road the mux
+    stops the job as soon as it has written more than the limit (the job runs ahead of the road up to it), without
+    moving those 64 MiB 512 KiB an exec for the worker to drop: the message gives what the job had written."""
+    mux_dir = str(tmp_path / "mux")
+    env = dict(plane.env, MICROVM_MUX_DIR=mux_dir, MICROVM_PERSIST="30")
+    try:
+        result = run_playbook(ENDLESS.replace("{{ mark }}", os.urandom(4).hex()), _inventory(sandbox["name"]), env,
+                              workdir=str(tmp_path), timeout=300)
+    finally:
+        stop_muxes(mux_dir)
+    assert result.rc == 0, result
+    if run_transport() == "api":
+        assert "when it was stopped" in result.stdout, result  # stopped in the guest, not counted by the worker

@@ -7,16 +7,19 @@
 # documented buffered exec; _guest/__init__.py's script_of() fills in the @NAME@ bounds).
 #
 # $1 mode (run, wait, kill, drop), $2 job dir, $3 seconds to wait at most, $4 $5 the stdout and stderr bytes the
-# road has already; run: $6 how stdin comes (0 inline, 1 staged in the job dir, 2 none), then argv. A wait ends
-# early once STEP new bytes are there, so output flows while the command runs (a worker over its output limit
-# hangs up, which stops the job), and a job more than BACKLOG bytes ahead of the road is paused until it catches
-# up, as a pipe would hold it. Output travels base64 (the answer carries text: other bytes could change);
+# road has already, $6 the task's output limit (0: none); run: $7 how stdin comes (0 inline, 1 staged in the job
+# dir, 2 none), then argv. A wait ends early once STEP new bytes are there, so output flows while the command runs
+# (a worker over its output limit hangs up, which stops the job), and a job more than BACKLOG bytes ahead of the
+# road is paused until it catches up, as a pipe would hold it; with a limit, not before its output passes the
+# limit: the road sees that in the sizes a running job reports and stops it, without moving output that would
+# only be dropped. Output travels base64 (the answer carries text: other bytes could change);
 # without base64(1) in the guest it is left in the job dir for download (kept=1).
 # A stream sent whole from its start is one base64(1), an empty one nothing: tail and head only for a part, and
 # always while the job runs (its files grow past the sizes just read; -1 says so).
 # The last line of stderr is the script's word on the job, after the marker: `done <rc> <stdout bytes>
-# <stderr bytes> <kept>`, `running <stdout bytes> <stderr bytes>` (read so far), or `absent`.
-m=$1 d=$2 w=$3 oo=$4 eo=$5; shift 5
+# <stderr bytes> <kept>`, `running <stdout bytes> <stderr bytes> <written>` (read so far; stdout and stderr
+# bytes written by the job), or `absent`.
+m=$1 d=$2 w=$3 oo=$4 eo=$5 lim=$6; shift 6
 M='@TRAILER@'
 S=@STEP@
 size() { os=$(($(wc -c <"$d/out"))) es=$(($(wc -c <"$d/err"))); }
@@ -39,10 +42,11 @@ emit() {
       no=$((os - oo)) ne=$((es - eo)); [ $no -le $S ] || no=$S; [ $ne -le $S ] || ne=$S
       b64 "$d/out" "$oo" $no -1; b64 "$d/err" "$eo" $ne -1 >&2; oo=$((oo + no)) eo=$((eo + ne))
       p=$(cat "$d/pid" 2>/dev/null)
-      if [ $((os - oo)) -gt @BACKLOG@ ] || [ $((es - eo)) -gt @BACKLOG@ ]; then kill -STOP "-$p" 2>/dev/null
+      if { [ $((os - oo)) -gt @BACKLOG@ ] || [ $((es - eo)) -gt @BACKLOG@ ]; } && { [ "$lim" -eq 0 ] || [ $((os + es)) -gt "$lim" ]; }
+      then kill -STOP "-$p" 2>/dev/null
       else kill -CONT "-$p" 2>/dev/null; fi
     fi
-    printf '\n%s running %s %s\n' "$M" "$oo" "$eo" >&2
+    printf '\n%s running %s %s %s\n' "$M" "$oo" "$eo" $((os + es)) >&2
   fi
 }
 case $m in

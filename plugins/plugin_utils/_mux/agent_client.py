@@ -295,10 +295,12 @@ class AgentClient:
     # -- Exec ------------------------------------------------------------------
     def exec_stream(self, argv: Sequence[str], env: dict[str, str] | None = None, workdir: str = "", timeout: int = 0,
                     stdin: bytes | None = None, deadline: float | None = None,
-                    hold_stdin: bool = False) -> tuple[Any, queue.Queue[bytes | None]]:
+                    hold_stdin: bool = False, output_limit: int = 0) -> tuple[Any, queue.Queue[bytes | None]]:
         """Start a command; returns (call, stdin_queue).
 
         `hold_stdin` (stdin arrives while the command runs) changes nothing here: the stream carries it anyway.
+        Nor does `output_limit` (the worker's max_output_bytes): the output streams as the guest prints it, so the
+        worker's own count stops the command as soon as it passes it (it hangs up: the mux cancels the call).
 
         Feed stdin with stdin_queue.put(bytes) and end it with put(None). Iterate
         `call` with `iter_exec()`. A `stdin` bytes value is sent up front (and EOF).

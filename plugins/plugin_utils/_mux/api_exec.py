@@ -17,7 +17,9 @@ Every command runs as a JOB so that neither bound reaches it:
   through the documented file API and removed; a cut is never taken for the whole;
 - a longer one is polled with short execs (each waits at most one slice, less once STEP new bytes of output
   are there, which it brings), so output flows while it runs; it is stopped (its process group killed) at its
-  timeout, when its worker goes away (a worker over its output limit hangs up too), or when the road gives up;
+  timeout, when its worker goes away, when the road gives up, or as soon as it has printed more than the
+  task's output limit (the worker's max_output_bytes, sent with the exec): the job runs ahead of the road up
+  to that limit and reports what it wrote, so output the worker would only drop is never moved;
 - stdin bigger than one request body carries is uploaded into the job dir first (staged).
 
 What the script says about the job comes on the last line of stderr, after a marker (TRAILER): `done <rc>
@@ -60,7 +62,9 @@ STDIN_INLINE, STDIN_STAGED, STDIN_NONE = "0", "1", "2"  # how the job script get
 HELPER_TIMEOUT = 60                   # the documented default, for the road's own short commands
 JOBS_DIR = "jobs"                     # under the mux's api dir (run_dirs.api_dir_name), which a later link sweeps
 TRAILER = b"@@microvm-api-job@@"
-TRAILER_WORDS = {"done": 5, "running": 3, "absent": 1}  # its last word's shapes: done <rc> <out> <err> <kept>, ...
+# its last word's shapes: done <rc> <out> <err> <kept>, running <out> <err> [<written>] (the warm client's has
+# no <written>), absent
+TRAILER_WORDS = {"done": (5,), "running": (3, 4), "absent": (1,)}
 # OUR READING: no page names the headers that tell a cut ("truncation is indicated via response headers when
 # present"); these are the local plane's. Never the only witness: a stream as long as the cap is taken as cut too.
 TRUNCATED_HEADERS = {"stdout": "X-Exec-Stdout-Truncated", "stderr": "X-Exec-Stderr-Truncated"}
@@ -113,7 +117,7 @@ def trailer(answer: Answer) -> tuple[list[str], bytes] | None:
         return None
     words = answer.stderr[at + 1:].decode("ascii", "replace").split()[1:]
     # the guest is hostile: only the script's own shapes, numbers that fit, count (anything else: no trailer)
-    if not words or any(not w.isdigit() or len(w) > 18 for w in words[1:]) or len(words) != TRAILER_WORDS.get(words[0]):
+    if not words or any(not w.isdigit() or len(w) > 18 for w in words[1:]) or len(words) not in TRAILER_WORDS.get(words[0], ()):
         return None
     return words, answer.stderr[:at]
 
@@ -169,8 +173,9 @@ class Jobs:
     def _script(self, mode: str, job: str, wait: int, have: tuple[int, int] = (0, 0), args: Sequence[str] = (),
                 stdin: bytes = b"", workdir: str = "", call: Call | None = None) -> Answer:
         """One run of JOB_SCRIPT; `have` is the stdout and stderr bytes already read."""
-        return self._slice(["/bin/sh", "-c", JOB_SCRIPT, "sh", mode, job, str(wait), str(have[0]), str(have[1])] + list(args),
-                           wait, stdin, workdir, call)
+        limit = call.output_limit if call is not None else 0
+        return self._slice(["/bin/sh", "-c", JOB_SCRIPT, "sh", mode, job, str(wait), str(have[0]), str(have[1]), str(limit)]
+                           + list(args), wait, stdin, workdir, call)
 
     def _slice(self, argv: Sequence[str], wait: int, stdin: bytes = b"", workdir: str = "", call: Call | None = None) -> Answer:
         """One exec that answers like the job script within `wait` seconds (the job script, or a warm client)."""
@@ -225,11 +230,14 @@ class Jobs:
                     continue
                 probed = False
                 words, b64err = said
-                if words[:1] == ["done"] and len(words) == 5:
+                if words[:1] == ["done"]:
+                    self._check_limit(call, int(words[2]) + int(words[3]))  # none of it is downloaded then
                     break
-                if words[:1] != ["running"] or len(words) != 3:
+                if words[:1] != ["running"]:
                     raise errors.CommandLost("session %s: the command's job at %s is gone before its end was read (%s); "
                                              "it may have partly run and is not re-run" % (self.label, job, " ".join(words)))
+                if len(words) == 4:
+                    self._check_limit(call, int(words[3]))
                 yield from self._inline(answer.stdout, b64err, have, int(words[1]), int(words[2]))
                 self._check_cancelled(call)
                 if deadline is not None and time.monotonic() >= deadline:
@@ -266,6 +274,12 @@ class Jobs:
         if deadline is None:
             return self.slice
         return max(0, min(self.slice, int(deadline - time.monotonic() + 0.999)))
+
+    def _check_limit(self, call: Call, written: int) -> None:
+        """A job that printed more than its task may hold is stopped (by run's drop) before its output is moved:
+        the worker would only drop it, and moving it (512 KiB an exec) could take minutes on a busy mux."""
+        if call.output_limit and written > call.output_limit:
+            raise errors.OutputOverLimit(self.label, call.output_limit, "%d when it was stopped" % written)
 
     def _check_cancelled(self, call: Call) -> None:
         if call.cancelled.is_set():

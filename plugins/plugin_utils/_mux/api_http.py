@@ -321,6 +321,7 @@ class Call:
         self.hold_stdin = hold_stdin
         self.conn: http.client.HTTPConnection | None = None
         self.exec_id = ""
+        self.output_limit = 0  # a job printing more is stopped without its output being moved (api_exec.Jobs.run)
         self.cancelled = threading.Event()
 
     def cancel(self) -> None:

@@ -84,15 +84,18 @@ class ApiRoadClient:
     # -- exec -------------------------------------------------------------------------------
     def exec_stream(self, argv: Sequence[str], env: dict[str, str] | None = None, workdir: str = "", timeout: int = 0,
                     stdin: bytes | None = None, deadline: float | None = None,
-                    hold_stdin: bool = False) -> tuple[Call, queue.Queue[bytes | None]]:
+                    hold_stdin: bool = False, output_limit: int = 0) -> tuple[Call, queue.Queue[bytes | None]]:
         """Prepare a command; returns (call, stdin_queue) like AgentClient.exec_stream.
 
         It starts in iter_exec: as a buffered job once the queue's stdin is complete (put(None)); with
         `hold_stdin` (stdin arrives while it runs) on the event stream at once, if the team has interactive stdin.
+        `output_limit` (the worker's max_output_bytes, 0 = none): a job whose output passes it is stopped at once
+        (api_exec.Jobs.run); the event stream streams, so there the worker's own count stops it.
         """
         if hold_stdin and self.interactive is False:
             raise errors.SandboxError(self._needs_interactive())
         call = Call(env_argv(argv, env), workdir or "", int(timeout or 0), bool(hold_stdin))
+        call.output_limit = max(0, int(output_limit or 0))
         feed: queue.Queue[bytes | None] = queue.Queue()
         if stdin is not None:
             if stdin:

@@ -39,7 +39,8 @@ def op_exec(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> None
         link.runs.ensure(req.get("run"))
         call, feed = link.client.exec_stream(req["argv"], env=req.get("env"), workdir=req.get("workdir") or "",
                                              timeout=timeout, deadline=(timeout + DEADLINE_GRACE) if timeout else None,
-                                             hold_stdin=bool(req.get("hold_stdin")))
+                                             hold_stdin=bool(req.get("hold_stdin")),
+                                             output_limit=_output_limit(req))
     except errors.SandboxError as e:
         # answer first (the worker may hold stdin back), then drain its stdin up to STDIN_EOF
         # so that the next request on this connection is read as a request
@@ -72,6 +73,12 @@ def op_exec(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> None
     done.set()
     mp.send_frame(conn, *final)
     reader.join()
+
+
+def _output_limit(req: dict[str, Any]) -> int:
+    """The worker's max_output_bytes sent with an exec (0 = none; a worker before it sends none)."""
+    limit = req.get("max_output")
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else 0
 
 
 def op_warm(link: SessionLink, conn: socket.socket, req: dict[str, Any]) -> str | None:

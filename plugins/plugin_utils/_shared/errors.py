@@ -118,6 +118,19 @@ class ChecksumMismatch(SandboxError):
     """A transferred file's sha256 or size did not match; nothing was put in place."""
 
 
+class OutputOverLimit(SandboxError):
+    """A command printed more than its task may hold (option max_output_bytes): it was stopped. A plain failure.
+
+    The worker raises it past the limit it counts; the api road's mux raises it as soon as the guest's job has
+    written more than the limit, without moving those bytes (they would only be dropped)."""
+
+    def __init__(self, session: str, limit: int, seen: str) -> None:
+        super().__init__("the command on session %s printed more than %d bytes (%s), the most one task keeps in memory "
+                         "(option max_output_bytes of the microvm.sandbox.agent connection: MICROVM_MAX_OUTPUT_BYTES or "
+                         "ansible_microvm_max_output_bytes, 0 for no limit); it was stopped. Send big output to a file "
+                         "in the sandbox and fetch it instead" % (session, limit, seen))
+
+
 class HttpRefused(SandboxError):
     """The data plane (api road) answered a call with an error status; `status` says which."""
 

@@ -18,10 +18,10 @@ from ansible_collections.microvm.sandbox.plugins.plugin_utils._mux.api_exec impo
 pytestmark = pytest.mark.skipif(not os.path.exists("/bin/sh"), reason="needs /bin/sh")
 
 
-def script(mode, job, wait, have=(0, 0), args=(), stdin=b""):
+def script(mode, job, wait, have=(0, 0), args=(), stdin=b"", limit=0):
     """(stdout, stderr before the trailer, the trailer's words) of one run of the job script, as one exec would."""
     proc = subprocess.run(["/bin/sh", "-c", api_exec.JOB_SCRIPT, "sh", mode, str(job), str(wait), str(have[0]),
-                           str(have[1])] + list(args), input=stdin, capture_output=True, timeout=60, check=False)
+                           str(have[1]), str(limit)] + list(args), input=stdin, capture_output=True, timeout=60, check=False)
     said = api_exec.trailer(api_exec.Answer(proc.returncode, proc.stdout, proc.stderr, 0, ()))
     assert said is not None, proc
     return proc.stdout, said[1], said[0]
@@ -39,7 +39,7 @@ def gone(pid):
 def test_a_job_that_outlives_its_slice_answers_running_then_done(tmp_path):
     job = tmp_path / "job"
     out, err, said = script("run", job, 1, args=[STDIN_NONE, "/bin/sh", "-c", "sleep 2; echo late"])
-    assert said == ["running", "0", "0"] and out == b"" and err == b""
+    assert said == ["running", "0", "0", "0"] and out == b"" and err == b""
     assert (job / "pid").exists() and not (job / "rc").exists()
     deadline = time.monotonic() + 30
     while True:
@@ -103,7 +103,7 @@ def test_a_slice_that_ends_at_once_never_leaves_the_exec_waiting_for_the_job(tmp
 
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         said = list(pool.map(run, range(96)))
-    assert all(words == ["running", "0", "0"] for words in said), [w for w in said if w[0] != "running"]
+    assert all(words == ["running", "0", "0", "0"] for words in said), [w for w in said if w[0] != "running"]
 
 
 def test_a_running_job_sends_exactly_the_bytes_its_word_counts_while_its_files_grow(tmp_path):
@@ -121,6 +121,34 @@ def test_a_running_job_sends_exactly_the_bytes_its_word_counts_while_its_files_g
             assert (len(base64.b64decode(out)), len(base64.b64decode(err))) == (int(said[1]) - have[0], int(said[2]) - have[1])
             have = [int(said[1]), int(said[2])]
     script("drop", job, 0)
+
+
+def state(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.parametrize("limit", [0, 3 * api_exec.BACKLOG])
+def test_a_job_runs_ahead_of_the_road_up_to_its_output_limit_then_is_paused(tmp_path, limit):
+    """Without a limit a job more than BACKLOG bytes ahead of the road is paused, as a pipe would hold it; with one, not
+    before it has written more than the limit (the road then stops it at once, without moving what it wrote): the
+    word's last number says what it wrote. Polls that read nothing, as a road would while it waits."""
+    job = tmp_path / "job"
+    flood = "while :; do head -c 65536 /dev/zero; sleep 0.01; done"  # a few MB/s: a poll sees it pass each bound
+    _out, _err, said = script("run", job, 0, args=[STDIN_NONE, "/bin/sh", "-c", flood], limit=limit)
+    pid = int((job / "pid").read_text())
+    try:
+        deadline = time.monotonic() + 30
+        while state(pid) != "T":  # each poll pauses it when it may: until then it writes on
+            assert time.monotonic() < deadline, said
+            _out, _err, said = script("wait", job, 0, limit=limit)
+            assert said[0] == "running"
+        written = int(script("wait", job, 0, limit=limit)[2][3])
+        assert written > max(limit, api_exec.BACKLOG)
+        if not limit:
+            assert written < 3 * api_exec.BACKLOG  # paused soon after BACKLOG, long before the other case's limit
+    finally:
+        script("drop", job, 0)
 
 
 def test_wait_on_a_job_that_is_not_there_answers_absent(tmp_path):

@@ -99,7 +99,7 @@ def test_exec_is_one_buffered_job_and_carries_env_through_env1(fake):
     doc = json.loads(body)
     assert headers["Accept"] == "application/json" and headers["Authorization"] == "Bearer tok"
     assert doc["argv"][:5] == ["/bin/sh", "-c", api_exec.JOB_SCRIPT, "sh", "run"]
-    assert doc["argv"][6:] == [str(api_exec.WAIT_SLICE), "0", "0", "0", "/usr/bin/env", "--", "A=1 2", "printenv", "A"]
+    assert doc["argv"][6:] == [str(api_exec.WAIT_SLICE), "0", "0", "0", "0", "/usr/bin/env", "--", "A=1 2", "printenv", "A"]
     assert doc["argv"][5].startswith("/workspace/.scratch/%s/jobs/" % run_dirs.api_dir_name(""))
     assert base64.b64decode(doc["stdin"]) == b"in" and doc["timeout_seconds"] <= api_exec.EXEC_MAX_TIMEOUT
     assert "keep_stdin_open" not in doc
@@ -119,6 +119,32 @@ def test_a_job_that_outlives_one_exec_is_polled_and_a_cut_answer_probed(fake):
     assert json.loads(server.seen[3][3])["argv"][7:9] == ["6", "0"]  # a poll says what the road has read
 
 
+def word(text):
+    return "\n%s %s\n" % (api_exec.TRAILER.decode(), text)
+
+
+@pytest.mark.parametrize("said", ["running 0 0 1001", "done 0 1000 1 1"])
+def test_a_job_past_its_output_limit_is_stopped_before_its_output_is_moved(fake, said):
+    """The worker's max_output_bytes goes to the job script; a job that reports more written (running, or done with
+    its output left for download) fails naming the option and is dropped at once: nothing is polled or downloaded."""
+    server, client = fake
+    server.answers[("POST", route("/sandbox/exec"))] = [answer(0, "", word(said)), answer(0, "", word("absent"))]
+    call, feed = client.exec_stream(["yes"], stdin=b"", output_limit=1000)
+    with pytest.raises(errors.OutputOverLimit, match="printed more than 1000 bytes.*max_output_bytes"):
+        list(client.iter_exec(call, feed))
+    argvs = [json.loads(seen[3])["argv"] for seen in server.seen]
+    assert [a[4] for a in argvs] == ["run", "drop"] and argvs[0][9] == "1000"
+    assert all(seen[0] == "POST" for seen in server.seen)  # no download
+
+
+def test_a_job_within_its_output_limit_runs_to_its_end(fake):
+    server, client = fake
+    server.answers[("POST", route("/sandbox/exec"))] = [answer(0, b64(b"ab"), word("running 2 0 1000")),
+                                                        answer(0, b64(b"c"), word("done 0 3 0 0"))]
+    call, feed = client.exec_stream(["yes"], stdin=b"", output_limit=1000)
+    assert [k for k, _d in client.iter_exec(call, feed)] == ["stdout", "stdout", "exit"]
+
+
 def test_a_job_that_never_started_says_why(fake):
     server, client = fake
     server.answers[("POST", route("/sandbox/exec"))] = [answer(1, "", "mkdir: Permission denied\n"),
@@ -128,7 +154,7 @@ def test_a_job_that_never_started_says_why(fake):
 
 
 @pytest.mark.parametrize("word", ["done x 1 0 0", "done 0 1 0", "done 0 99999999999999999999 0 0", "running -1 0",
-                                  "finished 0 0 0 0"])
+                                  "running 0 0 0 0", "finished 0 0 0 0"])
 def test_a_job_word_of_no_shape_the_script_prints_is_a_lost_command(fake, word):
     """The guest is hostile: its last word is taken only in the script's own shapes, never parsed blindly."""
     server, client = fake

@@ -116,7 +116,7 @@ def test_a_module_past_the_slice_is_handed_to_a_keeper_the_job_script_follows(ru
     assert rc == 0 and said == ["running", "0", "0"] and out == b""
     deadline = time.monotonic() + 30
     while True:  # as the road polls it: the job script's `wait`
-        proc = subprocess.run(["/bin/sh", "-c", api_exec.JOB_SCRIPT, "sh", "wait", str(job), "5", "0", "0"],
+        proc = subprocess.run(["/bin/sh", "-c", api_exec.JOB_SCRIPT, "sh", "wait", str(job), "5", "0", "0", "0"],
                               capture_output=True, timeout=60, check=False)
         words = api_exec.trailer(api_exec.Answer(0, proc.stdout, proc.stderr, 0, ()))[0]
         if words[0] == "done" or time.monotonic() > deadline:
@@ -152,7 +152,7 @@ def test_killing_the_client_s_process_group_stops_the_module(runner):
         time.sleep(0.05)
     module = int([b for _r, k, b in frames_of((job / "out").read_bytes()) if k == wr.OUT][0].split()[1])
     assert alive(module)
-    proc = subprocess.run(["/bin/sh", "-c", api_exec.JOB_SCRIPT, "sh", "kill", str(job), "0", "0", "0"],
+    proc = subprocess.run(["/bin/sh", "-c", api_exec.JOB_SCRIPT, "sh", "kill", str(job), "0", "0", "0", "0"],
                           capture_output=True, timeout=60, check=False)
     assert api_exec.trailer(api_exec.Answer(0, proc.stdout, proc.stderr, 0, ()))[0][:2] == ["done", "143"]
     deadline = time.monotonic() + 10
