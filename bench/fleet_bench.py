@@ -67,11 +67,33 @@ def resources():
             "files_open": files_open, "nofile_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
 
 
-def create_sessions(client, count, threads):
+class OutOfMemory(Exception):
+    """The machine's available memory fell below the bench's floor: the count does not fit beside the others."""
+
+
+def mem_available_mib():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) // 1024
+    return 0
+
+
+def check_memory(floor_mib, what):
+    """OutOfMemory when less than floor_mib is available: the machine is shared, an OOM kill would hit anyone."""
+    available = mem_available_mib()
+    if available < floor_mib:
+        raise OutOfMemory("%s: %d MiB available, below the floor of %d MiB (--mem-floor-mib): this machine does not "
+                          "hold this count beside what else runs on it; try a smaller one" % (what, available, floor_mib))
+
+
+def create_sessions(client, count, threads, floor_mib):
     """COUNT sessions, created and waited for READY from `threads` threads -> their ids (in name order).
 
-    On an error or Ctrl-C the pool is left at once (queued creates cancelled): the caller stops the plane."""
+    On an error, Ctrl-C or memory below the floor the pool is left at once (queued creates cancelled): the caller
+    stops the plane."""
     def one(i):
+        check_memory(floor_mib, "creating session %d" % (i + 1))
         sid = client.create_session({"name": "fleet-%03d" % i, "agent": "custom"})["session_id"]
         client.wait_session(sid, timeout=900)
         return sid
@@ -109,7 +131,7 @@ class Fleet:
         self.plane = start_local_plane(os.path.join(self.work, "plane"))
         client = self.plane.client()
         t = time.monotonic()
-        self.ids = create_sessions(client, self.count, self.args.create_threads)
+        self.ids = create_sessions(client, self.count, self.args.create_threads, self.args.mem_floor_mib)
         result["create_all_s"] = round(time.monotonic() - t, 1)
         result["plane_idle"] = self.plane_cost()
         self.sshd = Sshd(self.work)
@@ -172,8 +194,15 @@ def run_side(fleet, mode, forks, interval):
     """One ansible-playbook run of the fleet playbook on side `mode` (agent or ssh) -> its figures."""
     ssh_dir = fleet.sshd.dir
     masters = {}  # ControlPath -> the master pids seen during the run
+    short = []    # the MemAvailable that ended the run early, if one did
 
     def groups(procs):
+        available = mem_available_mib()
+        if available < fleet.args.mem_floor_mib and not short:
+            short.append(available)  # end the run: its processes go, the bench then tears down
+            for pid in playbook_tree(procs, "fleet.yml"):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGTERM)
         ssh = [pid for pid, (_ppid, comm, cmd) in procs.items() if comm == "ssh" and ssh_dir in cmd]
         for pid, path in fleet_counts.ssh_masters(procs, ssh_dir).items():
             masters.setdefault(path, set()).add(pid)
@@ -195,6 +224,10 @@ def run_side(fleet, mode, forks, interval):
     with PeakSampler(groups, interval=interval) as sampler:
         proc, seconds = timed_run(playbook_argv(mode + ".ini", "fleet.yml", "--forks", str(forks)), fleet.env, fleet.work)
         sampler.sample()
+    if short:
+        raise OutOfMemory("the %s run at %d: %d MiB available, below the floor of %d MiB (--mem-floor-mib): this "
+                          "machine does not hold this count beside what else runs on it; try a smaller one"
+                          % (mode, fleet.count, short[0], fleet.args.mem_floor_mib))
     procs = processes()
     out = {"seconds": round(seconds, 2), "rc": proc.returncode, "resources_before": resources_before,
            "resources_after": resources(), "peak": sampler.peak,
@@ -245,6 +278,9 @@ def run_count(count, args):
         first = runs["agent_" + args.phases[0]]
         result["mux_kib_per_additional_session"] = kib_per_additional_session(
             result["muxes_one_session"], first["muxes_at_end"], count)
+    except OutOfMemory as e:
+        result["stopped"] = str(e)
+        print("stopped at %d sessions: %s" % (count, e))
     finally:
         fleet.stop()
     result["resources_at_end"] = resources()
@@ -331,6 +367,8 @@ def main():
     ap.add_argument("--phases", default="cold", help="cold (no mux, no ControlMaster yet), warm, or cold,warm")
     ap.add_argument("--create-threads", type=int, default=8)
     ap.add_argument("--sample-interval", type=float, default=1.0, help="seconds between memory samples")
+    ap.add_argument("--mem-floor-mib", type=int, default=3072,
+                    help="stop (and tear down) when the machine's available memory falls below this (it is shared)")
     ap.add_argument("--output-dir", default=os.path.join(ROOT, "bench", "results"))
     args = ap.parse_args()
     args.phases = [p for p in ("cold", "warm") if p in args.phases.split(",")]
@@ -343,9 +381,19 @@ def main():
     signal.signal(signal.SIGTERM, terminate)
 
     started = time.time()
-    results = [run_count(count, args) for count in args.counts]
-    summary = {"counts": args.counts, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
+    results = []
+    for count in args.counts:
+        result = run_count(count, args)
+        if "stopped" in result:  # a larger count will not fit either
+            break
+        results.append(result)
+    summary = {"counts": [r["sessions"] for r in results], "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
                "minutes": round((time.time() - started) / 60, 1), "phases": {}}
+    if len(results) < len(args.counts):
+        summary["stopped"] = {"count": result["sessions"], "why": result["stopped"]}
+    if not results:
+        print("no count completed; wrote %s" % benchlib.save_json(os.path.join(args.output_dir, "fleet-summary.json"), summary))
+        return 1
     for phase in args.phases:
         print("== %s" % phase)
         for r in results:
@@ -354,7 +402,7 @@ def main():
         summary["phases"][phase] = met
         benchlib.print_rows([(name, "%s: %s" % ("met" if t["met"] else "MISSED", t["value"])) for name, t in met.items()])
     print("wrote %s" % benchlib.save_json(os.path.join(args.output_dir, "fleet-summary.json"), summary))
-    return 0 if all(run["ok"] for r in results for run in r["runs"].values()) else 1
+    return 0 if "stopped" not in summary and all(run["ok"] for r in results for run in r["runs"].values()) else 1
 
 
 if __name__ == "__main__":
