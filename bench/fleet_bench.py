@@ -195,9 +195,11 @@ def run_side(fleet, mode, forks, interval):
     ssh_dir = fleet.sshd.dir
     masters = {}  # ControlPath -> the master pids seen during the run
     short = []    # the MemAvailable that ended the run early, if one did
+    lowest = [mem_available_mib()]  # the lowest MemAvailable seen during the run
 
     def groups(procs):
         available = mem_available_mib()
+        lowest[0] = min(lowest[0], available)
         if available < fleet.args.mem_floor_mib and not short:
             short.append(available)  # end the run: its processes go, the bench then tears down
             for pid in playbook_tree(procs, "fleet.yml"):
@@ -230,6 +232,7 @@ def run_side(fleet, mode, forks, interval):
                           % (mode, fleet.count, short[0], fleet.args.mem_floor_mib))
     procs = processes()
     out = {"seconds": round(seconds, 2), "rc": proc.returncode, "resources_before": resources_before,
+           "mem_available_lowest_mib": lowest[0],
            "resources_after": resources(), "peak": sampler.peak,
            "controller_cpu_s": round(children_cpu() + near_cpu() - cpu_before, 1)}
     recap = [line for line in proc.stdout.splitlines() if "ok=" in line and "failed=" in line]
@@ -252,6 +255,32 @@ def run_side(fleet, mode, forks, interval):
     if not out["ok"]:
         print("%s run failed:\n%s\n%s" % (mode, proc.stdout[-3000:], proc.stderr[-2000:]))
     return out
+
+
+def mib_per_session(result):
+    """What one session of a finished count cost the machine, plane and controller together: the drop of its
+    available memory from before the sessions were created to the lowest seen during a run, per session."""
+    lowest = min(run["mem_available_lowest_mib"] for run in result["runs"].values())
+    return (result["resources_at_start"]["mem_available_mib"] - lowest) / result["sessions"]
+
+
+def largest_fit(count, previous, floor_mib):
+    """COUNT, or the largest multiple of 10 below it whose fleet this machine's available memory holds above the
+    floor, projected from the previous count's cost per session -> (count, why it was lowered or None).
+
+    That cost carries the previous count's fixed share too (the plane, ansible-playbook's forks), so the projection
+    errs on the safe side: the machine is shared, and an OOM kill would hit anyone's processes."""
+    if previous is None:
+        return count, None
+    per_session = mib_per_session(previous)
+    available = mem_available_mib()
+    fits = int((available - floor_mib) / max(per_session, 1.0))
+    if fits >= count:
+        return count, None
+    lowered = max(previous["sessions"], fits // 10 * 10)
+    return lowered, ("memory: %d sessions would take about %d MiB (%.1f MiB each, plane and guests and controller, "
+                     "measured at %d), %d MiB are available and %d MiB stay free (--mem-floor-mib): %d fit" % (
+                         count, count * per_session, per_session, previous["sessions"], available, floor_mib, fits))
 
 
 def run_count(count, args):
@@ -369,28 +398,41 @@ def main():
     ap.add_argument("--sample-interval", type=float, default=1.0, help="seconds between memory samples")
     ap.add_argument("--mem-floor-mib", type=int, default=3072,
                     help="stop (and tear down) when the machine's available memory falls below this (it is shared)")
+    ap.add_argument("--no-fit", action="store_true",
+                    help="run every count as asked, even one the memory left will not hold (by the previous count's cost)")
     ap.add_argument("--output-dir", default=os.path.join(ROOT, "bench", "results"))
     args = ap.parse_args()
     args.phases = [p for p in ("cold", "warm") if p in args.phases.split(",")]
     if not args.phases or not args.counts or min(args.counts) < 1:
         ap.error("--phases needs cold and/or warm, --counts one count or more, each at least 1")
-    args.ssh_counts = args.counts if args.ssh_counts is None else args.ssh_counts
+    args.ssh_counts = list(args.counts if args.ssh_counts is None else args.ssh_counts)
 
     def terminate(_sig, _frame):  # SIGTERM tears down like Ctrl-C: the finally blocks run
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, terminate)
 
     started = time.time()
-    results = []
-    for count in args.counts:
+    results, summary_notes, stopped = [], [], None
+    for wanted in args.counts:
+        count, lowered = largest_fit(wanted, results[-1] if results else None, args.mem_floor_mib)
+        if lowered and not args.no_fit:
+            print("%d sessions lowered to %d: %s" % (wanted, count, lowered))
+            summary_notes.append({"wanted": wanted, "ran": count, "why": lowered})
+        else:
+            count = wanted
+        if count in [r["sessions"] for r in results]:
+            continue
+        if wanted in args.ssh_counts:
+            args.ssh_counts.append(count)
         result = run_count(count, args)
         if "stopped" in result:  # a larger count will not fit either
+            stopped = {"count": count, "why": result["stopped"]}
             break
         results.append(result)
     summary = {"counts": [r["sessions"] for r in results], "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
-               "minutes": round((time.time() - started) / 60, 1), "phases": {}}
-    if len(results) < len(args.counts):
-        summary["stopped"] = {"count": result["sessions"], "why": result["stopped"]}
+               "minutes": round((time.time() - started) / 60, 1), "lowered": summary_notes, "phases": {}}
+    if stopped:
+        summary["stopped"] = stopped
     if not results:
         print("no count completed; wrote %s" % benchlib.save_json(os.path.join(args.output_dir, "fleet-summary.json"), summary))
         return 1
