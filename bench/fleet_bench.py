@@ -20,7 +20,10 @@ wall per session-task), at most 0.1x SSH's wall, at most SSH's controller memory
 Writes bench/results/fleet-COUNT.json per count and bench/results/fleet-summary.json. Everything it starts
 (sessions, plane, sshd, ControlMasters, muxes) is torn down at the end, on failure, Ctrl-C or SIGTERM.
 The machine's load and resources (memory, threads, file descriptors) are recorded before and after: the
-machine is shared, and they are what bounds the count.
+machine is shared, and they are what bounds the count. Memory bounds it first here (the local plane's guests
+live on the controller's machine): a count the available memory will not hold, projected from the previous
+count's cost per session, is lowered to the largest that fits (--no-fit: run it as asked), and a count whose
+creation or run takes the available memory below --mem-floor-mib is stopped and torn down.
 
 Usage: PYTHONPATH=.local/collections:localplane:tests/support .venv/bin/python bench/fleet_bench.py
            [--counts 100,500] [--forks 50] [--tasks 10] [--persist 60] [--phases cold[,warm]] [--ssh-counts 100]
@@ -389,6 +392,7 @@ def counts_arg(text):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--counts", type=counts_arg, default=[100], help="session counts, comma-separated (default 100)")
+    ap.add_argument("--sessions", type=int, help="one count: the same as --counts SESSIONS")
     ap.add_argument("--ssh-counts", type=counts_arg, default=None, help="the counts SSH runs at too (default: all)")
     ap.add_argument("--forks", type=int, default=50)
     ap.add_argument("--tasks", type=int, default=10)
@@ -402,6 +406,8 @@ def main():
                     help="run every count as asked, even one the memory left will not hold (by the previous count's cost)")
     ap.add_argument("--output-dir", default=os.path.join(ROOT, "bench", "results"))
     args = ap.parse_args()
+    if args.sessions is not None:
+        args.counts = [args.sessions]
     args.phases = [p for p in ("cold", "warm") if p in args.phases.split(",")]
     if not args.phases or not args.counts or min(args.counts) < 1:
         ap.error("--phases needs cold and/or warm, --counts one count or more, each at least 1")
