@@ -45,7 +45,7 @@ CORE_SUITES := tests/unit/plugins/plugin_utils/test_core_compat.py tests/integra
 	tests/unit/plugins/plugin_utils/test_bulk_line.py tests/integration/test_bulk_transfer.py::test_a_playbooks_copy_and_fetch_take_the_bulk_line
 
 .PHONY: help venv system-deps collection base-rootfs proto proto-check lint typecheck sanity ansible-lint docs-lint docs \
-        unit localplane-test integration integration-api molecule galaxy-import ee-test test check test-newest test-newest-sanity test-newest-suites test-core220 test-live demo local-up local-down sweep build clean clean-images bench docsite
+        unit localplane-test integration integration-api molecule galaxy-import ee-test test check test-newest test-newest-sanity test-newest-suites test-core220 test-live demo local-up local-down sweep build clean clean-images bench bench-fleet docsite
 
 help:
 	@echo "make demo   - set up everything and run the demo end to end on the local control plane"
@@ -58,6 +58,7 @@ help:
 	@echo "make proto  - regenerate the guest agent stubs from protos/"
 	@echo "make docsite - regenerate the docsite's extra docs (docs/docsite/rst) from docs/*.md and the README"
 	@echo "make bench  - run the benchmarks in bench/"
+	@echo "make bench-fleet - one controller against 100 and 500 sessions (FLEET_COUNTS), vs SSH to as many hosts (long)"
 	@echo "make typecheck - mypy over plugins/ and the share of annotated functions (hack/typed_share.py)"
 	@echo "make clean  - remove .local (planes, caches, results) and this project's images (make clean-images)"
 	@echo "make ee-test - build an execution environment (ansible-builder, podman) and run a playbook in it"
@@ -215,6 +216,14 @@ build: setup
 
 bench: setup .venv-newest/.stamp
 	PYTHON_NEWEST=$(PYTHON_NEWEST) bash bench/run.sh
+
+# Issue 46: 10 tasks on each of FLEET_COUNTS sessions from one controller (forks 50), against SSH with a
+# ControlMaster per host, each count on a plane of its own (bench/fleet_bench.py; results in bench/results/fleet-*.json).
+# Not in `make bench`: the SSH side alone takes tens of minutes at 500 on a 2-core machine.
+FLEET_COUNTS ?= 100,500
+FLEET_ARGS ?=
+bench-fleet: setup
+	PYTHONPATH=$(PYTHONPATH):$(CURDIR)/tests/support $(PY) bench/fleet_bench.py --counts $(FLEET_COUNTS) $(FLEET_ARGS)
 
 # Images this checkout put into the containers store (buildah's and podman's): the
 # demo's template and base images and the execution environment's, found by the

@@ -41,8 +41,8 @@ echo "== directory trees: microvm.sandbox.sync vs rsync over SSH and copy (bench
 "$PY" bench/sync_bench.py --repeat "$REPEAT"
 echo "== load: 50 sessions x 30 tasks, forks 25 (bench/load_bench.py)"
 "$PY" bench/load_bench.py
-echo "== fleet: 100 sessions vs SSH to 100 hosts, 10 tasks, forks 50 (bench/fleet_bench.py)"
-"$PY" bench/fleet_bench.py
+echo "== fleet: 100 sessions vs SSH to 100 hosts, 10 tasks, forks 50, cold and warm (bench/fleet_bench.py; 500 too: make bench-fleet)"
+"$PY" bench/fleet_bench.py --counts 100 --phases cold,warm
 echo "== fairness: one mux, a session flooding output and helper output next to one running small commands (bench/fairness_bench.py)"
 "$PY" bench/fairness_bench.py --repeat "$REPEAT"
 echo "== fairness with the mux's GIL switch interval fixed at 0.5 ms (the rule before issue 45) and at Python's 5 ms"
