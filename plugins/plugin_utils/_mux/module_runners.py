@@ -332,7 +332,8 @@ class ModuleRunner:
         self.abandoned.add(rid)
         self.kill(rid)
 
-    def stop(self) -> None:
+    def stop(self, touch_guest: bool = True) -> None:
+        """End the runner's stream (stdin EOF: it waits for its children and exits); nothing else reaches the guest."""
         self.alive = False
         if self.feed is not None:
             self.feed.put(None)  # stdin EOF: the runner waits for its children and exits
@@ -383,11 +384,16 @@ class ModuleRunners:
                     return runner
         raise errors.WarmRefused("no warm runner is running in this session yet")
 
-    def stop(self) -> None:
+    def stop(self, touch_guest: bool = True) -> None:
+        """Stop every runner; without `touch_guest` (a session not usable now) nothing runs in the guest for it."""
         with self.lock:
             for runner in self.runners.values():
-                runner.stop()
+                runner.stop(touch_guest)
             self.runners.clear()
+
+    def leave_files(self) -> bool:
+        """Whether stopping a runner runs a command in the guest (to remove its files)."""
+        return False
 
 
 class ApiModuleRunner(ModuleRunner):
@@ -486,11 +492,19 @@ class ApiModuleRunner(ModuleRunner):
                     self._deliver(rid, q, ("dead", why), last=True)
                 self.abandoned.discard(rid)
 
-    def stop(self) -> None:
-        """Remove the runner's dir: it stops once its socket file is gone (module_runner.serve), its modules killed."""
+    def stop(self, touch_guest: bool = True) -> None:
+        """Remove the runner's dir: it stops once its socket file is gone (module_runner.serve), its modules killed.
+
+        Without `touch_guest` (the session is paused: any exec would wake it) the dir is left: the next runner of
+        this mux takes its socket over (the old one then stops), and a later mux's sweep removes the dir.
+        """
         self.alive = False
         for call in list(self.calls.values()):
             call.cancel()
+        if not touch_guest:
+            log.info("session %s: the session is not usable: the warm runner's dir %s is left to a later link",
+                     self.client.label, self.dir)
+            return
         with contextlib.suppress(errors.SandboxError):
             self.client.jobs.raw(["rm", "-rf", "--", self.dir], timeout=10)
 
@@ -498,6 +512,10 @@ class ApiModuleRunner(ModuleRunner):
 class ApiModuleRunners(ModuleRunners):
     """The api road's runners (ApiModuleRunner), one per (interpreter, core) as on the agent road, each in its own
     dir of the mux's api dir (run_dirs.api_dir_name: a later link sweeps it if this mux dies)."""
+
+    def leave_files(self) -> bool:
+        with self.lock:
+            return bool(self.runners)
 
     def _new_runner(self, interpreter: str, core: str) -> ModuleRunner:
         name = "warm-" + hashlib.sha256(("%s\0%s" % (interpreter, core)).encode("utf-8")).hexdigest()[:12]

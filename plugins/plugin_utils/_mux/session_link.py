@@ -245,16 +245,20 @@ class SessionLink:
             if because is not None or not self.closed.is_set():
                 self.closed_because = because
             self.closed.set()
+        touch_guest = clean and self.opened and self._may_touch_guest()
         if clean and self.opened:
-            self._remove_ended_runs()
-        self._teardown()
+            if touch_guest:
+                self.runs.remove_ended()
+            else:
+                self.runs.leave_ended()
+        self._teardown(touch_guest)
         log.info("session %s: link %d closed (%s)", self.label, self.generation, why)
         if self.on_close is not None:
             self.on_close()
 
-    def _teardown(self) -> None:
+    def _teardown(self, touch_guest: bool = True) -> None:
         if self._runners is not None:
-            self._runners.stop()
+            self._runners.stop(touch_guest)
         if self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.close()
@@ -262,15 +266,14 @@ class SessionLink:
             self.tunnel.stop()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
 
-    def _remove_ended_runs(self) -> None:
-        """At close: the ended runs' TMPDIRs go if the session is usable now, else a later link's sweep takes them."""
+    def _may_touch_guest(self) -> bool:
+        """At a clean close: whether its housekeeping in the guest (ended runs' TMPDIRs, the api road's runner dirs)
+        may run, asked of the platform only when there is some. Never on a session not usable now: any input wakes
+        a paused one, so its files are left to a later link's sweep."""
         self.runs.note_ended(time.monotonic())
-        if not self.runs.has_ended_dirs():
-            return
-        if self.usable_now():
-            self.runs.remove_ended()
-        else:
-            self.runs.leave_ended()
+        if not self.runs.has_ended_dirs() and not (self._runners is not None and self._runners.leave_files()):
+            return False
+        return self.usable_now()
 
     def _idle_since(self) -> float | None:
         """Since when the link is idle (its last request, or its last run's end), None while in use or a run lives.
