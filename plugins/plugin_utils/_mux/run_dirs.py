@@ -258,7 +258,7 @@ class RunWatch:
                 with contextlib.suppress(OSError):
                     while self._wake_rx.recv(4096):
                         pass
-            else:  # polled from now on: reap() may still see a zombie as alive
+            else:  # polled from now on: note_ended() may still see a zombie as alive
                 self._drop(key.data)
                 self.polled.add(key.data)
                 ended.add(key.data[0])
