@@ -333,7 +333,8 @@ class ModuleRunner:
         self.kill(rid)
 
     def stop(self, touch_guest: bool = True) -> None:
-        """End the runner's stream (stdin EOF: it waits for its children and exits); nothing else reaches the guest."""
+        """End the runner's stream (stdin EOF: it waits for its children and exits). `touch_guest` changes nothing
+        here: nothing but that EOF, on the runner's own stream, reaches the guest."""
         self.alive = False
         if self.feed is not None:
             self.feed.put(None)  # stdin EOF: the runner waits for its children and exits

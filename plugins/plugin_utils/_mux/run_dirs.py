@@ -95,19 +95,18 @@ class RunDirs:
                         self.removing = False  # the ended dirs stay claimed by none: a later use removes them
                     raise
                 self._done(ended, "removed")
+                if ended:  # as after any removal: the empty task dirs their gone workers left
+                    threading.Thread(target=self.sweep_abandoned_task_dirs, name="run-dirs", daemon=True).start()
                 self.runs[run_id] = {"pid": run.get("pid"), "start": run.get("start"), "dir": run_dir, "ended": None}
                 log.info("session %s: run %s: TMPDIR %s created", self.link.label, run_id, run_dir)
         return self.runs[run_id]["dir"]
 
-    def note_ended(self, now: float) -> bool:
-        """Mark the runs whose ansible-playbook process is gone (no guest call); whether any was newly marked."""
-        newly = False
+    def note_ended(self, now: float) -> None:
+        """Mark the runs whose ansible-playbook process is gone (no guest call)."""
         for run in list(self.runs.values()):
             if run["ended"] is None and not (run.get("pid") and mp.process_alive(run["pid"], run.get("start"))):
                 run["ended"] = now
                 self.last_end = max(self.last_end, now)
-                newly = True
-        return newly
 
     def live(self) -> bool:
         """Whether a run that used this link still runs (as last noted: note_ended())."""
@@ -259,7 +258,7 @@ class RunWatch:
                 with contextlib.suppress(OSError):
                     while self._wake_rx.recv(4096):
                         pass
-            else:  # polled from now on: reap() may still see a zombie as alive
+            else:  # polled from now on: note_ended() may still see a zombie as alive
                 self._drop(key.data)
                 self.polled.add(key.data)
                 ended.add(key.data[0])

@@ -63,7 +63,7 @@ WATCH_INTERVAL = 1.0          # run-liveness polls where a run cannot be watched
 WATCH_BACKSTOP = 30.0         # the longest the watch thread (and the accept loop) sleeps whatever it expects
 WATCH_GAP = 0.2               # passes come at most this often, however busy the mux
 EMPTY_LINGER = 3.0            # seconds without links or workers before the process exits
-MAINTENANCE_THREADS = 8       # links maintained at once (REST checks, run reaping): one slow session never stalls all
+MAINTENANCE_THREADS = 8       # links maintained at once (REST checks, idle closes): one slow session never stalls all
 HOPS_FILE = hops.target()     # where each request's stamps go (bench/hops_bench.py), None when off: see _shared/hops.py
 
 
@@ -486,7 +486,7 @@ def main() -> int:
     log.info("serving on %s", shlex.quote(server.socket_path))
     try:
         server.serve_forever()
-        server.stopped.wait(30)  # a stop() under way (SIGTERM, idle) finishes reaping its runs first
+        server.stopped.wait(30)  # a stop() under way (SIGTERM, idle) finishes its links' housekeeping first
     finally:
         server.stop(clean=False)
         pid_file = os.path.join(server.dir, mp.PID_NAME)

@@ -237,7 +237,8 @@ class SessionLink:
         return self.road_choice()
 
     def close(self, why: str, clean: bool = True, because: errors.SandboxError | None = None) -> None:
-        """Close this link only: its warm runners, channel and tunnel. With clean, reap ended runs first."""
+        """Close this link only: its warm runners, channel and tunnel. With clean, its housekeeping in the guest
+        first (ended runs' TMPDIRs, the api road's runner dirs), only on a session usable now (_may_touch_guest)."""
         with self.lock:
             if self.torn_down:
                 return
